@@ -270,6 +270,7 @@ class TensorPlan:
     fmt: str
     std: float = 0.0
     mean: float = 0.0
+    num_experts: int = 0  # expert_ids only: ids are drawn from [0, num_experts)
 
 
 def scale_name(name: str) -> str:
@@ -280,8 +281,8 @@ class _Planner:
     def __init__(self):
         self.items: list[TensorPlan] = []
 
-    def add(self, name, shape, fmt_, std=0.0, mean=0.0):
-        self.items.append(TensorPlan(name, tuple(int(x) for x in shape), fmt_, float(std), float(mean)))
+    def add(self, name, shape, fmt_, std=0.0, mean=0.0, num_experts=0):
+        self.items.append(TensorPlan(name, tuple(int(x) for x in shape), fmt_, float(std), float(mean), num_experts))
 
     def norm(self, name, dim):
         self.add(name, (dim,), "bf16", std=0.02, mean=1.0)
@@ -310,7 +311,7 @@ class _Planner:
     def moe(self, prefix, d, inter, n_experts, top_k, gate_kind, vocab):
         self.linear(f"{prefix}.ffn.gate.weight", n_experts, d, "bf16")
         if gate_kind == "hash":
-            self.add(f"{prefix}.ffn.gate.tid2eid", (vocab, top_k), "expert_ids", mean=n_experts)
+            self.add(f"{prefix}.ffn.gate.tid2eid", (vocab, top_k), "expert_ids", num_experts=n_experts)
         else:
             self.add(f"{prefix}.ffn.gate.bias", (n_experts,), "f32", std=0.01)
             if gate_kind == "bias+vl":
@@ -457,8 +458,7 @@ def draw_fp32(item: TensorPlan, seed: int) -> np.ndarray:
     """The full-precision values of one tensor (before any rounding to its stored format)."""
     rng = _rng(seed, item.name)
     if item.fmt == "expert_ids":  # distinct expert ids per token row
-        n_experts = int(item.mean)
-        order = np.argsort(rng.random((item.shape[0], n_experts), dtype=np.float32), axis=1)
+        order = np.argsort(rng.random((item.shape[0], item.num_experts), dtype=np.float32), axis=1)
         return order[:, : item.shape[1]].astype(np.int64)
     values = rng.standard_normal(item.shape, dtype=np.float32)
     values *= np.float32(item.std)
