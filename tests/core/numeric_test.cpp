@@ -323,11 +323,16 @@ TEST(NumericQdqFp4E4m3, EveryTieWithUnitScale) {
 
 TEST(NumericQdqFp4E4m3, NonPowerOfTwoScaleWithExactTies) {
   // amax 7: 7/6 = 1.1667 -> e4m3 1.125 (spacing 0.125). 2.8125 / 1.125 = 2.5 and 3.9375 / 1.125 = 3.5
-  // exactly: ties that IEEE division must hit exactly (an approximate reciprocal would misplace them).
-  const Qdq r = run_fp4_e4m3(block(16, {7.0f, 2.8125f, 3.9375f, -2.8125f, 1.40625f}));
+  // exactly: ties that the IEEE division must reproduce exactly.
+  Qdq r = run_fp4_e4m3(block(16, {7.0f, 2.8125f, 3.9375f, -2.8125f, 1.40625f}));
   EXPECT_EQ(r.scales[0], 0x39);
   // 7/1.125 = 6.22 -> clamp 6; 2.5 -> 2; 3.5 -> 4; 1.40625/1.125 = 1.25 -> 1.
   expect_values(r, {6.75f, 2.25f, 4.5f, -2.25f, 1.125f});
+  // amax 5.625: s = 0.9375 exactly. 2.34375 * fp32(1/s) would give 2.5000002 (-> 3), IEEE division
+  // gives the tie 2.5 (-> 2); likewise 1.171875 / s = 1.25 (-> 1).
+  r = run_fp4_e4m3(block(16, {5.625f, 2.34375f, -1.171875f}));
+  EXPECT_EQ(r.scales[0], 0x37);
+  expect_values(r, {5.625f, 1.875f, -0.9375f});
 }
 
 TEST(NumericQdqFp4E4m3, ScaleSaturatesAt448) {
