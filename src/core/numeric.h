@@ -64,10 +64,13 @@ void e2m1_set(std::span<uint8_t> packed, size_t i, uint8_t code);
 //
 // Arithmetic, all in fp32 as in the reference (which loads bf16 x, promotes it to fp32 and computes
 // in fp32): amax = max |x| over the block; the scale comes from the clamped amax; q = code(clamp(x/s))
-// with IEEE division; the result is code_value(q) * s. That product is always exact in fp32 and in
-// bf16 (q has <= 2 or 4 significant bits, s <= 4), so the reference's final bf16 store is a no-op and
-// no intermediate bf16 rounding takes place. The outputs are therefore bit-identical to what a
-// packed store + dequant (the dequant_* functions below) gives back.
+// with IEEE division; the result is code_value(q) * s. That product is exact in fp32 and in bf16
+// (q has <= 4 significant bits, s <= 4, and it never underflows), so the reference's final bf16 store
+// is a no-op and no intermediate bf16 rounding takes place; the outputs are bit-identical to what a
+// packed store + dequant (the dequant_* functions below) gives back. The one exception is overflow at
+// the very top of the fp32 range, reproduced as the reference's fp32 arithmetic has it: a value that
+// rounds to q·s = 2^128 becomes ±Inf (FP8 recipe: |x| >= 248·2^120 ≈ 3.30e38; indexer recipe:
+// |x| >= 3.5·2^126 ≈ 2.98e38).
 
 // FP8 activation / SWA KV: blocks of 32, amax clamped at 1e-4, UE8M0 scale
 // s = 2^ceil(log2(amax * fp32(1/448))), q = e4m3(clamp(x/s, ±448)).

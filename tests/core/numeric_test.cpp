@@ -361,6 +361,16 @@ TEST(NumericQdqFp4Ue8m0, MixedSignsAndTies) {
   EXPECT_EQ(r.codes[0], 0x46);  // element 0: 3.5 -> code 6 (low nibble); element 1: 2.5 -> code 4
 }
 
+TEST(NumericQdq, OverflowAtTheTopOfTheFp32RangeGivesInf) {
+  // Documented in numeric.h: q·s rounds to 2^128, as in the reference's fp32 arithmetic.
+  Qdq r = run_fp4_ue8m0(block(32, {3.0e38f, -2.9e38f}));
+  EXPECT_EQ(r.scales[0], 253);  // 3e38 * fp32(1/6) = 5e37 -> 2^126
+  expect_values(r, {kInf, -3.0f * 0x1p126f});  // 3e38 / 2^126 = 3.53 -> 4 -> 2^128; -2.9e38 -> -3.41 -> -3
+  r = run_fp8(block(32, {3.3e38f, 3.2e38f}));
+  EXPECT_EQ(r.scales[0], 247);  // 3.3e38 / 448 -> 2^120
+  expect_values(r, {kInf, 240.0f * 0x1p120f});  // 3.2e38 / 2^120 = 240.7 -> 240
+}
+
 TEST(NumericQdq, NonFiniteInputPoisonsOnlyItsBlock) {
   for (float bad : {kNaN, kInf, -kInf}) {
     std::vector<float> x(64, 1.0f);

@@ -8,6 +8,7 @@
 //   cedar_numeric_dump fp8_block32_ue8m0|fp4_block16_e4m3|fp4_block32_ue8m0 IN.f32 OUT
 //       OUT.values.f32 (QDQ result), OUT.codes.u8 (as stored: e4m3 bytes or packed e2m1),
 //       OUT.scales.u8 (one per block), OUT.dequant.f32 (codes + scales dequantized again).
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <iterator>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/numeric.h"
