@@ -20,7 +20,10 @@ std::vector<float> make_input(size_t n) {
   std::mt19937 rng(42);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(n);
-  for (size_t i = 0; i < n; ++i) x[i] = cedar::round_to_bf16(normal(rng) * std::ldexp(1.0f, static_cast<int>(i / 512 % 16) - 8));
+  for (size_t i = 0; i < n; ++i) {
+    const float magnitude = std::ldexp(1.0f, static_cast<int>(i / 512 % 16) - 8);  // varies per KV entry
+    x[i] = cedar::round_to_bf16(normal(rng) * magnitude);
+  }
   return x;
 }
 

@@ -83,12 +83,13 @@ size_t code_bytes(size_t n_values) { return R::kPacked4 ? n_values / 2 : n_value
 template <typename R>
 Status check_sizes(const char* name, size_t n_values, size_t n_codes, size_t n_scales, bool allow_empty) {
   if (n_values % R::kBlock != 0)
-    return make_error(std::string(name) + ": " + std::to_string(n_values) + " values is not a multiple of the block size " +
-                      std::to_string(R::kBlock));
+    return make_error(std::string(name) + ": " + std::to_string(n_values) +
+                      " values is not a multiple of the block size " + std::to_string(R::kBlock));
   const size_t want_codes = code_bytes<R>(n_values);
   if (n_codes != want_codes && !(allow_empty && n_codes == 0))
     return make_error(std::string(name) + ": codes has " + std::to_string(n_codes) + " bytes, expected " +
-                      std::to_string(want_codes) + (R::kPacked4 ? " (two e2m1 codes per byte)" : " (one byte per value)"));
+                      std::to_string(want_codes) +
+                      (R::kPacked4 ? " (two e2m1 codes per byte)" : " (one byte per value)"));
   const size_t want_scales = n_values / R::kBlock;
   if (n_scales != want_scales && !(allow_empty && n_scales == 0))
     return make_error(std::string(name) + ": scales has " + std::to_string(n_scales) + " bytes, expected " +
@@ -138,7 +139,8 @@ Status qdq(std::span<float> x, std::span<uint8_t> codes, std::span<uint8_t> scal
 }
 
 template <typename R>
-Status dequant(std::span<const uint8_t> codes, std::span<const uint8_t> scales, std::span<float> out, const char* name) {
+Status dequant(std::span<const uint8_t> codes, std::span<const uint8_t> scales, std::span<float> out,
+               const char* name) {
   CEDAR_RETURN_IF_ERROR(check_sizes<R>(name, out.size(), codes.size(), scales.size(), /*allow_empty=*/false));
   for (size_t i = 0; i < out.size(); ++i)
     out[i] = R::decode(load_code<R>(codes, i)) * R::scale_value(scales[i / R::kBlock]);
@@ -249,15 +251,18 @@ Status qdq_fp4_block32_ue8m0(std::span<float> x, std::span<uint8_t> codes, std::
   return qdq<Fp4Block32Ue8m0>(x, codes, scales);
 }
 
-Status dequant_fp8_block32_ue8m0(std::span<const uint8_t> codes, std::span<const uint8_t> scales, std::span<float> out) {
+Status dequant_fp8_block32_ue8m0(std::span<const uint8_t> codes, std::span<const uint8_t> scales,
+                                 std::span<float> out) {
   return dequant<Fp8Block32Ue8m0>(codes, scales, out, "dequant_fp8_block32_ue8m0");
 }
 
-Status dequant_fp4_block16_e4m3(std::span<const uint8_t> codes, std::span<const uint8_t> scales, std::span<float> out) {
+Status dequant_fp4_block16_e4m3(std::span<const uint8_t> codes, std::span<const uint8_t> scales,
+                                std::span<float> out) {
   return dequant<Fp4Block16E4m3>(codes, scales, out, "dequant_fp4_block16_e4m3");
 }
 
-Status dequant_fp4_block32_ue8m0(std::span<const uint8_t> codes, std::span<const uint8_t> scales, std::span<float> out) {
+Status dequant_fp4_block32_ue8m0(std::span<const uint8_t> codes, std::span<const uint8_t> scales,
+                                 std::span<float> out) {
   return dequant<Fp4Block32Ue8m0>(codes, scales, out, "dequant_fp4_block32_ue8m0");
 }
 

@@ -25,7 +25,8 @@ float down(float x) { return std::nextafter(x, -kInf); }
 // Bitwise float equality (distinguishes -0.0 from 0.0; NaN equals NaN).
 ::testing::AssertionResult SameFloat(float a, float b) {
   if ((std::isnan(a) && std::isnan(b)) || bits(a) == bits(b)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << a << " (0x" << std::hex << bits(a) << ") != " << b << " (0x" << bits(b) << ")";
+  return ::testing::AssertionFailure() << a << " (0x" << std::hex << bits(a) << ") != " << b << " (0x" << bits(b)
+                                       << ")";
 }
 
 // ---- independent decoders (double arithmetic straight from the format definitions) ----------
@@ -316,7 +317,8 @@ TEST(NumericQdqFp4E4m3, AmaxAtTheClamp) {
 }
 
 TEST(NumericQdqFp4E4m3, EveryTieWithUnitScale) {
-  const Qdq r = run_fp4_e4m3(block(16, {6.0f, -6.0f, 0.25f, -0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -5.0f, 0.3f, -0.25f}));
+  const Qdq r =
+      run_fp4_e4m3(block(16, {6.0f, -6.0f, 0.25f, -0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -5.0f, 0.3f, -0.25f}));
   EXPECT_EQ(r.scales[0], 0x38);  // 6/6 = 1
   expect_values(r, {6.0f, -6.0f, 0.0f, -1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f, -4.0f, 0.5f, -0.0f});
 }

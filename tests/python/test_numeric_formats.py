@@ -70,7 +70,9 @@ def assert_same_codes(got, want, what, inputs=None):
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         at = f" (input {inputs[i]!r})" if inputs is not None else ""
-        raise AssertionError(f"{what}: {bad.sum()} mismatches, first at {i}{at}: cedar {got[i]:#x} vs reference {want[i]:#x}")
+        raise AssertionError(
+            f"{what}: {bad.sum()} mismatches, first at {i}{at}: cedar {got[i]:#x} vs reference {want[i]:#x}"
+        )
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -199,12 +201,14 @@ def ref_qdq(x, recipe):
 
 def test_decode_tables_match_ml_dtypes(dump_tool, tmp_path):
     prefix = run_tool(dump_tool, tmp_path, "tables")
-    assert_same_f32(read(prefix, "bf16.f32", F32), np.arange(65536, dtype=np.uint16).view(md.bfloat16).astype(F32), "bf16")
-    assert_same_f32(read(prefix, "e4m3.f32", F32), np.arange(256, dtype=np.uint8).view(md.float8_e4m3fn).astype(F32), "e4m3")
-    e2m1 = np.arange(16, dtype=np.uint8).view(md.float4_e2m1fn).astype(F32)
-    assert_same_f32(read(prefix, "e2m1.f32", F32), e2m1, "e2m1")
-    np.testing.assert_array_equal(np.abs(e2m1[:8]), [0, 0.5, 1, 1.5, 2, 3, 4, 6])  # §2.1 magnitudes
-    assert_same_f32(read(prefix, "ue8m0.f32", F32), np.arange(256, dtype=np.uint8).view(md.float8_e8m0fnu).astype(F32), "ue8m0")
+    def decoded(n, dtype):
+        return np.arange(n, dtype=np.uint8 if n <= 256 else np.uint16).view(dtype).astype(F32)
+
+    assert_same_f32(read(prefix, "bf16.f32", F32), decoded(65536, md.bfloat16), "bf16")
+    assert_same_f32(read(prefix, "e4m3.f32", F32), decoded(256, md.float8_e4m3fn), "e4m3")
+    assert_same_f32(read(prefix, "e2m1.f32", F32), decoded(16, md.float4_e2m1fn), "e2m1")
+    np.testing.assert_array_equal(np.abs(decoded(16, md.float4_e2m1fn)[:8]), [0, 0.5, 1, 1.5, 2, 3, 4, 6])  # §2.1
+    assert_same_f32(read(prefix, "ue8m0.f32", F32), decoded(256, md.float8_e8m0fnu), "ue8m0")
 
 
 def test_bf16_encode(dump_tool, tmp_path):
@@ -299,7 +303,8 @@ def tie_blocks(rng, recipe, n_blocks):
 
 def special_blocks(recipe):
     block = BLOCK[recipe]
-    clamp = {"fp8_block32_ue8m0": F32(1e-4), "fp4_block16_e4m3": F32(6 * 2.0**-9), "fp4_block32_ue8m0": F32(6 * 2.0**-126)}[recipe]
+    clamps = {"fp8_block32_ue8m0": 1e-4, "fp4_block16_e4m3": 6 * 2.0**-9, "fp4_block32_ue8m0": 6 * 2.0**-126}
+    clamp = F32(clamps[recipe])
     rows = [
         np.zeros(block),
         np.full(block, clamp),

@@ -79,8 +79,8 @@ int dump_recipe(const Recipe& r, std::vector<float> x, const std::string& prefix
   if (Status s = r.qdq(x, codes, scales); !s.ok()) return fail(s.error().message);
   std::vector<float> dequant(x.size());
   if (Status s = r.dequant(codes, scales, dequant); !s.ok()) return fail(s.error().message);
-  if (!write(prefix + ".values.f32", x) || !write(prefix + ".codes.u8", codes) || !write(prefix + ".scales.u8", scales) ||
-      !write(prefix + ".dequant.f32", dequant))
+  if (!write(prefix + ".values.f32", x) || !write(prefix + ".codes.u8", codes) ||
+      !write(prefix + ".scales.u8", scales) || !write(prefix + ".dequant.f32", dequant))
     return fail("cannot write outputs under " + prefix);
   return 0;
 }
