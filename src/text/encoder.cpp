@@ -159,8 +159,9 @@ long last_user_index(const DialectSpec& spec, const std::vector<Message>& msgs) 
 }
 
 // --- step 5: drop reasoning (and any non-kept role) before the last user turn ---------------------
-std::vector<Message> drop_thinking_messages(const DialectSpec& spec, const std::vector<Message>& msgs) {
-  const long last = last_user_index(spec, msgs);
+std::vector<Message> drop_thinking_messages(const DialectSpec& spec, const std::vector<Message>& msgs,
+                                            bool header_after_end = false) {
+  const long last = header_after_end ? static_cast<long>(msgs.size()) : last_user_index(spec, msgs);
   std::vector<Message> out;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const Role r = msgs[i].role;
@@ -403,17 +404,26 @@ Result<Prompt> encode_messages(const std::vector<Message>& messages, const Encod
   bool drop = options.drop_thinking;
   for (const auto& m : full) if (!m.tools.empty()) drop = false;
 
+  // A final assistant message followed by a new generation header (serving mode, not a prefix).
+  const bool trailing_header = options.header_after_final_assistant && !full.empty() &&
+                               full.back().role == Role::kAssistant && !full.back().wo_eos;
+
   size_t first = ctx_merged.size(), count = current_merged;
   if (options.thinking && drop) {
-    full = drop_thinking_messages(spec, full);
+    full = drop_thinking_messages(spec, full, trailing_header);
     count = full.size() - drop_thinking_messages(spec, ctx_merged).size();
     first = full.size() - count;
   }
 
   Prompt prompt;
   if (options.add_bos && options.context_messages == 0) prompt.control(tok::kBos);
-  const RenderContext ctx{spec, options, full, *effort, drop, last_user_index(spec, full)};
+  const long last_user = trailing_header ? static_cast<long>(full.size()) : last_user_index(spec, full);
+  const RenderContext ctx{spec, options, full, *effort, drop, last_user};
   for (size_t i = first; i < first + count; ++i) CEDAR_RETURN_IF_ERROR(render_message(prompt, ctx, i));
+  if (trailing_header) {
+    prompt.control(tok::kAssistant);
+    prompt.control(options.thinking ? tok::kThinkStart : tok::kThinkEnd);
+  }
   return prompt;
 }
 

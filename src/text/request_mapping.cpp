@@ -21,8 +21,9 @@ struct EffortAlias {
 const std::vector<EffortAlias>& effort_aliases(Dialect d) {
   static const std::vector<EffortAlias> v4 = {{"minimal", ""}, {"low", ""}, {"medium", ""}, {"high", "high"},
                                               {"xhigh", "max"}, {"max", "max"}, {"ultra", "max"}};
-  static const std::vector<EffortAlias> v4_0731 = {{"minimal", "low"}, {"low", "low"},  {"medium", "low"},
-                                                   {"high", "high"},   {"xhigh", "max"}, {"max", "max"},
+  // 0731: xhigh -> high as deepseek-recipe maps it (its V4 encoding is the 0731 table).
+  static const std::vector<EffortAlias> v4_0731 = {{"minimal", "low"}, {"low", "low"},   {"medium", "high"},
+                                                   {"high", "high"},   {"xhigh", "high"}, {"max", "max"},
                                                    {"ultra", "max"}};
   static const std::vector<EffortAlias> v41_pre = {{"minimal", "low"}, {"low", "low"},     {"medium", "high"},
                                                    {"high", "high"},   {"xhigh", "xhigh"}, {"max", "max"},
@@ -217,11 +218,14 @@ Result<EncoderRequest> map_chat_request(const Json& body, const RequestPolicy& p
   const DialectSpec& spec = dialect_spec(policy.dialect);
   EncoderRequest req;
   req.options.dialect = policy.dialect;
+  req.options.header_after_final_assistant = true;
 
   auto thinking = resolve_thinking(body, policy.default_thinking);
   if (!thinking.ok()) return thinking.error();
   req.options.thinking = *thinking;
-  if (body.contains("reasoning_effort")) {
+  // The hosted API's default effort is "high"; for 0731 that is not the encoder's default ("low").
+  if (policy.dialect == Dialect::kV4_0731) req.options.effort.name = "high";
+  if (body.contains("reasoning_effort") && !body["reasoning_effort"].is_null()) {
     const Json& e = body["reasoning_effort"];
     if (!(e.is_string() && e.get<std::string>() == "none")) {
       auto effort = map_reasoning_effort(e, policy.dialect);
