@@ -9,5 +9,8 @@ namespace cedar::cli {
 using Args = std::vector<std::string>;
 
 int cmd_version(const Args& args);
+int cmd_encode(const Args& args);
+int cmd_parse(const Args& args);
+int cmd_pyjson(const Args& args);
 
 }  // namespace cedar::cli

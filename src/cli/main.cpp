@@ -17,6 +17,9 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"version", "print the cedar version", cedar::cli::cmd_version},
+    {"encode", "render a chat request into the model prompt", cedar::cli::cmd_encode},
+    {"parse", "parse a model completion into a chat message", cedar::cli::cmd_parse},
+    {"pyjson", "re-serialize JSON lines as Python json.dumps (test aid)", cedar::cli::cmd_pyjson},
 };
 
 void print_help() {
