@@ -17,6 +17,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"version", "print the cedar version", cedar::cli::cmd_version},
+    {"tensors", "list (or dump) the tensors of a safetensors file or checkpoint", cedar::cli::cmd_tensors},
 };
 
 void print_help() {
