@@ -56,6 +56,9 @@ Result<std::string> read_small_file(const std::filesystem::path& path, uintmax_t
 
 Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const std::string& label) {
   // nlohmann's DOM parser and destructor are iterative, so deep nesting cannot overflow the stack.
+  // nlohmann's lexer takes a NUL byte for the end of input; JSON never allows a raw NUL.
+  if (auto nul = text.find('\0'); nul != std::string_view::npos)
+    return make_error(label + ": invalid JSON: NUL byte at offset " + std::to_string(nul));
   json j;
   try {
     j = json::parse(text.begin(), text.end());

@@ -380,6 +380,10 @@ Result<SafetensorsHeader> parse_safetensors(std::span<const uint8_t> file, const
   header.data_offset = 8 + header_len;
   header.data_size = file.size() - header.data_offset;
   const char* text = reinterpret_cast<const char*>(file.data() + 8);
+  // nlohmann's lexer takes a NUL byte for the end of input; JSON never allows a raw NUL.
+  if (const void* nul = std::memchr(text, 0, header_len))
+    return make_error(label + ": invalid JSON in header: NUL byte at header offset " +
+                      std::to_string(static_cast<const char*>(nul) - text));
   HeaderSax sax(label, header);
   if (!json::sax_parse(text, text + header_len, &sax)) {
     if (!sax.error().empty()) return make_error(sax.error());

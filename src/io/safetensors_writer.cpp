@@ -157,8 +157,8 @@ Status SafetensorsWriter::write_sharded(const std::filesystem::path& dir, int n_
   std::filesystem::remove(index_path, ec);
   if (ec) return make_error("cannot remove the old " + index_path.string() + ": " + ec.message());
 
-  // Contiguous groups in insertion order: shard k ends once the running byte count reaches k+1
-  // n-ths of the total, while every later shard still gets at least one tensor.
+  // Contiguous groups in insertion order: a tensor goes to the next shard once its midpoint would lie
+  // past k+1 n-ths of the total bytes, while every later shard still gets at least one tensor.
   uint64_t total = 0;
   for (const Pending& p : pending_) total += p.bytes.size();
   const auto n = static_cast<size_t>(n_shards);
@@ -166,11 +166,12 @@ Status SafetensorsWriter::write_sharded(const std::filesystem::path& dir, int n_
   size_t shard = 0;
   long double done = 0;
   for (size_t i = 0; i < count; ++i) {
-    const bool full = done >= static_cast<long double>(total) * static_cast<long double>(shard + 1) / n;
+    const auto size = static_cast<long double>(pending_[i].bytes.size());
+    const bool full = done + size / 2 > static_cast<long double>(total) * static_cast<long double>(shard + 1) / n;
     const bool must_move = count - i <= n - shard - 1;
     if (!groups[shard].empty() && shard + 1 < n && (full || must_move)) ++shard;
     groups[shard].push_back(i);
-    done += static_cast<long double>(pending_[i].bytes.size());
+    done += size;
   }
 
   json weight_map = json::object();
