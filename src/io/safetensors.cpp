@@ -78,15 +78,20 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const st
   auto map = j.find("weight_map");
   if (map == j.end()) return make_error(label + ": missing \"weight_map\"");
   if (!map->is_object()) return make_error(label + ": \"weight_map\" must be an object, got " + json_type(*map));
+  std::map<std::string, std::string, std::less<>> normalized;  // a few shard names, each listed many times
   for (const auto& [name, shard] : map->items()) {
     if (!shard.is_string())
       return make_error(label + ": tensor '" + name + "': shard must be a file name string, got " + json_type(shard));
     const std::string& file = shard.get_ref<const std::string&>();
-    if (!is_safe_relative(file))
-      return make_error(label + ": tensor '" + name + "': shard '" + file +
-                        "' must be a relative path inside the checkpoint directory");
-    // "./a.safetensors" and "a.safetensors" name the same shard.
-    index.weight_map.emplace(name, std::filesystem::path(file).lexically_normal().string());
+    auto it = normalized.find(file);
+    if (it == normalized.end()) {
+      if (!is_safe_relative(file))
+        return make_error(label + ": tensor '" + name + "': shard '" + file +
+                          "' must be a relative path inside the checkpoint directory");
+      // "./a.safetensors" and "a.safetensors" name the same shard.
+      it = normalized.emplace(file, std::filesystem::path(file).lexically_normal().string()).first;
+    }
+    index.weight_map.emplace_hint(index.weight_map.end(), name, it->second);  // items() come sorted by name
   }
   return index;
 }

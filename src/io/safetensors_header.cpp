@@ -6,6 +6,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <string_view>
+#include <unordered_set>
 
 #include "io/safetensors.h"
 
@@ -45,20 +47,21 @@ std::string offsets_text(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
 }
 
-// One JSON scalar as the parser reported it, described for error messages.
+// One JSON scalar as the parser reported it; described (lazily, for error messages only) as written.
 struct Scalar {
   enum Kind { kNull, kBool, kUnsigned, kNegative, kFloat, kString, kBinary } kind;
   uint64_t unsigned_value = 0;
+  int64_t negative_value = 0;
+  const std::string* float_text = nullptr;
   std::string* string_value = nullptr;  // kString only; the parser lets us move from it
-  std::string literal;                  // numbers as written
 
   std::string describe() const {
     switch (kind) {
       case kNull: return "null";
       case kBool: return "a boolean";
-      case kUnsigned:
-      case kNegative:
-      case kFloat: return literal;
+      case kUnsigned: return std::to_string(unsigned_value);
+      case kNegative: return std::to_string(negative_value);
+      case kFloat: return *float_text;
       case kString: return "a string";
       case kBinary: return "binary data";
     }
@@ -73,16 +76,18 @@ class HeaderSax {
   HeaderSax(const std::string& label, SafetensorsHeader& out) : label_(label), out_(out) {}
 
   // --- nlohmann SAX interface ---
-  bool null() { return scalar({Scalar::kNull, 0, nullptr, {}}); }
-  bool boolean(bool) { return scalar({Scalar::kBool, 0, nullptr, {}}); }
+  bool null() { return scalar({Scalar::kNull, 0, 0, nullptr, nullptr}); }
+  bool boolean(bool) { return scalar({Scalar::kBool, 0, 0, nullptr, nullptr}); }
   bool number_integer(json::number_integer_t v) {
     if (v >= 0) return number_unsigned(static_cast<uint64_t>(v));  // "-0"
-    return scalar({Scalar::kNegative, 0, nullptr, std::to_string(v)});
+    return scalar({Scalar::kNegative, 0, v, nullptr, nullptr});
   }
-  bool number_unsigned(json::number_unsigned_t v) { return scalar({Scalar::kUnsigned, v, nullptr, std::to_string(v)}); }
-  bool number_float(json::number_float_t, const std::string& text) { return scalar({Scalar::kFloat, 0, nullptr, text}); }
-  bool string(std::string& s) { return scalar({Scalar::kString, 0, &s, {}}); }
-  bool binary(json::binary_t&) { return scalar({Scalar::kBinary, 0, nullptr, {}}); }
+  bool number_unsigned(json::number_unsigned_t v) { return scalar({Scalar::kUnsigned, v, 0, nullptr, nullptr}); }
+  bool number_float(json::number_float_t, const std::string& text) {
+    return scalar({Scalar::kFloat, 0, 0, &text, nullptr});
+  }
+  bool string(std::string& s) { return scalar({Scalar::kString, 0, 0, nullptr, &s}); }
+  bool binary(json::binary_t&) { return scalar({Scalar::kBinary, 0, 0, nullptr, nullptr}); }
   bool start_object(std::size_t) { return start_container(true); }
   bool start_array(std::size_t) { return start_container(false); }
   bool end_object() { return end_container(); }
@@ -328,27 +333,27 @@ bool HeaderSax::finish_entry() {
 // The official crate requires the tensors, sorted by offsets, to tile the data section exactly:
 // no overlap, no gap, nothing after the last tensor. Zero-byte tensors may share an offset.
 Status check_layout(const std::string& label, SafetensorsHeader& h) {
-  std::vector<const TensorEntry*> by_name(h.tensors.size());
-  for (size_t i = 0; i < h.tensors.size(); ++i) by_name[i] = &h.tensors[i];
-  std::sort(by_name.begin(), by_name.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  for (size_t i = 1; i < by_name.size(); ++i)
-    if (by_name[i]->name == by_name[i - 1]->name)
-      return make_error(label + ": tensor '" + by_name[i]->name + "' appears twice in the header");
+  std::unordered_set<std::string_view> names;
+  names.reserve(h.tensors.size());
+  for (const TensorEntry& t : h.tensors)
+    if (!names.insert(t.name).second) return make_error(label + ": tensor '" + t.name + "' appears twice in the header");
 
-  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+  auto by_offsets = [](const TensorEntry& a, const TensorEntry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  };
+  if (!std::is_sorted(h.tensors.begin(), h.tensors.end(), by_offsets))  // writers emit offset order
+    std::stable_sort(h.tensors.begin(), h.tensors.end(), by_offsets);
   uint64_t pos = 0;
   const TensorEntry* prev = nullptr;
   for (const TensorEntry& t : h.tensors) {
-    const std::string what = label + ": tensor '" + t.name + "': data_offsets " + offsets_text(t.begin, t.end);
+    auto what = [&] { return label + ": tensor '" + t.name + "': data_offsets " + offsets_text(t.begin, t.end); };
     if (t.end > h.data_size)
-      return make_error(what + " run past the end of the data section (" + std::to_string(h.data_size) +
+      return make_error(what() + " run past the end of the data section (" + std::to_string(h.data_size) +
                         " bytes; is the file truncated?)");
     if (t.begin < pos)
-      return make_error(what + " overlap tensor '" + prev->name + "' " + offsets_text(prev->begin, prev->end));
+      return make_error(what() + " overlap tensor '" + prev->name + "' " + offsets_text(prev->begin, prev->end));
     if (t.begin > pos)
-      return make_error(what + " leave a gap of " + std::to_string(t.begin - pos) + " bytes " +
+      return make_error(what() + " leave a gap of " + std::to_string(t.begin - pos) + " bytes " +
                         (prev ? "after tensor '" + prev->name + "' (which ends at " + std::to_string(pos) + ")"
                               : std::string("at the start of the data section")));
     pos = t.end;
