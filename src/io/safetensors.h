@@ -114,7 +114,9 @@ class Checkpoint {
 
 // Collects tensors in memory and writes them as one file or as N shards plus the index json.
 // Files are laid out as the official writer does (tensors sorted by descending dtype alignment, then
-// name; header padded with spaces to a multiple of 8), so the same tensors give byte-identical files.
+// name; header padded with spaces to a multiple of 8; same JSON escaping), so the same tensors give
+// byte-identical files — metadata keys are written sorted, where Python uses hash order, so identity
+// holds for at most one metadata key.
 // Every file is written atomically (temporary file, fsync, rename).
 class SafetensorsWriter {
  public:

@@ -155,6 +155,7 @@ def test_python_reads_a_cedar_written_file(tmp_path):
 
 def test_cedar_writes_the_same_bytes_as_python(tmp_path):
     tensors = sample_tensors()
+    tensors['odd "name"\\\t\x01/é ü'] = np.arange(3, dtype=np.float32)  # JSON escapes must match serde_json
     path = tmp_path / "cedar.safetensors"
     write_with_cedar(tmp_path, tensors, path, metadata={"format": "np"})
     assert path.read_bytes() == save(tensors, metadata={"format": "np"})
