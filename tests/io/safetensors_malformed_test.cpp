@@ -2,6 +2,7 @@
 // tensor, where there is one). Inputs are built by hand, byte by byte, independent of cedar's writer.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct BadCase {
   std::vector<uint8_t> file;
   std::vector<std::string> expected;  // substrings of the error besides the label
 };
+
+// gtest prints parameters in test listings; the case name is what identifies one.
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
 BadCase json_case(std::string name, const std::string& header, size_t data, std::vector<std::string> expected,
                   bool pad = true) {
