@@ -63,7 +63,9 @@ Result<SafetensorsIndex> parse_safetensors_index(std::string_view text, const st
   try {
     j = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
-    return make_error(label + ": invalid JSON: " + e.what());
+    std::string what = e.what();
+    if (what.size() > 300) what = what.substr(0, 300) + "…";  // "last read" can quote a whole long token
+    return make_error(label + ": invalid JSON: " + what);
   }
   if (!j.is_object()) return make_error(label + ": index is not a JSON object (it is " + json_type(j) + ")");
   SafetensorsIndex index;

@@ -97,6 +97,7 @@ class HeaderSax {
     std::string what = ex.what();
     if (auto close = what.find("] "); what.rfind("[json.exception", 0) == 0 && close != std::string::npos)
       what = what.substr(close + 2);
+    if (what.size() > 300) what = what.substr(0, 300) + "…";  // "last read" can quote a whole long token
     std::string where = in_entry() ? " (in tensor '" + name_ + "')" : "";
     return fail("invalid JSON in header" + where + ": " + what);
   }

@@ -61,6 +61,7 @@ std::vector<BadCase> bad_cases() {
       json_case("TrailingCommaInShape", "{" + entry("w", "\"F32\"", "[2,]", "[0,8]") + "}", 8,
                 {"invalid JSON in header (in tensor 'w')"}),
       json_case("TrailingGarbage", "{} x", 0, {"invalid JSON in header"}),
+      json_case("UnterminatedLongString", "{\"" + std::string(5000, 'n'), 0, {"invalid JSON in header", "…"}),
       {"NulPadding", make_file(std::string("{}\0\0\0\0\0\0", 8), 0, false), {"invalid JSON in header: NUL byte at header offset 2"}},
       {"NulThenGarbage", make_file(std::string("{}\0garbage", 10), 0), {"invalid JSON in header: NUL byte"}},
       json_case("InvalidUtf8InName", "{\"w\xff\":{}}", 0, {"invalid JSON in header"}),
@@ -161,6 +162,7 @@ TEST_P(MalformedHeader, IsAnErrorNamingFileAndTensor) {
   auto r = parse_safetensors(c.file, kLabel);
   ASSERT_FALSE(r.ok()) << c.name << " was accepted";
   const std::string& msg = r.error().message;
+  EXPECT_LT(msg.size(), 600u) << "error messages stay short";
   EXPECT_EQ(msg.rfind(std::string(kLabel) + ": ", 0), 0u) << msg;
   for (const auto& part : c.expected) EXPECT_NE(msg.find(part), std::string::npos) << "missing \"" << part << "\" in: " << msg;
 }
