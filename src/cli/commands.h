@@ -12,5 +12,6 @@ int cmd_version(const Args& args);
 int cmd_encode(const Args& args);
 int cmd_parse(const Args& args);
 int cmd_pyjson(const Args& args);
+int cmd_tensors(const Args& args);
 
 }  // namespace cedar::cli

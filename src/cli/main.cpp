@@ -20,6 +20,7 @@ constexpr Command kCommands[] = {
     {"encode", "render a chat request into the model prompt", cedar::cli::cmd_encode},
     {"parse", "parse a model completion into a chat message", cedar::cli::cmd_parse},
     {"pyjson", "re-serialize JSON lines as Python json.dumps (test aid)", cedar::cli::cmd_pyjson},
+    {"tensors", "list (or dump) the tensors of a safetensors file or checkpoint", cedar::cli::cmd_tensors},
 };
 
 void print_help() {
