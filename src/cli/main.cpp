@@ -17,6 +17,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"version", "print the cedar version", cedar::cli::cmd_version},
+    {"inspect", "describe a checkpoint or config: layer plan, parameters, KV budget, inventory", cedar::cli::cmd_inspect},
 };
 
 void print_help() {
