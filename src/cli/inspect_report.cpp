@@ -110,8 +110,19 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string billions(int64_t p) { return fmt("%.3f B", static_cast<double>(p) / 1e9); }
-std::string gb(uint64_t b) { return fmt("%.2f GB", static_cast<double>(b) / 1e9); }
+// Parameter counts and byte sizes in decimal units that keep small test models readable.
+std::string billions(int64_t p) {
+  const double v = static_cast<double>(p);
+  if (v >= 1e9) return fmt("%.3f B", v / 1e9);
+  if (v >= 1e6) return fmt("%.3f M", v / 1e6);
+  return std::to_string(p);
+}
+std::string gb(uint64_t b) {
+  const double v = static_cast<double>(b);
+  if (v >= 1e9) return fmt("%.2f GB", v / 1e9);
+  if (v >= 1e6) return fmt("%.2f MB", v / 1e6);
+  return std::to_string(b) + " B";
+}
 
 // One text line per run of layers with the same role.
 std::string describe_role(const LayerRole& r) {
