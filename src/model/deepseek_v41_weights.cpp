@@ -66,8 +66,11 @@ void add_deepseek_v41_weights(const LayerPlan& plan, WeightListBuilder& b) {
   b.bf16("norm.weight", {d}, Component::FinalNorm);
   if (!c.tie_word_embeddings) b.bf16("head.weight", {c.vocab_size, d}, Component::Head);
 
-  // `bias_vl` corrects routing for image tokens; it ships with the vision tower.
-  const RouterKind router = c.has_vision ? RouterKind::BiasAndVisionBias : RouterKind::Bias;
+  // Every V4.1 gate, drafter included, carries `bias_vl` (the image-token correction bias) next to
+  // `bias`: §2.2 lists it on all layers and the released F32 total needs it on the drafter too. It is
+  // expected without a vision tower as well (a text-only V4.1 export keeps the Gate's parameters; the
+  // independent tools/tiny_checkpoint.py writer agrees).
+  const RouterKind router = RouterKind::BiasAndVisionBias;
   for (const LayerRole& role : plan.layers) {
     b.set_scope("layers." + std::to_string(role.layer) + ".", role.layer, -1);
     add_block_core(b, c.n_routed_experts, router);

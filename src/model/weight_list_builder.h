@@ -41,7 +41,7 @@ class WeightListBuilder {
   int64_t draft_block_ = -1;
 };
 
-// How a block's router is biased: V4.1 `bias` (+ `bias_vl` with vision), V4 `bias` or, on
+// How a block's router is biased: V4.1 `bias` + `bias_vl` (image tokens), V4 `bias` or, on
 // hash-routed layers, the `tid2eid` token→experts table.
 enum class RouterKind { Bias, BiasAndVisionBias, HashTable };
 
