@@ -20,8 +20,11 @@ int64_t numel(const std::vector<int64_t>& shape) {
 }
 
 std::string human_bytes(uint64_t b) {
+  const double v = static_cast<double>(b);
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f GB", static_cast<double>(b) / 1e9);
+  if (v >= 1e9) std::snprintf(buf, sizeof(buf), "%.2f GB", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof(buf), "%.2f MB", v / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(b));
   return buf;
 }
 
