@@ -423,6 +423,8 @@ Result<ModelConfig> parse_model_config(const json& j, const std::string& label) 
 
   if (format == Format::HfComposite && !top.has({"text_config"}))
     return make_error(label + ": text_config: required for model_type deepseek_v41 (composite config)");
+  if (format == Format::HfComposite && !j["text_config"].is_object())
+    return make_error(label + ": text_config: expected an object, got " + describe_json(j["text_config"]));
   JsonFields text = format == Format::HfComposite ? top.child("text_config") : top;
   if (format == Format::HfComposite) {
     std::string text_type = "deepseek_v41_text";

@@ -1,7 +1,9 @@
 // DeepSeek-V4 tensor table (architecture.md §5; official V4 inference/model.py names). Every
 // compressed layer owns a compressor; CSA (ratio 4) compressors use overlapping windows, so their
 // projections are twice as wide (coff = 2) and their learned position bias `ape` is [ratio, coff·dim];
-// the CSA indexer has its own compressor at index_head_dim. Cross-checked against the published
+// the CSA indexer has its own compressor at index_head_dim. V4's per-head query RMS norm is unweighted,
+// so it has no tensor; the first num_hash_layers gates route by `tid2eid` (I64 [vocab, top-k]) instead of a
+// bias; a global `hc_head_*` collapses the streams before the head. Cross-checked against the published
 // per-dtype totals of DeepSeek-V4-Flash-0731 (tests/model/weights_test.cpp).
 #include <string>
 
