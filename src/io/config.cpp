@@ -451,8 +451,8 @@ Result<ModelConfig> parse_model_config(const json& j, const std::string& label) 
     if (format == Format::HfComposite) {
       read_token_ids(top, c);
       if (top.has({"vision_config"})) {
-        JsonFields v = top.child("vision_config");
-        read_vision(v, k, c);
+        JsonFields v = top.child("vision_config");  // records a type error if it is not an object
+        if (j["vision_config"].is_object()) read_vision(v, k, c);
       }
     }
   }
