@@ -13,5 +13,6 @@ int cmd_encode(const Args& args);
 int cmd_parse(const Args& args);
 int cmd_pyjson(const Args& args);
 int cmd_tensors(const Args& args);
+int cmd_inspect(const Args& args);
 
 }  // namespace cedar::cli

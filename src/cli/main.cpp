@@ -21,6 +21,7 @@ constexpr Command kCommands[] = {
     {"parse", "parse a model completion into a chat message", cedar::cli::cmd_parse},
     {"pyjson", "re-serialize JSON lines as Python json.dumps (test aid)", cedar::cli::cmd_pyjson},
     {"tensors", "list (or dump) the tensors of a safetensors file or checkpoint", cedar::cli::cmd_tensors},
+    {"inspect", "describe a checkpoint or config: layer plan, parameters, KV budget, inventory", cedar::cli::cmd_inspect},
 };
 
 void print_help() {
