@@ -97,6 +97,30 @@ Result<std::vector<AddedToken>> parse_added_tokens(const json& root) {
   return out;
 }
 
+// HF ignores the ids written in added_tokens: on load, a token whose content is already known keeps that id, any
+// other gets max(assigned so far)+1, or the vocab size if that is larger (AddedVocabulary::add_tokens). cedar uses
+// the written ids, so it insists they are the ones HF derives.
+Status check_added_token_ids(const std::vector<AddedToken>& added,
+                             const std::vector<std::pair<std::string, TokenId>>& vocab) {
+  std::unordered_map<std::string_view, TokenId> known;
+  for (const auto& [s, id] : vocab) known.emplace(s, id);
+  const auto model_size = static_cast<int64_t>(vocab.size());
+  int64_t max_added = -1;
+  for (const AddedToken& a : added) {
+    if (a.content.empty()) return make_error("added token " + std::to_string(a.id) + " has empty content");
+    int64_t id;
+    if (auto it = known.find(a.content); it != known.end()) id = it->second;
+    else if (max_added < 0) id = model_size;
+    else id = (max_added >= model_size || model_size == 0) ? max_added + 1 : model_size;
+    if (id != a.id)
+      return make_error("added token '" + a.content + "' has id " + std::to_string(a.id) + " but HF tokenizers would give it " +
+                        std::to_string(id) + " (ids must follow the vocab in file order)");
+    known.emplace(a.content, a.id);
+    max_added = std::max<int64_t>(max_added, a.id);
+  }
+  return Status::Ok();
+}
+
 // HF's ByteLevel decoder: a token whose characters are all in the byte-level alphabet decodes to those bytes;
 // any other token (e.g. "<｜User｜>") decodes to its own UTF-8.
 std::string token_to_bytes(const std::string& token) {
@@ -163,6 +187,8 @@ Result<Tokenizer> Tokenizer::from_json_unchecked(std::string_view json_text, con
   if (!bpe) return fail(bpe.error());
   auto added = parse_added_tokens(root);
   if (!added) return fail(added.error());
+
+  if (auto st = check_added_token_ids(*added, vocab); !st) return fail(st.error());
 
   Tokenizer tok(std::move(bpe).value(), PreTokenizer(std::move(patterns).value()), std::move(added).value());
   TokenId size = 0;
