@@ -9,5 +9,7 @@ namespace cedar::cli {
 using Args = std::vector<std::string>;
 
 int cmd_version(const Args& args);
+int cmd_tokenize(const Args& args);
+int cmd_engram_map(const Args& args);
 
 }  // namespace cedar::cli

@@ -17,6 +17,8 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"version", "print the cedar version", cedar::cli::cmd_version},
+    {"tokenize", "encode text with a tokenizer.json, print token ids", cedar::cli::cmd_tokenize},
+    {"engram-map", "build the V4.1 Engram token-normalization map", cedar::cli::cmd_engram_map},
 };
 
 void print_help() {
