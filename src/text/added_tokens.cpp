@@ -46,7 +46,7 @@ AddedTokenMatcher::AddedTokenMatcher(const std::vector<AddedToken>& tokens) {
 }
 
 void AddedTokenMatcher::split_with(const Trie& trie, std::string_view text, size_t begin, size_t end,
-                                   std::vector<Segment>& out) {
+                                   std::vector<InputSpan>& out) {
   const std::string_view window = text.substr(0, end);
   size_t gap = begin;
   for (size_t pos = begin; pos < end; ++pos) {
@@ -62,14 +62,14 @@ void AddedTokenMatcher::split_with(const Trie& trie, std::string_view text, size
   if (gap < end) out.push_back({gap, end, -1});
 }
 
-void AddedTokenMatcher::split(std::string_view text, std::vector<Segment>& out) const {
+void AddedTokenMatcher::split(std::string_view text, std::vector<InputSpan>& out) const {
   if (raw_.empty()) {
     split_with(normalized_, text, 0, text.size(), out);
     return;
   }
-  std::vector<Segment> first;
+  std::vector<InputSpan> first;
   split_with(raw_, text, 0, text.size(), first);
-  for (const Segment& s : first) {
+  for (const InputSpan& s : first) {
     if (s.id >= 0 || normalized_.empty()) out.push_back(s);
     else split_with(normalized_, text, s.begin, s.end, out);
   }

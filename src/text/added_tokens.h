@@ -22,7 +22,7 @@ struct AddedToken {
 };
 
 // A span of input: an added token (id >= 0) or plain text to pre-tokenize (id == -1).
-struct Segment {
+struct InputSpan {
   size_t begin;
   size_t end;
   TokenId id;
@@ -32,8 +32,8 @@ class AddedTokenMatcher {
  public:
   explicit AddedTokenMatcher(const std::vector<AddedToken>& tokens);
 
-  // Appends the segments of text[0, size) in order; adjacent text is never split without a token between.
-  void split(std::string_view text, std::vector<Segment>& out) const;
+  // Appends the spans of text[0, size) in order; adjacent text is never split without a token between.
+  void split(std::string_view text, std::vector<InputSpan>& out) const;
 
  private:
   // Byte trie; children are sorted (byte, node) edges, small per node.
@@ -49,9 +49,9 @@ class AddedTokenMatcher {
     size_t longest_at(std::string_view text, size_t pos, TokenId& id) const;
     bool empty() const { return nodes.size() == 1; }
   };
-  // Splits text[begin, end) with one trie, appending segments.
+  // Splits text[begin, end) with one trie, appending spans.
   static void split_with(const Trie& trie, std::string_view text, size_t begin, size_t end,
-                         std::vector<Segment>& out);
+                         std::vector<InputSpan>& out);
 
   Trie raw_;         // normalized == false
   Trie normalized_;  // normalized == true

@@ -31,8 +31,8 @@ const ByteLevelAlphabet& alphabet() {
 }
 
 // Pieces longer than this use the O(n log n) heap merge; shorter ones the O(n^2)-compare array merge, which is
-// faster for the short words that dominate text.
-constexpr size_t kSmallPiece = 48;
+// faster for the short words that dominate text (measured: 128 beats 48 and 512 on the parity corpus).
+constexpr size_t kSmallPiece = 128;
 
 }  // namespace
 

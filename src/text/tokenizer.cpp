@@ -225,14 +225,14 @@ void Tokenizer::encode_text(std::string_view text, size_t begin, size_t end, std
   for (const Piece& p : pieces) bpe_.encode_piece(text.substr(p.begin, p.end - p.begin), out, bpe_scratch);
 }
 
-Result<std::vector<Segment>> Tokenizer::pre_tokenize(std::string_view text, const EncodeOptions& options) const {
+Result<std::vector<InputSpan>> Tokenizer::pre_tokenize(std::string_view text, const EncodeOptions& options) const {
   if (const size_t bad = find_invalid_utf8(text); bad != std::string_view::npos)
     return make_error("text is not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
-  std::vector<Segment> segments, out;
-  if (options.allow_added_tokens) added_matcher_.split(text, segments);
-  else if (!text.empty()) segments.push_back({0, text.size(), -1});
+  std::vector<InputSpan> spans, out;
+  if (options.allow_added_tokens) added_matcher_.split(text, spans);
+  else if (!text.empty()) spans.push_back({0, text.size(), -1});
   std::vector<Piece> pieces, scratch;
-  for (const Segment& s : segments) {
+  for (const InputSpan& s : spans) {
     if (s.id >= 0) { out.push_back(s); continue; }
     pieces.clear();
     pre_.split(text, s.begin, s.end, pieces, scratch);
@@ -252,9 +252,9 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const Enco
     encode_text(text, 0, text.size(), ids, bpe_scratch, pieces, scratch);
     return ids;
   }
-  std::vector<Segment> segments;
-  added_matcher_.split(text, segments);
-  for (const Segment& s : segments) {
+  std::vector<InputSpan> spans;
+  added_matcher_.split(text, spans);
+  for (const InputSpan& s : spans) {
     if (s.id >= 0) ids.push_back(s.id);
     else encode_text(text, s.begin, s.end, ids, bpe_scratch, pieces, scratch);
   }

@@ -38,7 +38,7 @@ class Tokenizer {
 
   Result<std::vector<TokenId>> encode(std::string_view text, const EncodeOptions& options = {}) const;
   // The pieces encode() would run BPE on, as byte ranges of `text`; added-token matches appear with their id.
-  Result<std::vector<Segment>> pre_tokenize(std::string_view text, const EncodeOptions& options = {}) const;
+  Result<std::vector<InputSpan>> pre_tokenize(std::string_view text, const EncodeOptions& options = {}) const;
 
   Result<std::string> decode(std::span<const TokenId> ids) const;
 

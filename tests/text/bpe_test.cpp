@@ -93,7 +93,7 @@ V reference_bpe(const std::string& text, const std::vector<std::pair<std::string
   }
 }
 
-// Random merge tables over {a,b,c}; lengths cross the small/heap switch (48 bytes).
+// Random merge tables over {a,b,c}; lengths cross the small/heap switch (128 bytes).
 TEST(Bpe, SmallAndHeapPathsMatchReference) {
   std::mt19937 rng(3);
   for (int table = 0; table < 20; ++table) {
@@ -106,7 +106,7 @@ TEST(Bpe, SmallAndHeapPathsMatchReference) {
       tokens.push_back(l + r);
     }
     const Tokenizer t = load(synthetic(merges, table % 2 == 0));
-    for (int len : {1, 2, 3, 7, 20, 47, 48, 49, 64, 200}) {
+    for (int len : {1, 2, 3, 7, 20, 64, 127, 128, 129, 300}) {
       std::string text;
       for (int i = 0; i < len; ++i) text += "abc"[rng() % (table % 3 == 0 ? 1 : 3)];
       ASSERT_EQ(encode_strings(t, text), reference_bpe(text, merges)) << "table " << table << " text " << text;
