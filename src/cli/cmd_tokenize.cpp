@@ -52,7 +52,7 @@ Result<std::string> read_input(const std::string& path) {
 }
 
 // Pre-tokenizer pieces in byte-level form (what HF's pre_tokenizer.pre_tokenize_str returns).
-json pretokens_json(std::string_view s, const std::vector<text::Segment>& segs) {
+json pretokens_json(std::string_view s, const std::vector<text::InputSpan>& segs) {
   json pieces = json::array();
   for (const auto& seg : segs)
     pieces.push_back(seg.id >= 0 ? std::string(s.substr(seg.begin, seg.end - seg.begin))
