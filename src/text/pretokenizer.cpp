@@ -192,20 +192,19 @@ PreTokenizer::PreTokenizer(std::vector<SplitPattern> steps)
     : steps_(std::move(steps)), classes_(&unicode_classes()) {}
 
 void PreTokenizer::split(std::string_view text, size_t begin, size_t end, std::vector<Piece>& out,
-                         std::vector<Piece>& scratch) const {
+                         Scratch& scratch) const {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   if (steps_.empty()) {
     if (begin < end) out.push_back({begin, end});
     return;
   }
   // Each step re-splits every piece of the previous one; a later step never sees across an earlier boundary.
-  scratch.clear();
-  scratch.push_back({begin, end});
-  std::vector<Piece> next;
+  scratch.current.assign(1, Piece{begin, end});
   for (size_t i = 0; i < steps_.size(); ++i) {
-    std::vector<Piece>& dst = i + 1 == steps_.size() ? out : next;
-    if (&dst == &next) next.clear();
-    for (const Piece& piece : scratch) {
+    const bool last = i + 1 == steps_.size();
+    std::vector<Piece>& dst = last ? out : scratch.next;
+    if (!last) scratch.next.clear();
+    for (const Piece& piece : scratch.current) {
       const Scanner sc{s, piece.end, *classes_};
       switch (steps_[i]) {
         case SplitPattern::kNumbers: split_numbers(sc, piece.begin, dst); break;
@@ -213,7 +212,7 @@ void PreTokenizer::split(std::string_view text, size_t begin, size_t end, std::v
         case SplitPattern::kWordsPunct: split_words_punct(sc, piece.begin, dst); break;
       }
     }
-    if (&dst == &next) scratch.swap(next);
+    if (!last) scratch.current.swap(scratch.next);
   }
 }
 

@@ -35,10 +35,13 @@ class PreTokenizer {
  public:
   explicit PreTokenizer(std::vector<SplitPattern> steps);
 
+  // Working space for split(), reusable across calls to avoid allocations.
+  struct Scratch {
+    std::vector<Piece> current, next;
+  };
+
   // Splits text[begin, end) (valid UTF-8) through every step; appends the final pieces to `out`.
-  // `scratch` is working space the caller may reuse across calls to avoid allocations.
-  void split(std::string_view text, size_t begin, size_t end, std::vector<Piece>& out,
-             std::vector<Piece>& scratch) const;
+  void split(std::string_view text, size_t begin, size_t end, std::vector<Piece>& out, Scratch& scratch) const;
 
   const std::vector<SplitPattern>& steps() const { return steps_; }
 

@@ -54,8 +54,7 @@ Result<std::vector<SplitPattern>> parse_pre_tokenizer(const json& root) {
 Status check_model(const json& model) {
   if (model.value("type", "") != "BPE") return make_error("model.type must be BPE");
   if (!is_null_or(model, "dropout", json()) || !is_null_or(model, "unk_token", json()) ||
-      !(is_null_or(model, "continuing_subword_prefix", json()) || model["continuing_subword_prefix"] == "") ||
-      !(is_null_or(model, "end_of_word_suffix", json()) || model["end_of_word_suffix"] == "") ||
+      !is_null_or(model, "continuing_subword_prefix", "") || !is_null_or(model, "end_of_word_suffix", "") ||
       model.value("byte_fallback", false) || model.value("ignore_merges", false))
     return make_error("BPE options dropout/unk_token/subword affixes/byte_fallback/ignore_merges are not supported");
   return Status::Ok();
@@ -219,7 +218,8 @@ Result<Tokenizer> Tokenizer::from_json_unchecked(std::string_view json_text, con
 }
 
 void Tokenizer::encode_text(std::string_view text, size_t begin, size_t end, std::vector<TokenId>& out,
-                            BpeScratch& bpe_scratch, std::vector<Piece>& pieces, std::vector<Piece>& scratch) const {
+                            BpeScratch& bpe_scratch, std::vector<Piece>& pieces,
+                            PreTokenizer::Scratch& scratch) const {
   pieces.clear();
   pre_.split(text, begin, end, pieces, scratch);
   for (const Piece& p : pieces) bpe_.encode_piece(text.substr(p.begin, p.end - p.begin), out, bpe_scratch);
@@ -231,7 +231,8 @@ Result<std::vector<InputSpan>> Tokenizer::pre_tokenize(std::string_view text, co
   std::vector<InputSpan> spans, out;
   if (options.allow_added_tokens) added_matcher_.split(text, spans);
   else if (!text.empty()) spans.push_back({0, text.size(), -1});
-  std::vector<Piece> pieces, scratch;
+  std::vector<Piece> pieces;
+  PreTokenizer::Scratch scratch;
   for (const InputSpan& s : spans) {
     if (s.id >= 0) { out.push_back(s); continue; }
     pieces.clear();
@@ -247,7 +248,8 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const Enco
   std::vector<TokenId> ids;
   ids.reserve(text.size() / 3 + 4);
   BpeScratch bpe_scratch;
-  std::vector<Piece> pieces, scratch;
+  std::vector<Piece> pieces;
+  PreTokenizer::Scratch scratch;
   if (!options.allow_added_tokens) {
     encode_text(text, 0, text.size(), ids, bpe_scratch, pieces, scratch);
     return ids;

@@ -59,7 +59,7 @@ class Tokenizer {
   // from_json without the catch of nlohmann type errors (fields of the wrong JSON type).
   static Result<Tokenizer> from_json_unchecked(std::string_view json_text, const std::string& origin);
   void encode_text(std::string_view text, size_t begin, size_t end, std::vector<TokenId>& out,
-                   BpeScratch& bpe_scratch, std::vector<Piece>& pieces, std::vector<Piece>& scratch) const;
+                   BpeScratch& bpe_scratch, std::vector<Piece>& pieces, PreTokenizer::Scratch& scratch) const;
 
   BpeModel bpe_;
   PreTokenizer pre_;

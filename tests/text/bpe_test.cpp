@@ -140,6 +140,13 @@ TEST(TokenizerLoad, RejectsWhatItDoesNotImplement) {
   j["model"]["byte_fallback"] = true;
   expect_error(j, "byte_fallback");
   j = good;
+  j["model"]["continuing_subword_prefix"] = "##";
+  expect_error(j, "subword affixes");
+  j = good;
+  j["model"]["end_of_word_suffix"] = "";  // empty affixes are what HF writes for "none": accepted
+  j["model"]["continuing_subword_prefix"] = "";
+  EXPECT_TRUE(Tokenizer::from_json(j.dump(), "ok.json").ok());
+  j = good;
   j["model"]["vocab"].erase(bl("\n"));
   expect_error(j, "byte 10");
   j = good;

@@ -12,7 +12,8 @@ namespace {
 
 std::vector<std::string> pieces(const std::string& text) {
   const PreTokenizer pre({SplitPattern::kNumbers, SplitPattern::kCjk, SplitPattern::kWordsPunct});
-  std::vector<Piece> out, scratch;
+  std::vector<Piece> out;
+  PreTokenizer::Scratch scratch;
   pre.split(text, 0, text.size(), out, scratch);
   std::vector<std::string> strs;
   for (const Piece& p : out) strs.push_back(text.substr(p.begin, p.end - p.begin));
