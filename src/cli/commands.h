@@ -14,5 +14,7 @@ int cmd_parse(const Args& args);
 int cmd_pyjson(const Args& args);
 int cmd_tensors(const Args& args);
 int cmd_inspect(const Args& args);
+int cmd_tokenize(const Args& args);
+int cmd_engram_map(const Args& args);
 
 }  // namespace cedar::cli

@@ -22,6 +22,8 @@ constexpr Command kCommands[] = {
     {"pyjson", "re-serialize JSON lines as Python json.dumps (test aid)", cedar::cli::cmd_pyjson},
     {"tensors", "list (or dump) the tensors of a safetensors file or checkpoint", cedar::cli::cmd_tensors},
     {"inspect", "describe a checkpoint or config: layer plan, parameters, KV budget, inventory", cedar::cli::cmd_inspect},
+    {"tokenize", "encode text with a tokenizer.json, print token ids", cedar::cli::cmd_tokenize},
+    {"engram-map", "build the V4.1 Engram token-normalization map", cedar::cli::cmd_engram_map},
 };
 
 void print_help() {
