@@ -236,4 +236,16 @@ int cmd_forward(const Args& raw_args) {
 }
 
 }  // namespace cedar::cli
+#else
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace cedar::cli {
+// TEMP until the forward modules are merged.
+int cmd_forward(const Args&) {
+  std::fprintf(stderr, "cedar forward: this build has no CPU forward (model modules missing)\n");
+  return 2;
+}
+}  // namespace cedar::cli
 #endif  // modules present

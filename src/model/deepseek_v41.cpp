@@ -111,6 +111,8 @@ struct DeepseekV41Model::Buffers {
 };
 
 Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& path, const LoadOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return make_error(path.string() + ": no such model directory or file");
   const std::filesystem::path dir = model_dir(path);
   DeepseekV41Model m;
   CEDAR_ASSIGN_OR_RETURN(m.config_, load_model_config(dir));
@@ -291,7 +293,7 @@ Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, Sequ
   call.n = n;
   const bool boundary = l == plan_.last_kv_source;
   const bool global_kv_only = state.options_.ced_boundary == CedBoundary::GlobalKvOnly;
-  if (l > plan_.last_kv_source || (boundary && global_kv_only)) call.swa_start = state.replay_start_;
+  if (rows.tail && (l > plan_.last_kv_source || (boundary && global_kv_only))) call.swa_start = state.replay_start_;
   if (!rows.tail && boundary && global_kv_only) call.pass = AttentionPass::GlobalKvOnly;
   Status st = attention_forward(call, b.xn, M.attn, attn_, state.attention_, scratch,
                                 call.pass == AttentionPass::GlobalKvOnly ? std::span<float>() : std::span<float>(b.y),
