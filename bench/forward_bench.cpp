@@ -59,7 +59,7 @@ void BM_Prefill(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
-BENCHMARK(BM_Prefill)->ArgsProduct({{16, 64, 256}, {1, 0}})->ArgNames({"tokens", "threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Prefill)->ArgsProduct({{16, 64, 256}, {1, 0}})->ArgNames({"tokens", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // Decode one token at a time after a prompt of range(0) tokens; the context grows during the run.
 void BM_Decode(benchmark::State& state) {
@@ -81,7 +81,7 @@ void BM_Decode(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   state.counters["context"] = static_cast<double>(seq->length());
 }
-BENCHMARK(BM_Decode)->ArgsProduct({{64, 1024}, {1, 0}})->ArgNames({"prompt", "threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Decode)->ArgsProduct({{64, 1024}, {1, 0}})->ArgNames({"prompt", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
