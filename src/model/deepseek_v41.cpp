@@ -159,6 +159,10 @@ Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& pat
     L.attn = attention_weights(t.attn);
     L.moe = moe_weights(t.ffn);
     if (t.engram) {
+      // engram_forward reads e4m3 rows + e8m0 scales only (EngramWeights has no format field yet).
+      if (t.engram->table_format != WeightFormat::FP8Rows)
+        return make_error(c.source + ": layer " + str(role.layer) +
+                          ": BF16 Engram tables (bf16-weight checkpoint) are not supported by the Engram module");
       L.engram = engram_weights(*t.engram);
       L.engram_slot = m.hasher_->layout().slot_of_layer(role.layer);
     }
