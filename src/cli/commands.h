@@ -9,5 +9,6 @@ namespace cedar::cli {
 using Args = std::vector<std::string>;
 
 int cmd_version(const Args& args);
+int cmd_make_tiny(const Args& args);
 
 }  // namespace cedar::cli

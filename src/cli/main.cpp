@@ -17,6 +17,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"version", "print the cedar version", cedar::cli::cmd_version},
+    {"make-tiny", "write a tiny checkpoint in the released format", cedar::cli::cmd_make_tiny},
 };
 
 void print_help() {
