@@ -3,8 +3,8 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <system_error>
 
@@ -69,12 +69,18 @@ Result<fs::path> stage_tiny_checkpoint(const TinyCheckpointOptions& options, con
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) return make_error("cannot create " + parent.string() + ": " + error_text(ec));
-  // Unique per process and call; a sibling of the target so the final rename stays on one filesystem.
-  const auto tick = std::chrono::steady_clock::now().time_since_epoch().count();
-  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) +
-                                 "-" + std::to_string(tick));
-  if (!fs::create_directory(tmp, ec) || ec)
-    return make_error("cannot create temporary directory " + tmp.string() + ": " + error_text(ec));
+  // A sibling of the target, so the final rename stays on one filesystem; random so that concurrent
+  // writers (processes or threads) never share one.
+  std::random_device random;
+  fs::path tmp;
+  for (int attempt = 0;; ++attempt) {
+    const uint64_t tag = (static_cast<uint64_t>(random()) << 32) ^ random();
+    tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                    std::to_string(tag));
+    if (fs::create_directory(tmp, ec)) break;
+    if (ec || attempt == 8) return make_error("cannot create a temporary directory in " + parent.string() +
+                                              (ec ? ": " + error_text(ec) : std::string()));
+  }
   Status st = write_tiny_checkpoint(options, tmp);
   if (st.ok()) {
     st = verify_tiny_checkpoint(tmp);
