@@ -38,5 +38,12 @@ else
   echo "pytest not run: .venv missing (run scripts/setup.sh first)"; status=1; failed=$((failed+1))
 fi
 
+# Bounded libFuzzer run of every fuzz target (needs clang); counted as one test.
+if command -v clang++ >/dev/null; then
+  if scripts/fuzz.sh "${CEDAR_FUZZ_SECONDS:-20}"; then passed=$((passed+1)); else failed=$((failed+1)); status=1; fi
+else
+  echo "fuzz not run: clang++ not found"; skipped=$((skipped+1))
+fi
+
 echo "tests: ${passed} passed, ${failed} failed, ${skipped} skipped"
 exit $status

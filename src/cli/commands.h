@@ -9,6 +9,11 @@ namespace cedar::cli {
 using Args = std::vector<std::string>;
 
 int cmd_version(const Args& args);
+int cmd_encode(const Args& args);
+int cmd_parse(const Args& args);
+int cmd_pyjson(const Args& args);
+int cmd_tensors(const Args& args);
+int cmd_inspect(const Args& args);
 int cmd_make_tiny(const Args& args);
 
 }  // namespace cedar::cli

@@ -17,6 +17,11 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"version", "print the cedar version", cedar::cli::cmd_version},
+    {"encode", "render a chat request into the model prompt", cedar::cli::cmd_encode},
+    {"parse", "parse a model completion into a chat message", cedar::cli::cmd_parse},
+    {"pyjson", "re-serialize JSON lines as Python json.dumps (test aid)", cedar::cli::cmd_pyjson},
+    {"tensors", "list (or dump) the tensors of a safetensors file or checkpoint", cedar::cli::cmd_tensors},
+    {"inspect", "describe a checkpoint or config: layer plan, parameters, KV budget, inventory", cedar::cli::cmd_inspect},
     {"make-tiny", "write a tiny checkpoint in the released format", cedar::cli::cmd_make_tiny},
 };
 

@@ -3,6 +3,7 @@
 // cache, inspect) reads the plan instead of re-deriving layer roles.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -50,14 +51,23 @@ struct LayerPlan {
   Arch arch = Arch::DeepseekV41;
   std::vector<LayerRole> layers;        // backbone, index = layer id
   std::vector<DraftBlockRole> drafts;   // DSpark blocks / NextN
+  DraftKind draft_kind = DraftKind::None;
+  // CED (architecture.md §3.10–3.11): prefill may run layers [0, encoder_layers) on every prompt token
+  // plus the last KV source's compressor, and the decoder only on the tail. Valid when the last KV
+  // source exists, no Engram layer follows it and every DSpark target follows it (ATOM's
+  // `decoder_replay_unsupported` conditions); otherwise encoder_layers = all layers.
+  bool ced = false;
+  std::string ced_unavailable_reason;   // set when !ced
   int64_t encoder_layers = 0;           // CED: layers [0, encoder_layers) are the encoder
   int64_t last_kv_source = -1;
 
   int64_t count(AttnMode m) const;
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
 };
 
 // Derives and validates the plan; every inconsistency (ids out of range, a KV source with ratio 0,
-// a Reuse layer with no source before it, Engram count mismatch, ...) is an Error naming the field.
+// a Reuse layer with no source before it, Engram count mismatch, ...) is an Error naming the config
+// file (ModelConfig::source) and the field. All problems found are reported together.
 Result<LayerPlan> build_layer_plan(const ModelConfig& c);
 
 }  // namespace cedar

@@ -1,0 +1,182 @@
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "text/encoder.h"
+#include "text/output_parser.h"
+#include "text/replay.h"
+
+namespace cedar::text {
+namespace {
+
+const std::string kToolOutput =
+    "Need the tool.</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter "
+    "name=\"city\" string=\"true\">Par\"is\n中文</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"days\" "
+    "string=\"false\">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"now\">\n\n</｜DSML｜ "
+    "invoke>\n</｜DSML｜ calls>";
+
+struct Outcome {
+  std::string reasoning, content, calls;
+  FinishReason finish;
+  bool operator==(const Outcome&) const = default;
+};
+
+Outcome run(const std::vector<std::string>& chunks, ParserOptions opt, StopCause cause = StopCause::kEos) {
+  StreamParser p(opt);
+  std::vector<ParseEvent> ev;
+  for (const auto& c : chunks) EXPECT_TRUE(p.feed(c, ev).ok());
+  EXPECT_TRUE(p.finish(cause, ev).ok());
+  Outcome o{p.result().reasoning, p.result().content, "", p.result().finish};
+  for (const auto& c : p.result().tool_calls) o.calls += c.name + "|" + c.arguments + ";";
+  // Deltas add up to the result.
+  std::string r, content, args;
+  for (const auto& e : ev) {
+    if (e.kind == ParseEvent::Kind::kReasoning) r += e.text;
+    if (e.kind == ParseEvent::Kind::kContent) content += e.text;
+    if (e.kind == ParseEvent::Kind::kToolCallArguments) args += e.text;
+  }
+  EXPECT_EQ(r, o.reasoning);
+  EXPECT_EQ(content, o.content);
+  return o;
+}
+
+void expect_split_invariant(const std::string& text, ParserOptions opt, StopCause cause = StopCause::kEos) {
+  const Outcome whole = run({text}, opt, cause);
+  for (size_t i = 0; i <= text.size(); ++i) ASSERT_EQ(run({text.substr(0, i), text.substr(i)}, opt, cause), whole) << i;
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  ASSERT_EQ(run(bytes, opt, cause), whole);
+  std::mt19937 rng(7);
+  for (int t = 0; t < 30; ++t) {
+    std::vector<std::string> parts;
+    for (size_t i = 0; i < text.size();) {
+      const size_t n = 1 + rng() % 9;
+      parts.push_back(text.substr(i, n));
+      i += n;
+    }
+    ASSERT_EQ(run(parts, opt, cause), whole);
+  }
+}
+
+TEST(StreamParser, ToolCallsInEverySplit) {
+  ParserOptions opt;
+  opt.start = ParseStart::kReasoning;
+  const Outcome o = run({kToolOutput}, opt);
+  EXPECT_EQ(o.reasoning, "Need the tool.");
+  EXPECT_EQ(o.content, "");
+  EXPECT_EQ(o.calls, "get_weather|{\"city\": \"Par\\\"is\\n中文\", \"days\": 2};now|{};");
+  EXPECT_EQ(o.finish, FinishReason::kToolCalls);
+  expect_split_invariant(kToolOutput, opt);
+}
+
+TEST(StreamParser, V4SpellingAndBlockInsideReasoning) {
+  ParserOptions opt;
+  opt.start = ParseStart::kReasoning;
+  const std::string text = "think\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a b\" "
+                           "string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const Outcome o = run({text}, opt);
+  EXPECT_EQ(o.reasoning, "think");
+  EXPECT_EQ(o.calls, "f|{\"a b\": \"x\"};");
+  expect_split_invariant(text, opt);
+}
+
+TEST(StreamParser, StopsMatchAnswerOnlyAndStrayThinkEndIsDropped) {
+  ParserOptions opt;
+  opt.start = ParseStart::kReasoning;
+  opt.stop = {"STOP"};
+  const std::string text = "\n\nreason STOP stays\n</think>\nanswer STOP hidden";
+  const Outcome o = run({text}, opt);
+  EXPECT_EQ(o.reasoning, "reason STOP stays");
+  EXPECT_EQ(o.content, "answer ");
+  EXPECT_EQ(o.finish, FinishReason::kStop);
+  expect_split_invariant(text, opt);
+  ParserOptions chat;
+  EXPECT_EQ(run({"a</think>b</think>c"}, chat).content, "abc");
+}
+
+TEST(StreamParser, TruncationFlushesHeldPartialsVerbatim) {
+  ParserOptions chat;
+  for (std::string t : {"hello <", "hello </thi", "hello\n"}) {
+    const Outcome o = run({t}, chat, StopCause::kLength);
+    EXPECT_EQ(o.content, t);
+    EXPECT_EQ(o.finish, FinishReason::kLength);
+  }
+  ParserOptions s = chat;
+  s.stop = {"STOP"};
+  EXPECT_EQ(run({"hello ST"}, s, StopCause::kLength).content, "hello ST");
+  const std::string cut = "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"true\">unfinished";
+  const Outcome o = run({cut}, chat, StopCause::kLength);
+  EXPECT_EQ(o.calls, "f|{\"a\": \"unfinished;");
+  EXPECT_EQ(o.finish, FinishReason::kLength);
+  expect_split_invariant(cut, chat, StopCause::kLength);
+}
+
+TEST(StreamParser, FinishIsIdempotentAndFeedAfterFinishFails) {
+  StreamParser p({});
+  std::vector<ParseEvent> ev;
+  ASSERT_TRUE(p.feed("hi", ev).ok());
+  ASSERT_TRUE(p.finish(StopCause::kEos, ev).ok());
+  ASSERT_TRUE(p.finish(StopCause::kEos, ev).ok());
+  EXPECT_FALSE(p.feed("more", ev).ok());
+}
+
+// OFF-V41-TEST test_v41_parses_spaced_dsml_roundtrip: parse, re-encode with context -> same bytes.
+TEST(ReferenceParser, RoundTripReproducesTheCompletion) {
+  const std::string out =
+      "  reason  </think>summary\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"lookup\">\n<｜DSML｜ parameter name=\"query\" "
+      "string=\"true\">value</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"limit\" string=\"false\">2</｜DSML｜ "
+      "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>";
+  auto parsed = parse_completion_reference(out, Dialect::kV41, true);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_EQ(parsed->reasoning, "  reason  ");
+  EXPECT_EQ(parsed->tool_calls[0].arguments, "{\"query\": \"value\", \"limit\": 2}");
+  Message u;
+  u.content = "question";
+  EncodeOptions o;
+  o.thinking = true;
+  o.context_messages = 1;
+  auto again = encode_messages({u, parsed->to_message()}, o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->str(), out);
+  // test_v41_parse_rejects_unspaced_v4_dsml
+  std::string v4 = out;
+  for (auto [a, b] : {std::pair{"｜DSML｜ calls", "｜DSML｜tool_calls"}, {"｜DSML｜ invoke", "｜DSML｜invoke"},
+                      {"｜DSML｜ parameter", "｜DSML｜parameter"}}) {
+    for (size_t p; (p = v4.find(a)) != std::string::npos;) v4.replace(p, std::string(a).size(), b);
+  }
+  EXPECT_FALSE(parse_completion_reference(v4, Dialect::kV41, true).ok());
+}
+
+TEST(Replay, ReplaysGeneratedBytesWhenTheClientReserializesArguments) {
+  // The model wrote "2.50" and a param order the client will not keep.
+  const std::string gen = "r</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"x\" "
+                          "string=\"false\">2.50</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  ParserOptions po;
+  po.start = ParseStart::kReasoning;
+  ParsedCompletion pc = parse_completion(gen, po, StopCause::kEos);
+  Message served = pc.to_message();
+  served.tool_calls[0].id = "call_1";
+  ReplayMemory memory;
+  memory.remember(served, segment_generated_text(gen), true);
+
+  Message u, back, tool;
+  u.content = "q";
+  back = served;
+  back.tool_calls[0].arguments = "{\"x\":2.5}";  // client's JSON.stringify
+  tool.role = Role::kTool;
+  tool.tool_call_id = "call_1";
+  tool.content = "ok";
+  EncodeOptions o;
+  o.thinking = true;
+  o.drop_thinking = false;
+  const std::string plain = encode_messages({u, back, tool}, o)->str();
+  EXPECT_EQ(plain.find("2.50"), std::string::npos);
+  o.replay = &memory;
+  const std::string replayed = encode_messages({u, back, tool}, o)->str();
+  EXPECT_NE(replayed.find("<｜Assistant｜><think>" + gen + "<｜end▁of▁sentence｜>"), std::string::npos);
+  back.tool_calls[0].arguments = "{\"x\": 3}";  // changed meaning: no replay
+  EXPECT_EQ(encode_messages({u, back, tool}, o)->str().find("2.50"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cedar::text
