@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/inventory.h"
+#include "model/weights.h"
 #include "model/tokenizer_source.h"
 
 namespace cedar {
@@ -49,19 +50,21 @@ Status write_tiny_checkpoint(const TinyCheckpointOptions& o, const fs::path& dir
   CEDAR_RETURN_IF_ERROR(writer.write_sharded(dir, o.n_shards));
   CEDAR_RETURN_IF_ERROR(write_text(dir / "config.json", to_hf_config_json(config).dump(2) + "\n"));
 
+  if (!o.tokenizer_files) return Status::Ok();
+
   CEDAR_ASSIGN_OR_RETURN(const fs::path tokenizer_path, find_tokenizer_json(o.tokenizer));
   CEDAR_ASSIGN_OR_RETURN(const std::string v4_text, read_text(tokenizer_path));
-  CEDAR_ASSIGN_OR_RETURN(const std::string tok_text, tokenizer_json_for(o.arch, v4_text, tokenizer_path.string()));
-  CEDAR_ASSIGN_OR_RETURN(const std::string tok_config, tokenizer_config_json_for(config, tok_text));
-  CEDAR_RETURN_IF_ERROR(write_text(dir / "tokenizer.json", tok_text));
-  return write_text(dir / "tokenizer_config.json", tok_config);
+  CEDAR_ASSIGN_OR_RETURN(const TokenizerFiles files, tokenizer_files_for(config, v4_text, tokenizer_path.string()));
+  CEDAR_RETURN_IF_ERROR(write_text(dir / "tokenizer.json", files.tokenizer_json));
+  return write_text(dir / "tokenizer_config.json", files.tokenizer_config_json);
 }
 
 Status verify_tiny_checkpoint(const fs::path& dir) {
   CEDAR_ASSIGN_OR_RETURN(const ModelConfig config, load_model_config(dir));
   CEDAR_ASSIGN_OR_RETURN(const LayerPlan plan, build_layer_plan(config));
+  CEDAR_ASSIGN_OR_RETURN(const std::vector<WeightSpec> expected, expected_weights(config, plan));
   CEDAR_ASSIGN_OR_RETURN(const io::Checkpoint ckpt, io::Checkpoint::open(dir));
-  return check_inventory(config, plan, ckpt);
+  return check_inventory(expected, ckpt, inventory_options(config, plan));
 }
 
 Result<fs::path> stage_tiny_checkpoint(const TinyCheckpointOptions& options, const fs::path& final_path) {
@@ -75,8 +78,10 @@ Result<fs::path> stage_tiny_checkpoint(const TinyCheckpointOptions& options, con
   fs::path tmp;
   for (int attempt = 0;; ++attempt) {
     const uint64_t tag = (static_cast<uint64_t>(random()) << 32) ^ random();
-    tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                    std::to_string(tag));
+    std::string name = final_path.filename().string();
+    name.insert(0, 1, '.');
+    name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(tag);
+    tmp = parent / name;
     if (fs::create_directory(tmp, ec)) break;
     if (ec || attempt == 8) return make_error("cannot create a temporary directory in " + parent.string() +
                                               (ec ? ": " + error_text(ec) : std::string()));

@@ -24,6 +24,7 @@ struct TinyCheckpointOptions {
   bool bf16 = false;                 // unquantized variant: no quantization_config, BF16 weights
   std::filesystem::path tokenizer;   // V4 tokenizer.json to start from; empty: find_tokenizer_json()
   int n_shards = 2;
+  bool tokenizer_files = true;       // false: shards, index and config.json only (tests of tensors)
 };
 
 // The configuration of a named profile (only "tiny" exists). `bf16` drops the quantization_config.

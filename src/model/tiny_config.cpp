@@ -85,13 +85,14 @@ ModelConfig tiny_v41() {
   c.dspark_n_routed_experts = 6;
   c.dspark_num_experts_per_tok = 3;
   c.image_token_id = 129264;
-  c.quant = QuantConfig{"fp8", "dynamic", 32, 32, "ue8m0", "fp4"};
+  c.draft_kind = DraftKind::DSpark;
+  c.quant = QuantConfig{"fp8", "dynamic", 32, 32, "e4m3", "ue8m0", "fp4"};
   return c;
 }
 
 // V4-Flash in miniature: 2 SWA-only layers, then CSA (ratio 4, own indexer) / HCA (ratio 128)
 // alternating and ending on CSA like the 43-layer original; the first 3 MoE layers are hash-routed;
-// one NextN block.
+// one NextN block (its ratio is the trailing compress_ratios entry, as in the released config).
 ModelConfig tiny_v4() {
   ModelConfig c;
   c.arch = Arch::DeepseekV4;
@@ -102,7 +103,8 @@ ModelConfig tiny_v4() {
   c.index_n_heads = 4;
   c.rms_norm_eps = 1e-6;
   c.num_hash_layers = 3;
-  c.quant = QuantConfig{"fp8", "dynamic", 128, 128, "ue8m0", "fp4"};
+  c.draft_kind = DraftKind::NextN;
+  c.quant = QuantConfig{"fp8", "dynamic", 128, 128, "e4m3", "ue8m0", "fp4"};
   return c;
 }
 

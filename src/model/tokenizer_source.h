@@ -22,8 +22,13 @@ Result<std::filesystem::path> find_tokenizer_json(const std::filesystem::path& e
 // contents is returned unchanged. `label` names the source in errors.
 Result<std::string> tokenizer_json_for(Arch arch, const std::string& v4_text, const std::string& label);
 
-// tokenizer_config.json as the V4 tokenizer package ships it (no BOS/EOS added, no chat template),
-// with BOS/EOS/pad taken from the config's token ids and the tokenizer's added tokens.
-Result<std::string> tokenizer_config_json_for(const ModelConfig& c, const std::string& tokenizer_text);
+// The two tokenizer files of a checkpoint of config `c`: tokenizer.json as tokenizer_json_for(c.arch)
+// gives it, and tokenizer_config.json as the V4 tokenizer package ships it (no BOS/EOS added, no chat
+// template) with BOS/EOS/pad taken from the config's token ids.
+struct TokenizerFiles {
+  std::string tokenizer_json;
+  std::string tokenizer_config_json;
+};
+Result<TokenizerFiles> tokenizer_files_for(const ModelConfig& c, const std::string& v4_text, const std::string& label);
 
 }  // namespace cedar

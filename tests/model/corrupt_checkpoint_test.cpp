@@ -17,6 +17,7 @@
 #include "model/inventory.h"
 #include "model/layer_plan.h"
 #include "model/tiny_checkpoint.h"
+#include "model/weights.h"
 
 namespace cedar {
 namespace {
@@ -40,9 +41,11 @@ std::string load_error(const fs::path& dir) {
   if (!config.ok()) return config.error().message;
   auto plan = build_layer_plan(*config);
   if (!plan.ok()) return plan.error().message;
+  auto expected = expected_weights(*config, *plan);
+  if (!expected.ok()) return expected.error().message;
   auto ckpt = io::Checkpoint::open(dir);
   if (!ckpt.ok()) return ckpt.error().message;
-  const Status st = check_inventory(*config, *plan, *ckpt);
+  const Status st = check_inventory(*expected, *ckpt, inventory_options(*config, *plan));
   return st.ok() ? std::string() : st.error().message;
 }
 
@@ -52,6 +55,7 @@ class CorruptCheckpointTest : public ::testing::Test {
     base_ = new fs::path(fs::temp_directory_path() / ("cedar-corrupt-base-" + std::to_string(::getpid())));
     fs::remove_all(*base_);
     TinyCheckpointOptions o;  // V4.1, quantized: every storage format is present
+    o.tokenizer_files = false;
     const Status st = make_tiny_checkpoint(o, *base_, false);
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
@@ -98,8 +102,11 @@ class CorruptCheckpointTest : public ::testing::Test {
     }
     edit(entries);
     io::SafetensorsWriter w;
-    for (auto& e : entries)
-      if (!e.name.empty()) ASSERT_TRUE(w.add(e.name, e.dtype, e.shape, std::move(e.bytes)).ok());
+    for (auto& e : entries) {
+      if (!e.name.empty()) {
+        ASSERT_TRUE(w.add(e.name, e.dtype, e.shape, std::move(e.bytes)).ok());
+      }
+    }
     ASSERT_TRUE(w.write_file(dir_ / shard).ok());
   }
 
@@ -178,6 +185,7 @@ TEST_F(CorruptCheckpointTest, TensorRemovedFromShardAndIndex) {
   write_index(j);
   const std::string err = load_error(dir_);
   ASSERT_NE(err, "");
+  EXPECT_MENTIONS(err, "missing");
   EXPECT_MENTIONS(err, kNorm);
 }
 
@@ -189,6 +197,7 @@ TEST_F(CorruptCheckpointTest, WrongDtype) {
   const std::string err = load_error(dir_);
   ASSERT_NE(err, "");
   EXPECT_MENTIONS(err, kScale);
+  EXPECT_MENTIONS(err, "F8_E8M0");
   EXPECT_MENTIONS(err, "U8");
 }
 
@@ -200,6 +209,7 @@ TEST_F(CorruptCheckpointTest, WrongShape) {
   const std::string err = load_error(dir_);
   ASSERT_NE(err, "");
   EXPECT_MENTIONS(err, kExpert);
+  EXPECT_MENTIONS(err, "[64, 16]");
 }
 
 TEST_F(CorruptCheckpointTest, MissingShardFile) {
@@ -236,6 +246,7 @@ TEST_F(CorruptCheckpointTest, ExtraUnexpectedTensor) {
   write_index(j);
   const std::string err = load_error(dir_);
   ASSERT_NE(err, "");
+  EXPECT_MENTIONS(err, "unexpected");
   EXPECT_MENTIONS(err, extra);
 }
 
