@@ -55,7 +55,7 @@ class ValueStream {
 enum class Role {
   Norm,         // RMSNorm weights and Engram q/k gains: ≈ 1
   HyperConn,    // hc_* mixing parameters: small
-  NearZero,     // attention sinks, router biases: ≈ 0
+  NearZero,     // attention sinks, router biases, V4 compressor position biases (ape): ≈ 0
   Embedding,    // token / Markov embeddings, Engram table rows: unit variance
   Linear,       // projections: N(0, 1/fan_in)
   ExpertIds,    // V4 tid2eid: distinct expert ids per token
@@ -72,7 +72,7 @@ Role role_of(const WeightSpec& w) {
   if (w.format == WeightFormat::FP8Rows || w.component == Component::EngramTable) return Role::Embedding;
   if (ends_with(name, "norm.weight") || last == "q_weight" || last == "k_weight") return Role::Norm;
   if (last.rfind("hc_", 0) == 0) return Role::HyperConn;
-  if (last == "attn_sink" || last == "bias" || last == "bias_vl") return Role::NearZero;
+  if (last == "attn_sink" || last == "bias" || last == "bias_vl" || last == "ape") return Role::NearZero;
   if (name == "embed.weight" || ends_with(name, ".embed.weight")) return Role::Embedding;
   if (w.shape.size() >= 2) return Role::Linear;
   return Role::NearZero;

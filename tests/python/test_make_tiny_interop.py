@@ -350,3 +350,49 @@ def test_tokenizer_config(written):
         assert cfg["bos_token"] == "<\uff5cbegin\u2581of\u2581sentence\uff5c>", arch
         assert cfg["eos_token"] == "<\uff5cend\u2581of\u2581sentence\uff5c>", arch
         assert "chat_template" not in cfg
+
+
+def test_inspect_without_dir_uses_the_embedded_default_model(tmp_path):
+    env = dict(os.environ, CEDAR_HOME=str(tmp_path), CEDAR_TOKENIZER=str(package_tokenizer_path()))
+    expected_dir = tmp_path / "models" / "tiny-deepseek_v41-seed0"
+    first = subprocess.run([str(BINARY), "inspect", "--json"], capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    assert pathlib.Path(doc["path"]) == expected_dir
+    assert doc["inventory"]["ok"] is True
+    ck = Ckpt(expected_dir)  # readable by the safetensors package, V4.1 with its quantization_config
+    assert ck.cfg["model_type"] == "deepseek_v41_text" and ck.quant["quant_method"] == "fp8"
+    stamp = (expected_dir / "config.json").stat().st_mtime_ns
+    second = subprocess.run([str(BINARY), "inspect"], capture_output=True, text=True, env=env)
+    assert second.returncode == 0, second.stderr
+    assert (expected_dir / "config.json").stat().st_mtime_ns == stamp, "the default model was rebuilt"
+
+
+def test_make_tiny_refuses_a_non_empty_directory_without_force(tmp_path):
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    tok = str(package_tokenizer_path())
+    cmd = [str(BINARY), "make-tiny", str(out), "--arch", "deepseek_v4", "--bf16", "--tokenizer", tok]
+    refused = subprocess.run(cmd, capture_output=True, text=True)
+    assert refused.returncode == 1 and "--force" in refused.stderr and str(out) in refused.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "temporary directory left behind"
+    forced = subprocess.run(cmd + ["--force"], capture_output=True, text=True)
+    assert forced.returncode == 0, forced.stderr
+    assert not (out / "keep.txt").exists() and (out / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "temporary directory left behind"
+
+
+def test_make_tiny_usage_errors(tmp_path):
+    bad_arch = subprocess.run([str(BINARY), "make-tiny", str(tmp_path / "x"), "--arch", "llama"],
+                              capture_output=True, text=True)
+    assert bad_arch.returncode == 2 and "llama" in bad_arch.stderr
+    bad_profile = subprocess.run([str(BINARY), "make-tiny", str(tmp_path / "y"), "--profile", "huge"],
+                                 capture_output=True, text=True)
+    assert bad_profile.returncode == 1 and "huge" in bad_profile.stderr
+    no_tokenizer = subprocess.run([str(BINARY), "make-tiny", str(tmp_path / "z"), "--tokenizer",
+                                   str(tmp_path / "missing.json")], capture_output=True, text=True)
+    assert no_tokenizer.returncode == 1 and "missing.json" in no_tokenizer.stderr
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
+    assert [p.name for p in tmp_path.iterdir()] == [], "temporary directory left behind"
