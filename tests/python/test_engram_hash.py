@@ -155,7 +155,7 @@ def test_chunked_rows_equal_one_shot(real_config, token_map, chunk):
 
 def test_other_layouts_match_numpy(real_config, token_map, tmp_path):
     """Layer ids with other RNG seeds (incl. 0: entropy 0), other orders / heads / prime starts."""
-    overrides = {"engram_layer_ids": [0, 5, 77, 4242], "engram_max_ngram_size": 3, "engram_n_heads": 5,
+    overrides = {"engram_layer_ids": [0, 5, 77, 4095], "engram_max_ngram_size": 3, "engram_n_heads": 5,
                  "engram_vocab_size": 1000}
     text = dict(real_config["text_config"], **overrides)
     ref = Reference(text, token_map)
