@@ -17,8 +17,10 @@
 // Top-k order (the reference's torch.topk leaves ties implementation-defined): descending biased
 // score, and on exactly equal scores the lower expert id first; NaN ranks above every number (torch's
 // convention for `largest`). The routing weights are listed in that order. Expert outputs are summed
-// in ascending expert id as the reference's dispatch loop does (an expert listed twice by a V4
-// tid2eid row contributes twice, in slot order).
+// in ascending expert id as the reference's dispatch loop does on one rank (an expert listed twice by a
+// V4 tid2eid row contributes twice, in slot order); a multi-rank reference all-reduces partial sums.
+// norm_topk_prob renormalises for every k (the reference does; the HF port skips k = 1). The routing
+// weight multiplies before W2 and the shared expert is clamped too (reference; HF's V4 port differs).
 #pragma once
 
 #include <cstdint>
