@@ -23,7 +23,8 @@ struct Stored {
 };
 
 Stored mxfp4(int64_t out, int64_t in, std::mt19937& rng) {
-  Stored s{std::vector<uint8_t>(static_cast<size_t>(out * in / 2)), std::vector<uint8_t>(static_cast<size_t>(out * in / 32)), {}};
+  Stored s{std::vector<uint8_t>(static_cast<size_t>(out * in / 2)),
+           std::vector<uint8_t>(static_cast<size_t>(out * in / 32)), {}};
   for (auto& b : s.data) b = static_cast<uint8_t>(rng());
   for (auto& b : s.scale) b = static_cast<uint8_t>(122 + rng() % 3);
   s.view = {.format = cedar::WeightFormat::MXFP4, .out = out, .in = in, .data = s.data.data(), .scale = s.scale.data()};
@@ -36,7 +37,8 @@ Stored fp8(int64_t out, int64_t in, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, 8.0f);
   for (auto& b : s.data) b = cedar::f32_to_e4m3(dist(rng));
   for (auto& b : s.scale) b = static_cast<uint8_t>(120 + rng() % 3);
-  s.view = {.format = cedar::WeightFormat::FP8Block, .out = out, .in = in, .data = s.data.data(), .scale = s.scale.data()};
+  s.view = {.format = cedar::WeightFormat::FP8Block, .out = out, .in = in, .data = s.data.data(),
+            .scale = s.scale.data()};
   return s;
 }
 
@@ -110,7 +112,12 @@ void BM_MoeSmall(benchmark::State& state) { run_moe(state, 1024, 512, 64, 6); }
 
 // Args: tokens per chunk, threads.
 BENCHMARK(BM_MoeTiny)->ArgNames({"tokens", "threads"})->Args({1, 1})->Args({32, 1})->Args({32, 2});
-BENCHMARK(BM_MoeSmall)->ArgNames({"tokens", "threads"})->Args({1, 1})->Args({1, 2})->Args({32, 2})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MoeSmall)
+    ->ArgNames({"tokens", "threads"})
+    ->Args({1, 1})
+    ->Args({1, 2})
+    ->Args({32, 2})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 BENCHMARK_MAIN();

@@ -99,7 +99,8 @@ Result<ChunkShape> check_routing_inputs(std::span<const float> x, int64_t n, con
                       std::to_string(s.n_experts) + " experts");
   if (w.bias_vl.empty())
     for (int64_t t = 0; t < static_cast<int64_t>(is_image.size()); ++t)
-      if (is_image[t]) return make_error("moe: token " + std::to_string(t) + " is an image token but the gate has no bias_vl");
+      if (is_image[t])
+        return make_error("moe: token " + std::to_string(t) + " is an image token but the gate has no bias_vl");
   return s;
 }
 
@@ -124,7 +125,7 @@ Result<MoeRouting> route_tokens(std::span<const float> x, int64_t n, const MoeWe
                                .data = reinterpret_cast<const uint8_t*>(w.gate.data())};
   CEDAR_RETURN_IF_ERROR(cpu::linear(gate, x, n, r.scores, {.bf16_output = false}, pool));
   const auto temp = static_cast<float>(p.gate_temp);
-  for (float& v : r.scores) v = sqrt_softplus(p.gate_temp == 1.0 ? v : v / temp);
+  for (float& v : r.scores) v = sqrt_softplus(v / temp);
 
   const bool hashed = !w.tid2eid.empty();
   std::vector<float> biased(static_cast<size_t>(E));

@@ -167,7 +167,8 @@ inline Route route(const RouterSpec& r, const std::vector<double>& x, const int6
   }
   double sum = 0;
   for (int64_t e : out.experts) sum += out.scores[e];
-  for (int64_t e : out.experts) out.weights.push_back((r.norm ? out.scores[e] / (sum + 1e-20) : out.scores[e]) * r.route_scale);
+  for (int64_t e : out.experts)
+    out.weights.push_back((r.norm ? out.scores[e] / (sum + 1e-20) : out.scores[e]) * r.route_scale);
   return out;
 }
 

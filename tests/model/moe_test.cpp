@@ -135,7 +135,8 @@ TestLayer make_layer(const LayerSpec& s) {
                           bf16_weight(s.d, s.inter, normal_bf16(static_cast<size_t>(s.d * s.inter), w2, rng)),
                           bf16_weight(s.inter, s.d, normal_bf16(static_cast<size_t>(s.inter * s.d), w13, rng))};
     if (shared)  // FP8 codes have rms 8: scale 2^-5 → 0.25, 2^-10 → 0.008
-      return StoredExpert{fp8_weight(s.inter, s.d, s.fp8_block, -5, rng), fp8_weight(s.d, s.inter, s.fp8_block, -10, rng),
+      return StoredExpert{fp8_weight(s.inter, s.d, s.fp8_block, -5, rng),
+                          fp8_weight(s.d, s.inter, s.fp8_block, -10, rng),
                           fp8_weight(s.inter, s.d, s.fp8_block, -5, rng)};
     // E2M1 codes have rms 2.9: scale 2^-3 → 0.37, 2^-8 → 0.011
     StoredExpert e{mxfp4_weight(s.inter, s.d, -3, rng), mxfp4_weight(s.d, s.inter, -8, rng),
@@ -351,7 +352,8 @@ TEST(MoeExpert, SwigluClampsGateFromAboveAndUpOnBothSides) {
       for (int64_t i = 0; i < inter; ++i) {
         const double want = moe_ref::swiglu(g[i], u[i], weight, limit);
         const double bf16_ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(want), 1e-30)) - 7);
-        EXPECT_NEAR(out[i], want, bf16_ulp) << "limit " << limit << " weight " << weight << " g " << g[i] << " u " << u[i];
+        EXPECT_NEAR(out[i], want, bf16_ulp)
+            << "limit " << limit << " weight " << weight << " g " << g[i] << " u " << u[i];
       }
       for (int64_t c = inter; c < d; ++c) EXPECT_EQ(out[c], 0.0f);
     }
@@ -465,7 +467,8 @@ TEST(MoeForward, Bf16ExpertsMatchDoubleReference) {
 // V4 shapes of the numerics: activation blocks of 128, FP8 weight blocks 128×128, hash routing.
 TEST(MoeForward, V4HashRoutedLayerMatchesDoubleReference) {
   check_forward_against_reference(make_case({.d = 256, .inter = 128, .n_experts = 16, .topk = 4, .act_block = 128,
-                                             .fp8_block = 128, .hash = true, .wide_range = true, .vocab = 30, .seed = 51},
+                                             .fp8_block = 128, .hash = true, .wide_range = true, .vocab = 30,
+                                             .seed = 51},
                                             10, 52));
 }
 
@@ -491,7 +494,8 @@ TEST(MoeForward, BatchInvariantBitwise) {
   for (int64_t t = 0; t < c.n; ++t) {  // one token at a time
     std::vector<float> one(static_cast<size_t>(d));
     const std::vector<uint8_t> img{c.image[t]};
-    ASSERT_TRUE(moe_forward(std::span<const float>(c.x).subspan(t * d, d), 1, w, c.layer.params, {}, img, one, &pool).ok());
+    const auto xt = std::span<const float>(c.x).subspan(t * d, d);
+    ASSERT_TRUE(moe_forward(xt, 1, w, c.layer.params, {}, img, one, &pool).ok());
     EXPECT_EQ(std::memcmp(one.data(), full.data() + t * d, d * sizeof(float)), 0) << "token " << t;
   }
   // Reversed order, in a different company.
@@ -528,7 +532,8 @@ TEST(MoeForward, BadInputsAreReported) {
                  std::span<const uint8_t> img, std::span<float> out) {
     return moe_forward(x, 2, L.view(), p, ids, img, out, nullptr);
   };
-  expect_error(run(c.layer, c.layer.params, std::span<const float>(c.x).first(100), {}, c.image, y), "input has 100 values");
+  const auto short_x = std::span<const float>(c.x).first(100);
+  expect_error(run(c.layer, c.layer.params, short_x, {}, c.image, y), "input has 100 values");
   expect_error(run(c.layer, c.layer.params, c.x, {}, c.image, std::span<float>(y).first(10)), "output has 10 values");
   MoeParams p = c.layer.params;
   p.topk = 5;
@@ -545,7 +550,8 @@ TEST(MoeForward, BadInputsAreReported) {
   bad.bias.pop_back();
   expect_error(run(bad, bad.params, c.x, {}, c.image, y), "gate bias has 3 values");
 
-  TestLayer hashed = make_layer({.d = 64, .inter = 64, .n_experts = 4, .topk = 2, .hash = true, .vocab = 5, .seed = 93});
+  TestLayer hashed =
+      make_layer({.d = 64, .inter = 64, .n_experts = 4, .topk = 2, .hash = true, .vocab = 5, .seed = 93});
   const std::vector<int64_t> ids{1, 5};
   expect_error(run(hashed, hashed.params, c.x, ids, {}, y), "token id 5 at position 1");
   expect_error(run(hashed, hashed.params, c.x, {}, {}, y), "one token id per token");
