@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/inspect_report.h"
 #include "io/safetensors.h"
+#include "model/default_model.h"
 #include "model/weights.h"
 
 namespace cedar::cli {
@@ -18,9 +19,10 @@ const CommandSpec kSpec{
     "inspect",
     "Describe a DeepSeek-V4.1 / V4 checkpoint directory (or a directory with only config.json):\n"
     "layer plan, parameters and bytes, active parameters per token, KV-cache budget, memory plan.\n"
-    "With safetensors present, also checks every tensor name, dtype and shape against the config.",
-    {"DIR"},
+    "With safetensors present, also checks every tensor name, dtype and shape against the config.\n"
+    "Without DIR: cedar's embedded default model (a tiny V4.1 checkpoint, created on first use).",
     {},
+    {"DIR"},
     {
         {"json", "print JSON instead of text", false, "", ""},
         {"gpus", "GPUs for the memory plan", true, "8", "N"},
@@ -48,7 +50,12 @@ bool has_safetensors(const std::filesystem::path& dir) {
 
 Result<InspectResult> run_inspect(const ParsedArgs& a) {
   InspectResult r;
-  r.path = *a.positional(0);
+  if (auto dir = a.positional(0)) {
+    r.path = *dir;
+  } else {
+    CEDAR_ASSIGN_OR_RETURN(const std::filesystem::path model, ensure_default_model());
+    r.path = model.string();
+  }
   CEDAR_ASSIGN_OR_RETURN(const long long gpus, a.get_int("gpus"));
   CEDAR_ASSIGN_OR_RETURN(const long long max_names, a.get_int("max-names"));
   if (gpus < 1) return make_error("--gpus expects a positive integer, got " + std::to_string(gpus));

@@ -24,6 +24,8 @@ constexpr Command kCommands[] = {
     {"inspect", "describe a checkpoint or config: layer plan, parameters, KV budget, inventory", cedar::cli::cmd_inspect},
     {"tokenize", "encode text with a tokenizer.json, print token ids", cedar::cli::cmd_tokenize},
     {"engram-map", "build the V4.1 Engram token-normalization map", cedar::cli::cmd_engram_map},
+    {"make-tiny", "write a tiny checkpoint in the released format", cedar::cli::cmd_make_tiny},
+    {"engram-rows", "print the Engram hash rows of a token sequence (test aid)", cedar::cli::cmd_engram_rows},
     {"forward", "run the CPU forward over token ids; write logits (.npy) and named intermediates", cedar::cli::cmd_forward},
 };
 

@@ -121,8 +121,8 @@ def test_bad_config_errors_name_file_and_field(tmp_path, what, mutate, message):
 
 def test_usage_errors(tmp_path):
     assert run_inspect(CONFIGS / "deepseek_v41_flash", "--gpus", "0").returncode == 1
-    proc = subprocess.run([BINARY, "inspect"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "needs DIR" in proc.stderr
+    proc = subprocess.run([BINARY, "inspect", "a", "b"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unexpected argument 'b'" in proc.stderr
     assert run_inspect(CONFIGS / "deepseek_v41_flash", "--bogus").returncode == 2
     proc = run_inspect(tmp_path)  # a directory without config.json
     assert proc.returncode == 1 and "cannot open config file" in proc.stderr

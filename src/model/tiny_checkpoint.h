@@ -1,0 +1,60 @@
+// Tiny checkpoints in the released format (../shared/spec/architecture.md §1–§2): a small profile of
+// each architecture that is structurally complete (every layer mode, Engram, the candidate pool, the
+// draft blocks, every storage format), with deterministic seeded values. Used as cedar's embedded
+// default model and as test input; the tensor list comes from expected_weights(), never from here.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/layer_plan.h"
+
+namespace cedar {
+
+struct TinyCheckpointOptions {
+  Arch arch = Arch::DeepseekV41;
+  std::string profile = "tiny";
+  uint64_t seed = 0;
+  bool bf16 = false;                 // unquantized variant: no quantization_config, BF16 weights
+  std::filesystem::path tokenizer;   // V4 tokenizer.json to start from; empty: find_tokenizer_json()
+  int n_shards = 2;
+  bool tokenizer_files = true;       // false: shards, index and config.json only (tests of tensors)
+};
+
+// The configuration of a named profile (only "tiny" exists). `bf16` drops the quantization_config.
+Result<ModelConfig> tiny_model_config(Arch arch, std::string_view profile, bool bf16);
+
+// Engram table rows per Engram layer by the released prime rule (§3.9 item 5): for every
+// (layer, n-gram order 2..max, head) in that order, the next unused prime >= engram_vocab_size;
+// a layer's rows are the sum of its primes.
+std::vector<int64_t> engram_table_rows(const ModelConfig& c);
+
+// Every tensor expected_weights(c, plan) lists, filled with deterministic values (seed + hash of the
+// tensor name, so one tensor's values do not depend on any other), in the listed order.
+Result<io::SafetensorsWriter> tiny_tensors(const ModelConfig& c, const LayerPlan& plan, uint64_t seed);
+
+// Writes the shards, model.safetensors.index.json, config.json, tokenizer.json and
+// tokenizer_config.json into `dir` (which must exist). No verification; see make_tiny_checkpoint.
+Status write_tiny_checkpoint(const TinyCheckpointOptions& options, const std::filesystem::path& dir);
+
+// Reopens a written checkpoint with io::Checkpoint and checks its inventory against its own
+// config.json: an error names every problem.
+Status verify_tiny_checkpoint(const std::filesystem::path& dir);
+
+// Writes and verifies a checkpoint in a fresh temporary sibling of `final_path` (same filesystem,
+// so renaming it to `final_path` is atomic) and returns the temporary directory. On error nothing is
+// left behind.
+Result<std::filesystem::path> stage_tiny_checkpoint(const TinyCheckpointOptions& options,
+                                                    const std::filesystem::path& final_path);
+
+// `cedar make-tiny`: writes into a temporary sibling directory, verifies it, then renames it to
+// `out`. `out` must not exist or be empty unless `force` (then it is replaced).
+Status make_tiny_checkpoint(const TinyCheckpointOptions& options, const std::filesystem::path& out, bool force);
+
+}  // namespace cedar
