@@ -1,4 +1,4 @@
-#if __has_include("model/attention.h") && __has_include("model/moe.h") && __has_include("model/mhc.h")  // TEMP until the modules land
+#if __has_include("model/attention.h")  // TEMP until the attention module lands
 #include "model/deepseek_v41.h"
 
 #include <algorithm>
@@ -37,52 +37,6 @@ std::filesystem::path engram_map_path(const std::filesystem::path& dir, const Lo
   const std::filesystem::path local = dir / "engram_token_map.npy";
   if (std::filesystem::exists(local)) return local;
   return std::filesystem::path(CEDAR_SOURCE_DIR) / "assets" / "engram" / "deepseek_v41_token_map.npy";
-}
-
-HcWeights hc_weights(const HcSiteTensors& t) { return HcWeights{t.fn, t.base, t.scale}; }
-
-ExpertWeights expert_weights(const ExpertTensors& t) { return ExpertWeights{t.w1, t.w2, t.w3}; }
-
-AttentionWeights attention_weights(const AttentionTensors& t) {
-  AttentionWeights w;
-  w.wq_a = t.wq_a;
-  w.wq_b = t.wq_b;
-  w.wkv = t.wkv;
-  w.wo_a = t.wo_a;
-  w.wo_b = t.wo_b;
-  w.q_norm = t.q_norm;
-  w.kv_norm = t.kv_norm;
-  w.attn_sink = t.attn_sink;
-  w.wkv_c = t.compressor_wkv;
-  w.wgate_c = t.compressor_wgate;
-  w.norm_c = t.compressor_norm;
-  w.wk = t.indexer_wk;
-  w.k_norm = t.indexer_k_norm;
-  w.wq_b_i = t.indexer_wq_b;
-  w.weights_proj = t.indexer_weights_proj;
-  return w;
-}
-
-MoeWeights moe_weights(const MoeTensors& t) {
-  MoeWeights w;
-  w.gate = t.gate;
-  w.bias = t.bias;
-  w.bias_vl = t.bias_vl;
-  for (const ExpertTensors& e : t.experts) w.experts.push_back(expert_weights(e));
-  w.shared = expert_weights(t.shared);
-  return w;
-}
-
-EngramWeights engram_weights(const EngramTensors& t) {
-  EngramWeights w;
-  w.table = t.table;
-  w.table_scale = t.table_scale;
-  w.rows = t.rows;
-  w.head_dim = t.head_dim;
-  w.wkv = t.wkv;
-  w.q_weight = t.q_weight;
-  w.k_weight = t.k_weight;
-  return w;
 }
 
 }  // namespace
@@ -148,25 +102,19 @@ Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& pat
   }
 
   for (const LayerRole& role : m.plan_.layers) {
-    const LayerTensors& t = m.weights_.tensors().layers[static_cast<size_t>(role.layer)];
-    LayerModules L;
-    L.hc_attn = hc_weights(t.hc_attn);
-    L.hc_ffn = hc_weights(t.hc_ffn);
-    for (const HcWeights* w : {&L.hc_attn, &L.hc_ffn}) {
-      Status st = check_hc_weights(*w, m.hc_);
+    const LayerWeights& w = m.weights_.tensors().layers[static_cast<size_t>(role.layer)];
+    for (const HcWeights* hc : {&w.hc_attn, &w.hc_ffn}) {
+      Status st = check_hc_weights(*hc, m.hc_);
       if (!st.ok()) return st.error().with_context("layer " + str(role.layer) + " mHC");
     }
-    L.attn = attention_weights(t.attn);
-    L.moe = moe_weights(t.ffn);
-    if (t.engram) {
-      // engram_forward reads e4m3 rows + e8m0 scales only (EngramWeights has no format field yet).
-      if (t.engram->table_format != WeightFormat::FP8Rows)
+    int64_t slot = -1;
+    if (w.engram) {
+      if (w.engram_table_format != WeightFormat::FP8Rows)  // engram_forward reads e4m3 rows + e8m0 scales
         return make_error(c.source + ": layer " + str(role.layer) +
                           ": BF16 Engram tables (bf16-weight checkpoint) are not supported by the Engram module");
-      L.engram = engram_weights(*t.engram);
-      L.engram_slot = m.hasher_->layout().slot_of_layer(role.layer);
+      slot = m.hasher_->layout().slot_of_layer(role.layer);
     }
-    m.layers_.push_back(std::move(L));
+    m.engram_slot_.push_back(slot);
   }
   return m;
 }
@@ -263,8 +211,8 @@ Status DeepseekV41Model::run_rows(const Rows& rows, SequenceState& state, const 
 Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, SequenceState& state,
                                    AttentionScratch& scratch, const ForwardOptions& options) const {
   const LayerRole& role = plan_.layers[static_cast<size_t>(l)];
-  const LayerModules& M = layers_[static_cast<size_t>(l)];
-  const LayerTensors& T = weights_.tensors().layers[static_cast<size_t>(l)];
+  const LayerWeights& W = weights_.tensors().layers[static_cast<size_t>(l)];
+  const int64_t engram_slot = engram_slot_[static_cast<size_t>(l)];
   const int64_t n = rows.n, d = config_.hidden_size, hc = config_.hc_mult, pos0 = rows.pos0;
   const std::string prefix = "layers." + str(l) + ".";
   ThreadPool* pool = options.pool;
@@ -273,21 +221,21 @@ Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, Sequ
                                    str(pos0 + n) + ")");
   };
 
-  if (M.engram_slot >= 0) {
+  if (engram_slot >= 0) {
     const int64_t cols = hasher_->layout().cols();
-    const auto slot_rows = std::span<const int64_t>(b.engram_rows).subspan(static_cast<size_t>(M.engram_slot * n * cols),
+    const auto slot_rows = std::span<const int64_t>(b.engram_rows).subspan(static_cast<size_t>(engram_slot * n * cols),
                                                                            static_cast<size_t>(n * cols));
-    Status st = engram_forward(b.X, n, slot_rows, {}, M.engram, engram_params_, pool);
+    Status st = engram_forward(b.X, n, slot_rows, {}, *W.engram, engram_params_, pool);
     if (!st.ok()) return fail(st, "Engram");
     emit(options, prefix + "engram_out", pos0, n, hc * d, b.X);
   }
 
   // Attention site: input collapsed with the previous site's pre (single pass, §3.3).
-  CEDAR_RETURN_IF_ERROR(hc_mix_rows(b.X, n, M.hc_attn, hc_, b.mix_attn, pool));
+  CEDAR_RETURN_IF_ERROR(hc_mix_rows(b.X, n, W.hc_attn, hc_, b.mix_attn, pool));
   for_rows(pool, n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) hc_collapse(row(b.X, t, hc * d), row(b.pre_prev, t, hc), hc, d, row(b.x, t, d));
   });
-  cpu::rms_norm(b.x, d, T.attn_norm, config_.rms_norm_eps, b.xn);
+  cpu::rms_norm(b.x, d, W.attn_norm, config_.rms_norm_eps, b.xn);
   emit(options, prefix + "attn_in", pos0, n, d, b.xn);
 
   AttentionCall call;
@@ -299,7 +247,7 @@ Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, Sequ
   const bool global_kv_only = state.options_.ced_boundary == CedBoundary::GlobalKvOnly;
   if (rows.tail && (l > plan_.last_kv_source || (boundary && global_kv_only))) call.swa_start = state.replay_start_;
   if (!rows.tail && boundary && global_kv_only) call.pass = AttentionPass::GlobalKvOnly;
-  Status st = attention_forward(call, b.xn, M.attn, attn_, state.attention_, scratch,
+  Status st = attention_forward(call, b.xn, W.attn, attn_, state.attention_, scratch,
                                 call.pass == AttentionPass::GlobalKvOnly ? std::span<float>() : std::span<float>(b.y),
                                 pool);
   if (!st.ok()) return fail(st, "attention");
@@ -311,14 +259,14 @@ Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, Sequ
     for (int64_t t = t0; t < t1; ++t)
       hc_expand(row(b.y, t, d), row(b.X, t, hc * d), b.mix_attn[static_cast<size_t>(t)], hc, d, row(b.X_mid, t, hc * d));
   });
-  CEDAR_RETURN_IF_ERROR(hc_mix_rows(b.X_mid, n, M.hc_ffn, hc_, b.mix_ffn, pool));
+  CEDAR_RETURN_IF_ERROR(hc_mix_rows(b.X_mid, n, W.hc_ffn, hc_, b.mix_ffn, pool));
   for_rows(pool, n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       hc_collapse(row(b.X_mid, t, hc * d), b.mix_attn[static_cast<size_t>(t)].pre, hc, d, row(b.x, t, d));
   });
-  cpu::rms_norm(b.x, d, T.ffn_norm, config_.rms_norm_eps, b.xn);
+  cpu::rms_norm(b.x, d, W.ffn_norm, config_.rms_norm_eps, b.xn);
   emit(options, prefix + "ffn_in", pos0, n, d, b.xn);
-  st = moe_forward(b.xn, n, M.moe, moe_, rows.tokens, {}, b.y, pool);
+  st = moe_forward(b.xn, n, W.ffn, moe_, rows.tokens, {}, b.y, pool);
   if (!st.ok()) return fail(st, "MoE");
   emit(options, prefix + "ffn_out", pos0, n, d, b.y);
 

@@ -24,7 +24,7 @@
 // A chunk of any size gives the same result as one call over the whole sequence, and token-by-token
 // decode the same as a one-shot prefill: all cross-chunk state lives in SequenceState.
 #pragma once
-#if __has_include("model/attention.h") && __has_include("model/moe.h") && __has_include("model/mhc.h")  // TEMP until the modules land
+#if __has_include("model/attention.h")  // TEMP until the attention module lands
 
 #include <cstdint>
 #include <filesystem>
@@ -129,13 +129,6 @@ class DeepseekV41Model {
                                 const ForwardOptions& options) const;
 
  private:
-  struct LayerModules {
-    HcWeights hc_attn, hc_ffn;
-    AttentionWeights attn;
-    MoeWeights moe;
-    EngramWeights engram;
-    int64_t engram_slot = -1;
-  };
   struct Rows;     // one contiguous run of rows of a chunk, all at the same depth (deepseek_v41.cpp)
   struct Buffers;  // activations of those rows
 
@@ -152,7 +145,7 @@ class DeepseekV41Model {
   MoeParams moe_;
   EngramParams engram_params_;
   std::optional<EngramHasher> hasher_;
-  std::vector<LayerModules> layers_;
+  std::vector<int64_t> engram_slot_;  // per layer: Engram layout slot, -1 without Engram
 };
 
 }  // namespace cedar

@@ -178,7 +178,7 @@ class WeightBinder {
   }
 
   void bind_global(const WeightSpec& s) {
-    ModelTensors& t = out_.tensors_;
+    ModelWeights& t = out_.tensors_;
     if (s.name == "embed.weight") t.embed = linear(s);
     else if (s.name == "head.weight") t.head = linear(s);
     else if (s.name == "norm.weight") t.final_norm = floats(s);
@@ -186,23 +186,23 @@ class WeightBinder {
     else problem("no place for global tensor '" + s.name + "' in the CPU forward");
   }
 
-  void bind_expert(MoeTensors& f, const std::string& local, const WeightSpec& s) {
+  void bind_expert(MoeWeights& f, const std::string& local, const WeightSpec& s) {
     if (s.expert < 0 || s.expert >= static_cast<int64_t>(f.experts.size())) {
       problem("tensor '" + s.name + "': expert index " + std::to_string(s.expert) + " out of range");
       return;
     }
-    ExpertTensors& e = f.experts[static_cast<size_t>(s.expert)];
+    ExpertWeights& e = f.experts[static_cast<size_t>(s.expert)];
     if (ends_with(local, ".w1.weight")) e.w1 = linear(s);
     else if (ends_with(local, ".w2.weight")) e.w2 = linear(s);
     else if (ends_with(local, ".w3.weight")) e.w3 = linear(s);
     else problem("no place for expert tensor '" + s.name + "'");
   }
 
-  void bind_engram(LayerTensors& L, const std::string& local, const WeightSpec& s) {
+  void bind_engram(LayerWeights& L, const std::string& local, const WeightSpec& s) {
     if (!L.engram) L.engram.emplace();
-    EngramTensors& e = *L.engram;
+    EngramWeights& e = *L.engram;
     if (local == "engram.embed.weight") {
-      e.table_format = s.format == WeightFormat::FP8Rows ? WeightFormat::FP8Rows : WeightFormat::BF16;
+      L.engram_table_format = s.format == WeightFormat::FP8Rows ? WeightFormat::FP8Rows : WeightFormat::BF16;
       e.table = bytes(s);
       if (s.format == WeightFormat::FP8Rows) e.table_scale = scale_bytes(s);
       e.rows = s.shape.size() == 2 ? s.shape[0] : 0;
@@ -218,14 +218,14 @@ class WeightBinder {
     }
   }
 
-  void bind_layer(LayerTensors& L, const WeightSpec& s) {
+  void bind_layer(LayerWeights& L, const WeightSpec& s) {
     const std::string prefix = "layers." + std::to_string(s.layer) + ".";
     if (s.name.compare(0, prefix.size(), prefix) != 0) {
       problem("tensor '" + s.name + "' of layer " + std::to_string(s.layer) + " lacks the prefix '" + prefix + "'");
       return;
     }
     const std::string local = s.name.substr(prefix.size());
-    AttentionTensors& a = L.attn;
+    AttentionWeights& a = L.attn;
     if (s.expert >= 0) return bind_expert(L.ffn, local, s);
     if (local.rfind("engram.", 0) == 0) return bind_engram(L, local, s);
     // Norms and mixes.
@@ -247,13 +247,13 @@ class WeightBinder {
     else if (local == "attn.wo_a.weight") a.wo_a = linear_as_bf16(s);
     else if (local == "attn.wo_b.weight") a.wo_b = linear(s);
     // CSA2 pieces.
-    else if (local == "attn.compressor.wkv.weight") a.compressor_wkv = linear(s);
-    else if (local == "attn.compressor.wgate.weight") a.compressor_wgate = linear(s);
-    else if (local == "attn.compressor.norm.weight") a.compressor_norm = floats(s);
-    else if (local == "attn.indexer.wk.weight") a.indexer_wk = linear(s);
-    else if (local == "attn.indexer.k_norm.weight") a.indexer_k_norm = floats(s);
-    else if (local == "attn.indexer.wq_b.weight") a.indexer_wq_b = linear(s);
-    else if (local == "attn.indexer.weights_proj.weight") a.indexer_weights_proj = linear(s);
+    else if (local == "attn.compressor.wkv.weight") a.wkv_c = linear(s);
+    else if (local == "attn.compressor.wgate.weight") a.wgate_c = linear(s);
+    else if (local == "attn.compressor.norm.weight") a.norm_c = floats(s);
+    else if (local == "attn.indexer.wk.weight") a.wk = linear(s);
+    else if (local == "attn.indexer.k_norm.weight") a.k_norm = floats(s);
+    else if (local == "attn.indexer.wq_b.weight") a.wq_b_i = linear(s);
+    else if (local == "attn.indexer.weights_proj.weight") a.weights_proj = linear(s);
     // MoE.
     else if (local == "ffn.gate.weight") L.ffn.gate = floats(s);
     else if (local == "ffn.gate.bias") L.ffn.bias = floats(s);
@@ -267,29 +267,28 @@ class WeightBinder {
   // Every field the layer's role needs is bound (guards against the inventory listing fewer tensors
   // than the forward reads).
   void check_complete() {
-    const ModelTensors& t = out_.tensors_;
+    const ModelWeights& t = out_.tensors_;
     if (!t.embed.data || !t.head.data || t.final_norm.empty())
       problem("embed.weight, head.weight and norm.weight must all be present (tied embeddings are not supported)");
     for (const LayerRole& role : plan_.layers) {
-      const LayerTensors& L = t.layers[static_cast<size_t>(role.layer)];
-      const AttentionTensors& a = L.attn;
+      const LayerWeights& L = t.layers[static_cast<size_t>(role.layer)];
+      const AttentionWeights& a = L.attn;
       const std::string where = "layer " + std::to_string(role.layer) + ": ";
       const bool core = a.wq_a.data && a.wq_b.data && a.wkv.data && a.wo_a.data && a.wo_b.data && !a.q_norm.empty() &&
                         !a.kv_norm.empty() && !a.attn_sink.empty() && !L.attn_norm.empty() && !L.ffn_norm.empty() &&
                         !L.hc_attn.fn.empty() && !L.hc_ffn.fn.empty() && !L.ffn.gate.empty() && !L.ffn.bias.empty();
       if (!core) problem(where + "attention / mHC / router tensors incomplete");
-      if (role.owns_compressor && (!a.compressor_wkv.data || a.compressor_norm.empty() ||
-                                   (role.compressor_has_gate && !a.compressor_wgate.data)))
+      if (role.owns_compressor && (!a.wkv_c.data || a.norm_c.empty() || (role.compressor_has_gate && !a.wgate_c.data)))
         problem(where + "KV source without its compressor tensors");
-      if (role.owns_indexer_keys && (!a.indexer_wk.data || a.indexer_k_norm.empty()))
+      if (role.owns_indexer_keys && (!a.wk.data || a.k_norm.empty()))
         problem(where + "indexer keys missing");
-      if (role.owns_indexer && (!a.indexer_wq_b.data || !a.indexer_weights_proj.data))
+      if (role.owns_indexer && (!a.wq_b_i.data || !a.weights_proj.data))
         problem(where + "index source without indexer.wq_b / weights_proj");
       if (role.has_engram != L.engram.has_value()) problem(where + "Engram tensors do not match the plan");
       if (c_.n_shared_experts > 0 && (!L.ffn.shared.w1.data || !L.ffn.shared.w2.data || !L.ffn.shared.w3.data))
         problem(where + "shared expert incomplete");
       for (size_t e = 0; e < L.ffn.experts.size(); ++e) {
-        const ExpertTensors& x = L.ffn.experts[e];
+        const ExpertWeights& x = L.ffn.experts[e];
         if (!x.w1.data || !x.w2.data || !x.w3.data) {
           problem(where + "routed expert " + std::to_string(e) + " incomplete");
           break;

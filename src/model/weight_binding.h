@@ -30,61 +30,31 @@
 #include "core/threads.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/attention.h"
+#include "model/engram.h"
 #include "model/layer_plan.h"
+#include "model/mhc.h"
+#include "model/moe.h"
 
 namespace cedar {
 
-// One mHC site: fn [(2+hc)·hc, hc·d], base [(2+hc)·hc], scale [3] (§3.3).
-struct HcSiteTensors {
-  std::span<const float> fn, base, scale;
-};
-
-struct AttentionTensors {
-  cpu::LinearWeight wq_a, wq_b, wkv, wo_a /* BF16 values */, wo_b;
-  std::span<const float> q_norm, kv_norm, attn_sink;
-  // KV sources (role.owns_compressor): compressor; wgate only where role.compressor_has_gate (ratio 2).
-  cpu::LinearWeight compressor_wkv, compressor_wgate;
-  std::span<const float> compressor_norm;
-  // role.owns_indexer_keys
-  cpu::LinearWeight indexer_wk;
-  std::span<const float> indexer_k_norm;
-  // role.owns_indexer
-  cpu::LinearWeight indexer_wq_b, indexer_weights_proj;
-};
-
-struct ExpertTensors {
-  cpu::LinearWeight w1, w2, w3;  // gate, down, up
-};
-
-struct MoeTensors {
-  std::span<const float> gate;           // [n_experts, d], bf16 values
-  std::span<const float> bias, bias_vl;  // [n_experts]
-  std::vector<ExpertTensors> experts;
-  ExpertTensors shared;
-};
-
-struct EngramTensors {
-  WeightFormat table_format = WeightFormat::FP8Rows;  // FP8Rows (e4m3 + e8m0 per 32) or BF16
-  const uint8_t* table = nullptr;        // [rows, head_dim]
-  const uint8_t* table_scale = nullptr;  // [rows, head_dim/32] (FP8Rows only)
-  int64_t rows = 0, head_dim = 0;
-  cpu::LinearWeight wkv;
-  std::span<const float> q_weight, k_weight;  // [hc, d], bf16 values
-};
-
-struct LayerTensors {
+// One backbone layer in the modules' own weight structs (model/mhc.h, attention.h, moe.h, engram.h).
+struct LayerWeights {
   std::span<const float> attn_norm, ffn_norm;
-  HcSiteTensors hc_attn, hc_ffn;
-  AttentionTensors attn;
-  MoeTensors ffn;
-  std::optional<EngramTensors> engram;  // Engram layers only
+  HcWeights hc_attn, hc_ffn;
+  AttentionWeights attn;  // compressor / indexer fields set only where the layer's role owns them
+  MoeWeights ffn;
+  std::optional<EngramWeights> engram;  // Engram layers only
+  // Storage of the Engram table: FP8Rows (e4m3 + e8m0 per 32), or BF16 in bf16-weight checkpoints
+  // (then engram->table_scale is null; EngramWeights reads FP8 rows only).
+  WeightFormat engram_table_format = WeightFormat::FP8Rows;
 };
 
-struct ModelTensors {
+struct ModelWeights {
   cpu::LinearWeight embed;  // [vocab, d] BF16: rows are read by the embedding lookup
   std::span<const float> final_norm;
   cpu::LinearWeight head;   // [vocab, d]; logits use fp32 output
-  std::vector<LayerTensors> layers;
+  std::vector<LayerWeights> layers;
 };
 
 // The bound views plus the memory they need: the checkpoint (whose mapped files the views borrow) and
@@ -96,7 +66,7 @@ class BoundWeights {
   static Result<BoundWeights> bind(io::Checkpoint checkpoint, const ModelConfig& config, const LayerPlan& plan,
                                    ThreadPool* pool);
 
-  const ModelTensors& tensors() const { return tensors_; }
+  const ModelWeights& tensors() const { return tensors_; }
   const io::Checkpoint& checkpoint() const { return *checkpoint_; }
   // Bytes held by conversions (not counting the memory-mapped checkpoint).
   uint64_t converted_bytes() const;
@@ -106,7 +76,7 @@ class BoundWeights {
   std::unique_ptr<io::Checkpoint> checkpoint_;
   std::vector<std::vector<float>> f32_storage_;
   std::vector<std::vector<uint16_t>> bf16_storage_;
-  ModelTensors tensors_;
+  ModelWeights tensors_;
 };
 
 // Dequantizes an FP8 block weight (e4m3 [out, in] + e8m0 scales [ceil(out/bo), ceil(in/bi)]) to

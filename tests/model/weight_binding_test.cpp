@@ -100,7 +100,7 @@ TEST(WeightBinding, BindsEveryRoleOfTheTinyModel) {
   const Fixture f = tiny(true);
   auto bound = BoundWeights::bind(write(f, dir.path()), f.config, f.plan, nullptr);
   ASSERT_TRUE(bound.ok()) << bound.error().message;
-  const ModelTensors& t = bound->tensors();
+  const ModelWeights& t = bound->tensors();
   ASSERT_EQ(t.layers.size(), 8u);
   EXPECT_EQ(t.embed.format, WeightFormat::BF16);
   EXPECT_EQ(t.embed.out, 512);
@@ -108,7 +108,7 @@ TEST(WeightBinding, BindsEveryRoleOfTheTinyModel) {
   EXPECT_EQ(t.final_norm.size(), 64u);
   for (const LayerRole& role : f.plan.layers) {
     SCOPED_TRACE(role.layer);
-    const LayerTensors& L = t.layers[static_cast<size_t>(role.layer)];
+    const LayerWeights& L = t.layers[static_cast<size_t>(role.layer)];
     EXPECT_EQ(L.attn.wq_a.format, WeightFormat::FP8Block);
     EXPECT_EQ(L.attn.wq_a.out, 32);
     EXPECT_EQ(L.attn.wq_a.in, 64);
@@ -120,14 +120,14 @@ TEST(WeightBinding, BindsEveryRoleOfTheTinyModel) {
     EXPECT_EQ(L.ffn.experts[7].w2.format, WeightFormat::MXFP4);
     EXPECT_EQ(L.ffn.experts[7].w2.in, 64);
     EXPECT_EQ(L.ffn.shared.w1.format, WeightFormat::FP8Block);
-    EXPECT_EQ(L.attn.compressor_wkv.data != nullptr, role.owns_compressor);
-    EXPECT_EQ(L.attn.compressor_wgate.data != nullptr, role.compressor_has_gate);
-    EXPECT_EQ(L.attn.indexer_wk.data != nullptr, role.owns_indexer_keys);
-    EXPECT_EQ(L.attn.indexer_wq_b.data != nullptr, role.owns_indexer);
+    EXPECT_EQ(L.attn.wkv_c.data != nullptr, role.owns_compressor);
+    EXPECT_EQ(L.attn.wgate_c.data != nullptr, role.compressor_has_gate);
+    EXPECT_EQ(L.attn.wk.data != nullptr, role.owns_indexer_keys);
+    EXPECT_EQ(L.attn.wq_b_i.data != nullptr, role.owns_indexer);
     EXPECT_EQ(L.engram.has_value(), role.has_engram);
   }
-  const EngramTensors& e = *t.layers[4].engram;
-  EXPECT_EQ(e.table_format, WeightFormat::FP8Rows);
+  const EngramWeights& e = *t.layers[4].engram;
+  EXPECT_EQ(t.layers[4].engram_table_format, WeightFormat::FP8Rows);
   EXPECT_EQ(e.rows, 101);
   EXPECT_EQ(e.head_dim, 32);
   EXPECT_NE(e.table_scale, nullptr);
@@ -151,7 +151,7 @@ TEST(WeightBinding, ConvertsValuesAsTheReferenceHoldsThem) {
   ThreadPool pool(2);
   auto bound = BoundWeights::bind(std::move(ckpt), f.config, f.plan, &pool);
   ASSERT_TRUE(bound.ok()) << bound.error().message;
-  const LayerTensors& L = bound->tensors().layers[3];
+  const LayerWeights& L = bound->tensors().layers[3];
 
   // wo_a [out = o_groups·o_lora = 64, in = heads·head_dim/o_groups = 128], scales per 32×32 block.
   const cpu::LinearWeight& w = L.attn.wo_a;
@@ -191,12 +191,12 @@ TEST(WeightBinding, BindsBf16Checkpoints) {
   const Fixture f = tiny(false);
   auto bound = BoundWeights::bind(write(f, dir.path()), f.config, f.plan, nullptr);
   ASSERT_TRUE(bound.ok()) << bound.error().message;
-  const LayerTensors& L = bound->tensors().layers[4];
+  const LayerWeights& L = bound->tensors().layers[4];
   EXPECT_EQ(L.attn.wq_b.format, WeightFormat::BF16);
   EXPECT_EQ(L.attn.wo_a.format, WeightFormat::BF16);
   EXPECT_EQ(L.ffn.experts[0].w1.format, WeightFormat::BF16);
   ASSERT_TRUE(L.engram.has_value());
-  EXPECT_EQ(L.engram->table_format, WeightFormat::BF16);
+  EXPECT_EQ(L.engram_table_format, WeightFormat::BF16);
   EXPECT_EQ(L.engram->table_scale, nullptr);
   EXPECT_EQ(bound->converted_bytes() % 4, 0u);
 }
