@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <sstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,7 +73,9 @@ fs::path* TinyCheckpointTest::root_ = nullptr;
 
 std::string file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
 }
 
 std::vector<fs::path> shard_files(const fs::path& dir) {
