@@ -59,7 +59,7 @@ enum class Role {
   HyperConn,    // hc_* mixing parameters: small
   NearZero,     // attention sinks, router biases, V4 compressor position biases (ape): ≈ 0
   Embedding,    // token / Markov embeddings, Engram table rows: unit variance
-  Linear,       // projections: N(0, 1/fan_in)
+  Linear,       // projections: N(0, σ²) with σ = 1/sqrt(fan_in)
   ExpertIds,    // V4 tid2eid: distinct expert ids per token
 };
 
