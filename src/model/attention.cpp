@@ -164,6 +164,13 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
     if (ratio > 0 && role.owns_indexer) {
       CEDAR_RETURN_IF_ERROR(ctx(check_linear(w.wq_b_i, "indexer.wq_b", p.index_heads * p.index_head_dim, p.q_lora)));
       CEDAR_RETURN_IF_ERROR(ctx(check_linear(w.weights_proj, "indexer.weights_proj", p.index_heads, p.dim)));
+      if ((role.is_candidate_source || role.uses_candidates) &&
+          (p.candidate_block_size <= 0 || p.candidate_topk_blocks <= 0))
+        return fail("candidate blocks need candidate_block_size and candidate_topk_blocks > 0");
+      const auto& cand = scratch.candidates;
+      if (role.uses_candidates && (cand.pos0 != pos0 || cand.n != n || cand.kv_source != role.kv_source))
+        return fail("uses the candidate pool, but no candidate source over KV source " + str(role.kv_source) +
+                    " ran for this chunk [" + str(pos0) + ", " + str(pos0 + n) + ")");
     }
   }
 

@@ -21,7 +21,8 @@ struct TinyModel {
   int64_t max_tokens = 0;
   std::vector<std::vector<float>> x;  // per layer [max_tokens, dim]: the layer's input at each position
 
-  explicit TinyModel(int64_t tokens, IndexScorePrecision precision = IndexScorePrecision::Reference)
+  explicit TinyModel(int64_t tokens, IndexScorePrecision precision = IndexScorePrecision::Reference,
+                     bool bf16_probabilities = true)
       : max_tokens(tokens) {
     cfg = tiny_config();
     auto plan_or = build_layer_plan(cfg);
@@ -31,6 +32,7 @@ struct TinyModel {
     EXPECT_TRUE(p_or.ok()) << p_or.error().message;
     if (p_or.ok()) p = *p_or;
     p.index_precision = precision;
+    p.bf16_probabilities = bf16_probabilities;
     for (const LayerRole& role : plan.layers) {
       w.push_back(random_layer_weights(ws, p, role, static_cast<uint32_t>(role.layer + 1)));
       x.push_back(random_bf16(static_cast<size_t>(tokens * p.dim), 1000u + static_cast<uint32_t>(role.layer), 1.0f));

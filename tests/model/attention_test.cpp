@@ -36,8 +36,12 @@ TEST(AttentionForward, TinyPlanHasEveryMode) {
   EXPECT_EQ(m.p.index_topk, 4);
 }
 
-TEST(AttentionForward, ChunkedPrefillEqualsOneShotBitwise) {
-  TinyModel m(kTokens);
+// Both numeric modes: the official reference's (bf16 index scores, bf16 numerators) and the HF port's.
+class ChunkedPrefill : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ChunkedPrefill, EqualsOneShotBitwise) {
+  const bool reference = GetParam();
+  TinyModel m(kTokens, reference ? IndexScorePrecision::Reference : IndexScorePrecision::Fp32, reference);
   const RunResult one = run_schedule(m, {kTokens});
   ThreadPool pool(2);
   for (const std::vector<int64_t>& chunks :
@@ -51,6 +55,9 @@ TEST(AttentionForward, ChunkedPrefillEqualsOneShotBitwise) {
     test::expect_same_state(one.st, got.st);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(NumericModes, ChunkedPrefill, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& param_info) { return param_info.param ? "Reference" : "HfFp32"; });
 
 TEST(AttentionForward, TokenByTokenDecodeEqualsOneShotBitwise) {
   TinyModel m(kTokens);
