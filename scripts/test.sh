@@ -45,5 +45,16 @@ else
   echo "fuzz not run: clang++ not found"; skipped=$((skipped+1))
 fi
 
+# The CUDA backend must compile without a GPU (its parity tests run on the device, not here).
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  if cmake --preset cuda -G Ninja >/dev/null && cmake --build --preset cuda -j "$jobs" --target cedar_cuda cedar; then
+    echo "cuda build: passed"; passed=$((passed+1))
+  else
+    echo "cuda build: FAILED"; failed=$((failed+1)); status=1
+  fi
+else
+  echo "cuda build not run: nvcc not found"; skipped=$((skipped+1))
+fi
+
 echo "tests: ${passed} passed, ${failed} failed, ${skipped} skipped"
 exit $status

@@ -100,8 +100,10 @@ Result<fs::path> stage_tiny_checkpoint(const TinyCheckpointOptions& options, con
 
 Status make_tiny_checkpoint(const TinyCheckpointOptions& options, const fs::path& out, bool force) {
   std::error_code ec;
-  const fs::path target = fs::absolute(out, ec);
+  fs::path target = fs::absolute(out, ec).lexically_normal();
   if (ec) return make_error("bad output path " + out.string() + ": " + error_text(ec));
+  if (!target.has_filename()) target = target.parent_path();  // "dir/" names dir
+  if (!target.has_filename()) return make_error("bad output path " + out.string());
   const bool exists = fs::exists(fs::symlink_status(target, ec));
   if (exists) {
     if (!fs::is_directory(target, ec)) return make_error(target.string() + " exists and is not a directory");

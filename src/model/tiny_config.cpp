@@ -104,6 +104,10 @@ ModelConfig tiny_v4() {
   c.rms_norm_eps = 1e-6;
   c.num_hash_layers = 3;
   c.draft_kind = DraftKind::NextN;
+  // What a V4 config without DSpark keys means (the V4-Flash-0731 values); unused by a NextN block.
+  c.dspark_block_size = 5;
+  c.dspark_noise_token_id = 128799;
+  c.dspark_markov_rank = 256;
   c.quant = QuantConfig{"fp8", "dynamic", 128, 128, "e4m3", "ue8m0", "fp4"};
   return c;
 }

@@ -15,7 +15,9 @@
 namespace cedar {
 namespace {
 
-uint64_t splitmix64(uint64_t& state) {
+// The per-element helpers are always inlined: the debug/ASan builds that CI runs would otherwise spend
+// most of a tiny checkpoint's generation in calls (the vocab-sized tables hold ~20 M values).
+[[gnu::always_inline]] inline uint64_t splitmix64(uint64_t& state) {
   uint64_t z = (state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -36,9 +38,9 @@ class ValueStream {
     uint64_t mix = fnv1a(name);
     state_ ^= splitmix64(mix);
   }
-  uint64_t next() { return splitmix64(state_); }
+  [[gnu::always_inline]] uint64_t next() { return splitmix64(state_); }
   // Approximately N(0, 1): Irwin–Hall sum of four 16-bit uniforms, rescaled to unit variance.
-  float normal() {
+  [[gnu::always_inline]] float normal() {
     const uint64_t r = next();
     const int64_t sum = static_cast<int64_t>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48));
     // Each uniform is (k + 0.5) / 65536: mean 2 for the sum, variance 4/12 (to 2^-32).
@@ -57,7 +59,7 @@ enum class Role {
   HyperConn,    // hc_* mixing parameters: small
   NearZero,     // attention sinks, router biases, V4 compressor position biases (ape): ≈ 0
   Embedding,    // token / Markov embeddings, Engram table rows: unit variance
-  Linear,       // projections: N(0, 1/fan_in)
+  Linear,       // projections: N(0, σ²) with σ = 1/sqrt(fan_in)
   ExpertIds,    // V4 tid2eid: distinct expert ids per token
 };
 
@@ -93,33 +95,39 @@ Logical logical_shape(const WeightSpec& w) {
   return l;
 }
 
-float draw(ValueStream& s, Role role, double linear_std) {
-  const float n = s.normal();
+// Values of a role are offset + scale · N(0, 1).
+struct Affine {
+  double offset = 0.0;
+  double scale = 1.0;
+};
+
+Affine affine_of(Role role, double fan_in) {
   switch (role) {
-    case Role::Norm: return 1.0f + 0.05f * n;
-    case Role::HyperConn: return 0.02f * n;
-    case Role::NearZero: return 0.01f * n;
-    case Role::Embedding: return n;
-    case Role::Linear: return static_cast<float>(n * linear_std);
+    case Role::Norm: return {1.0, 0.05};
+    case Role::HyperConn: return {0.0, 0.02};
+    case Role::NearZero: return {0.0, 0.01};
+    case Role::Embedding: return {0.0, 1.0};
+    case Role::Linear: return {0.0, 1.0 / std::sqrt(fan_in)};  // sqrt is exactly rounded (IEEE)
     case Role::ExpertIds: break;
   }
-  return 0.0f;
+  return {};
 }
 
 std::vector<float> draw_values(const WeightSpec& w, uint64_t seed) {
   const Logical l = logical_shape(w);
-  const Role role = role_of(w);
-  const double linear_std = 1.0 / std::sqrt(static_cast<double>(l.cols));
+  const Affine a = affine_of(role_of(w), static_cast<double>(l.cols));
   ValueStream s(seed, w.name);
   std::vector<float> v(static_cast<size_t>(l.rows * l.cols));
-  for (float& x : v) x = draw(s, role, linear_std);
+  float* out = v.data();
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(a.offset + a.scale * s.normal());
   return v;
 }
 
 // Stores `value` little-endian at element `i` of `out` (cedar targets little-endian hosts, as
 // safetensors is).
 template <typename T>
-void store_le(std::vector<uint8_t>& out, size_t i, T value) {
+[[gnu::always_inline]] inline void store_le(std::vector<uint8_t>& out, size_t i, T value) {
   std::memcpy(out.data() + i * sizeof(T), &value, sizeof(T));
 }
 
@@ -177,13 +185,19 @@ Result<std::vector<uint8_t>> scale_bytes_as(const std::vector<uint8_t>& exponent
 }
 
 Result<std::vector<uint8_t>> encode_plain(const WeightSpec& w, const std::vector<float>& v) {
-  if (w.dtype != DType::BF16 && w.dtype != DType::F32)
-    return make_error(w.name + ": no value generator for dtype " + std::string(dtype_name(w.dtype)));
-  std::vector<uint8_t> out(v.size() * dtype_size(w.dtype));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (w.dtype == DType::BF16) store_le(out, i, f32_to_bf16(v[i]));
-    else store_le(out, i, v[i]);
+  if (w.dtype == DType::F32) {
+    std::vector<uint8_t> out(v.size() * sizeof(float));
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
   }
+  if (w.dtype != DType::BF16)
+    return make_error(w.name + ": no value generator for dtype " + std::string(dtype_name(w.dtype)));
+  std::vector<uint16_t> bits(v.size());
+  const float* in = v.data();
+  uint16_t* b = bits.data();
+  for (size_t i = 0; i < bits.size(); ++i) b[i] = f32_to_bf16(in[i]);
+  std::vector<uint8_t> out(bits.size() * sizeof(uint16_t));
+  std::memcpy(out.data(), bits.data(), out.size());
   return out;
 }
 

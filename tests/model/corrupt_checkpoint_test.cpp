@@ -5,7 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,7 +27,9 @@ using nlohmann::json;
 
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
 }
 
 void write_bytes(const fs::path& p, const std::string& s) {

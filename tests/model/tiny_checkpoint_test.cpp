@@ -8,12 +8,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <sstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/numeric.h"
 #include "io/config.h"
@@ -73,7 +74,9 @@ fs::path* TinyCheckpointTest::root_ = nullptr;
 
 std::string file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
 }
 
 std::vector<fs::path> shard_files(const fs::path& dir) {
@@ -334,6 +337,21 @@ TEST(TinyModelConfig, V41PlanIsStructurallyComplete) {
   EXPECT_GE(ratio2_full, 2);
   EXPECT_GE(ratio2_reuse, 2);
   EXPECT_LT(c->index_topk, c->candidate_topk_blocks * c->candidate_block_size + 1);
+}
+
+// config.json must carry the whole profile: parsing what make-tiny writes gives the profile back.
+TEST(TinyModelConfig, ConfigJsonRoundTrips) {
+  for (Arch arch : {Arch::DeepseekV41, Arch::DeepseekV4}) {
+    for (bool bf16 : {false, true}) {
+      auto c = tiny_model_config(arch, "tiny", bf16);
+      ASSERT_TRUE(c.ok());
+      auto parsed = parse_model_config(to_hf_config_json(*c), "config.json");
+      ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+      parsed->source = c->source;
+      parsed->source_format = c->source_format;
+      EXPECT_TRUE(*parsed == *c) << arch_name(arch) << (bf16 ? " bf16" : "");
+    }
+  }
 }
 
 TEST(TinyModelConfig, UnknownProfileIsAnError) {

@@ -378,6 +378,7 @@ def test_make_tiny_refuses_a_non_empty_directory_without_force(tmp_path):
     assert refused.returncode == 1 and "--force" in refused.stderr and str(out) in refused.stderr
     assert (out / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"], "temporary directory left behind"
+    cmd[2] = str(out) + "/"  # a trailing slash names the same directory
     forced = subprocess.run(cmd + ["--force"], capture_output=True, text=True)
     assert forced.returncode == 0, forced.stderr
     assert not (out / "keep.txt").exists() and (out / "config.json").exists()
