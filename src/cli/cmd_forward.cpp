@@ -1,6 +1,5 @@
 // `cedar forward`: the CPU forward over a list of token ids; writes the logits as a float32 .npy
 // [positions, vocab] and, on request, named intermediate tensors (one .npy per tensor).
-#if __has_include("model/attention.h") && __has_include("model/moe.h") && __has_include("model/mhc.h")
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,21 +12,16 @@
 #include "io/atomic_file.h"
 #include "io/npy.h"
 #include "model/deepseek_v41.h"
-#if __has_include("model/default_model.h")
 #include "model/default_model.h"
-#define CEDAR_HAVE_DEFAULT_MODEL 1
-#endif
 
 namespace cedar::cli {
 namespace {
 
 const CommandSpec kSpec{
     "forward",
-    "Run the DeepSeek-V4.1 CPU reference forward over token ids. MODEL is a checkpoint directory"
-#ifdef CEDAR_HAVE_DEFAULT_MODEL
-    " (default: the embedded tiny model)"
-#endif
-    ".\nLogits are written as float32 .npy [positions, vocab]; a JSON summary (positions, shape, mode) goes to stdout.",
+    "Run the DeepSeek-V4.1 CPU reference forward over token ids. MODEL is a checkpoint directory (default: the\n"
+    "embedded tiny model). Logits are written as float32 .npy [positions, vocab]; a JSON summary (positions,\n"
+    "shape, mode) goes to stdout. See docs/forward.md.",
     {},
     {"MODEL"},
     {
@@ -134,11 +128,7 @@ Result<std::vector<std::string>> take_dump_args(const Args& args, std::string& r
 
 Result<std::filesystem::path> model_path(const ParsedArgs& a) {
   if (auto p = a.positional(0)) return std::filesystem::path(*p);
-#ifdef CEDAR_HAVE_DEFAULT_MODEL
   return ensure_default_model();
-#else
-  return make_error("MODEL is required (no embedded default model in this build)");
-#endif
 }
 
 }  // namespace
@@ -236,16 +226,3 @@ int cmd_forward(const Args& raw_args) {
 }
 
 }  // namespace cedar::cli
-#else
-#include <cstdio>
-
-#include "cli/commands.h"
-
-namespace cedar::cli {
-// TEMP until the forward modules are merged.
-int cmd_forward(const Args&) {
-  std::fprintf(stderr, "cedar forward: this build has no CPU forward (model modules missing)\n");
-  return 2;
-}
-}  // namespace cedar::cli
-#endif  // modules present

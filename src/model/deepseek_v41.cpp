@@ -1,4 +1,3 @@
-#if __has_include("model/attention.h")  // TEMP until the attention module lands
 #include "model/deepseek_v41.h"
 
 #include <algorithm>
@@ -307,4 +306,3 @@ Status DeepseekV41Model::finish_rows(const Rows& rows, Buffers& b, const Forward
 }
 
 }  // namespace cedar
-#endif  // modules present

@@ -24,7 +24,6 @@
 // A chunk of any size gives the same result as one call over the whole sequence, and token-by-token
 // decode the same as a one-shot prefill: all cross-chunk state lives in SequenceState.
 #pragma once
-#if __has_include("model/attention.h")  // TEMP until the attention module lands
 
 #include <cstdint>
 #include <filesystem>
@@ -149,4 +148,3 @@ class DeepseekV41Model {
 };
 
 }  // namespace cedar
-#endif  // modules present

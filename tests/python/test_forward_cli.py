@@ -23,10 +23,6 @@ import pytest
 from cedar_cli import REPO, cedar_binary
 from safetensors_dir_reader import read_checkpoint
 
-# TEMP until the forward modules are merged: the command is compiled only when they are present.
-if subprocess.run([cedar_binary(), "forward", "--help"], capture_output=True).returncode != 0:
-    pytest.skip("this cedar build has no 'forward' command (forward modules not merged yet)", allow_module_level=True)
-
 VOCAB = 129280
 IDS = [0, 15, 27, 1000, 5, 99, 128, 7, 31337, 2, 64000]
 
