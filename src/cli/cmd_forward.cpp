@@ -38,6 +38,8 @@ const CommandSpec kSpec{
                          "[rows, width] plus DIR/index.json (positions per tensor)",
          true, "", "REGEX DIR"},
         {"threads", "worker threads (0 = all cores)", true, "0", "N"},
+        {"engram-map", "Engram token map .npy (default: MODEL/engram_token_map.npy, else cedar's frozen asset)", true,
+         "", "FILE"},
     }};
 
 int usage_error(const std::string& message) {
@@ -175,7 +177,7 @@ int cmd_forward(const Args& raw_args) {
   auto path = model_path(a);
   if (!path.ok()) return fail(path.error().message);
   ThreadPool pool(static_cast<int>(*threads));
-  auto model = DeepseekV41Model::load(*path, LoadOptions{{}, &pool});
+  auto model = DeepseekV41Model::load(*path, LoadOptions{a.get("engram-map"), &pool});
   if (!model.ok()) return fail(model.error().message);
 
   SequenceOptions so;
