@@ -4,7 +4,8 @@
 //   Six cases expect fastllm's own policy where cedar follows deepseek-recipe (DeepSeek's parser,
 //   encoding.md §3.3); for those the test pins the recipe outcome (also checked against the live
 //   recipe in tests/python/test_parser_oracle.py).
-// * RTP-RECIPE stream fixtures (§5 #8), rtp_recipe_fixtures.json "stream".
+// * deepseek-recipe's own streaming test (§5 #6): deepseek-ai/deepseek-recipe
+//   deepseek-recipe/tests/stream_tool_calls.rs @ac74541f, transcribed below.
 #include <gtest/gtest.h>
 
 #include "encoding_fixtures.h"
@@ -109,6 +110,46 @@ TEST(FastllmDsmlFixtures, AllCasesEverySplitNoLeak) {
   }
   EXPECT_EQ(n, 18u);
   EXPECT_EQ(agreed, 12u);
+}
+
+// quoted_tool_parameter_names_survive_chunk_boundaries: keys with spaces, an empty key, a key that looks
+// like the type attribute; whole, every 2-way split at character boundaries, one character per chunk;
+// V4 and V4.1 tag families; finish_reason tool_calls.
+TEST(RecipeStreamToolCalls, QuotedParameterNamesSurviveChunkBoundaries) {
+  const auto expected = parse_json(R"({"shipping address": "Paris\n日本", " string= mode ": {"enabled": true}, "count": 2, "": "empty key"})",
+                                   "expected");
+  ASSERT_TRUE(expected.ok());
+  for (auto [block, prefix] : {std::pair{"tool_calls", ""}, std::pair{" calls", " "}}) {
+    const std::string b(block), pre(prefix);
+    const std::string output = "<｜DSML｜" + b + ">\n<｜DSML｜" + pre + "invoke name=\"submit\">\n<｜DSML｜" + pre +
+                               "parameter name=\"shipping address\" string=\"true\">Paris\n日本</｜DSML｜" + pre + "parameter>\n<｜DSML｜" +
+                               pre + "parameter name=\" string= mode \" string=\"false\">{\"enabled\":true}</｜DSML｜" + pre +
+                               "parameter>\n<｜DSML｜" + pre + "parameter name=\"count\" string=\"false\">2</｜DSML｜" + pre +
+                               "parameter>\n<｜DSML｜" + pre + "parameter name=\"\" string=\"true\">empty key</｜DSML｜" + pre +
+                               "parameter>\n</｜DSML｜" + pre + "invoke>\n</｜DSML｜" + b + ">";
+    auto check = [&](const Parsed& r, const std::string& where) {
+      EXPECT_EQ(r.finish, FinishReason::kToolCalls) << where;
+      ASSERT_EQ(r.calls.size(), 1u) << where;
+      EXPECT_EQ(r.calls[0].first, "submit") << where;
+      auto args = parse_json(r.calls[0].second, "arguments");
+      ASSERT_TRUE(args.ok()) << where << ": " << r.calls[0].second;
+      EXPECT_EQ(*args, *expected) << where;
+    };
+    ParserOptions opt;
+    check(parse_chunks(output, opt, 0), b + " whole");
+    for (size_t k = 1; k < output.size(); ++k) {
+      if ((static_cast<unsigned char>(output[k]) & 0xC0) == 0x80) continue;  // character boundaries, as the Rust test
+      StreamParser p(opt);
+      std::vector<ParseEvent> ev;
+      ASSERT_TRUE(p.feed(output.substr(0, k), ev).ok());
+      ASSERT_TRUE(p.feed(output.substr(k), ev).ok());
+      ASSERT_TRUE(p.finish(StopCause::kEos, ev).ok());
+      Parsed r{p.result().reasoning, p.result().content, {}, p.result().finish, p.done()};
+      for (const auto& c : p.result().tool_calls) r.calls.emplace_back(c.name, c.arguments);
+      check(r, b + " split " + std::to_string(k));
+    }
+    check(parse_chunks(output, opt, 1), b + " bytes");
+  }
 }
 
 }  // namespace
