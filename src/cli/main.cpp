@@ -26,6 +26,7 @@ constexpr Command kCommands[] = {
     {"engram-map", "build the V4.1 Engram token-normalization map", cedar::cli::cmd_engram_map},
     {"make-tiny", "write a tiny checkpoint in the released format", cedar::cli::cmd_make_tiny},
     {"engram-rows", "print the Engram hash rows of a token sequence (test aid)", cedar::cli::cmd_engram_rows},
+    {"forward", "run the CPU forward over token ids; write logits (.npy) and named intermediates", cedar::cli::cmd_forward},
 };
 
 void print_help() {

@@ -1,0 +1,308 @@
+#include "model/deepseek_v41.h"
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cpu/ops.h"
+#include "core/numeric.h"
+#include "text/engram_norm.h"
+
+namespace cedar {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void for_rows(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool && n > 1) pool->parallel_for(n, fn);
+  else fn(0, n);
+}
+
+template <typename T>
+std::span<T> row(std::vector<T>& v, int64_t t, int64_t width) {
+  return std::span<T>(v).subspan(static_cast<size_t>(t * width), static_cast<size_t>(width));
+}
+template <typename T>
+std::span<const T> row(const std::vector<T>& v, int64_t t, int64_t width) {
+  return std::span<const T>(v).subspan(static_cast<size_t>(t * width), static_cast<size_t>(width));
+}
+
+std::filesystem::path model_dir(const std::filesystem::path& path) {
+  return std::filesystem::is_directory(path) ? path : path.parent_path();
+}
+
+// The Engram token map named by the options, else one next to the model, else the frozen asset.
+std::filesystem::path engram_map_path(const std::filesystem::path& dir, const LoadOptions& o) {
+  if (!o.engram_map.empty()) return o.engram_map;
+  const std::filesystem::path local = dir / "engram_token_map.npy";
+  if (std::filesystem::exists(local)) return local;
+  return std::filesystem::path(CEDAR_SOURCE_DIR) / "assets" / "engram" / "deepseek_v41_token_map.npy";
+}
+
+}  // namespace
+
+std::string_view forward_mode_name(ForwardMode m) { return m == ForwardMode::Exact ? "exact" : "ced"; }
+
+Result<ForwardMode> parse_forward_mode(std::string_view text) {
+  if (text == "exact") return ForwardMode::Exact;
+  if (text == "ced") return ForwardMode::Ced;
+  return make_error("unknown forward mode '" + std::string(text) + "' (known: exact, ced)");
+}
+
+struct DeepseekV41Model::Rows {
+  std::span<const int64_t> tokens;
+  int64_t pos0 = 0;
+  int64_t n = 0;
+  bool tail = true;  // false: rows before the CED replay start (encoder + boundary layer only)
+};
+
+struct DeepseekV41Model::Buffers {
+  std::vector<float> X, X_mid;          // [n, hc·d] residual streams
+  std::vector<float> pre_prev;          // [n, hc] collapse weights of the next attention site
+  std::vector<HcMix> mix_attn, mix_ffn; // [n]
+  std::vector<float> x, xn, y;          // [n, d] collapsed, normed, sublayer output
+  std::vector<int64_t> engram_rows;     // [slots, n, cols]
+};
+
+Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& path, const LoadOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return make_error(path.string() + ": no such model directory or file");
+  const std::filesystem::path dir = model_dir(path);
+  DeepseekV41Model m;
+  CEDAR_ASSIGN_OR_RETURN(m.config_, load_model_config(dir));
+  const ModelConfig& c = m.config_;
+  if (c.arch != Arch::DeepseekV41)
+    return make_error(c.source + ": the CPU forward supports deepseek_v41 only (config is " +
+                      std::string(arch_name(c.arch)) + ")");
+  CEDAR_ASSIGN_OR_RETURN(m.plan_, build_layer_plan(c));
+  CEDAR_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(path));
+  CEDAR_ASSIGN_OR_RETURN(m.weights_, BoundWeights::bind(std::move(ckpt), c, m.plan_, options.pool));
+
+  m.hc_ = HcParams{c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps};
+  CEDAR_ASSIGN_OR_RETURN(m.attn_, attention_params_from_config(c));
+  m.moe_.topk = c.num_experts_per_tok;
+  m.moe_.route_scale = c.routed_scaling_factor;
+  m.moe_.swiglu_limit = c.swiglu_limit;
+  m.moe_.gate_temp = c.gate_temp;
+  m.moe_.scoring_func = c.scoring_func;
+  m.moe_.norm_topk_prob = c.norm_topk_prob;
+  m.moe_.act_block = c.quant.quantized() ? c.quant.weight_block_cols : 32;
+
+  if (!c.engram_layer_ids.empty()) {
+    const std::filesystem::path map_path = engram_map_path(dir, options);
+    auto map = text::load_engram_map_npy(map_path.string());
+    if (!map.ok()) return map.error().with_context("Engram token map");
+    if (static_cast<int64_t>(map->size()) != c.vocab_size)
+      return make_error(map_path.string() + ": Engram token map has " + str(static_cast<int64_t>(map->size())) +
+                        " entries, the model's vocabulary " + str(c.vocab_size));
+    auto hasher = EngramHasher::create(c, std::move(*map));
+    if (!hasher.ok()) return hasher.error().with_context(map_path.string());
+    m.hasher_.emplace(std::move(*hasher));
+    m.engram_params_ = EngramParams{c.hc_mult, c.hidden_size, m.hasher_->layout().cols(), c.rms_norm_eps};
+  }
+
+  for (const LayerRole& role : m.plan_.layers) {
+    const LayerWeights& w = m.weights_.tensors().layers[static_cast<size_t>(role.layer)];
+    for (const HcWeights* hc : {&w.hc_attn, &w.hc_ffn}) {
+      Status st = check_hc_weights(*hc, m.hc_);
+      if (!st.ok()) return st.error().with_context("layer " + str(role.layer) + " mHC");
+    }
+    int64_t slot = -1;
+    if (w.engram) {
+      if (w.engram_table_format != WeightFormat::FP8Rows)  // engram_forward reads e4m3 rows + e8m0 scales
+        return make_error(c.source + ": layer " + str(role.layer) +
+                          ": BF16 Engram tables (bf16-weight checkpoint) are not supported by the Engram module");
+      slot = m.hasher_->layout().slot_of_layer(role.layer);
+    }
+    m.engram_slot_.push_back(slot);
+  }
+  return m;
+}
+
+Result<SequenceState> DeepseekV41Model::new_sequence(const SequenceOptions& options) const {
+  SequenceState s;
+  s.options_ = options;
+  if (options.mode == ForwardMode::Ced) {
+    if (!plan_.ced) return make_error("ced mode is unavailable for this model: " + plan_.ced_unavailable_reason);
+    if (options.prompt_length <= 0) return make_error("ced mode needs the prompt length (> 0)");
+    const int64_t tail = options.ced_tail > 0 ? options.ced_tail : config_.sliding_window;
+    s.replay_start_ = std::max<int64_t>(0, options.prompt_length - tail);
+  }
+  s.attention_ = AttentionState::create(plan_, attn_);
+  return s;
+}
+
+Result<ForwardOutput> DeepseekV41Model::forward(std::span<const int64_t> tokens, SequenceState& state,
+                                                const ForwardOptions& options) const {
+  if (state.failed_) return make_error("forward: the sequence state is unusable after an earlier error");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      return make_error("forward: token " + str(tokens[i]) + " at position " +
+                        str(state.length_ + static_cast<int64_t>(i)) + " is outside the vocabulary [0, " +
+                        str(config_.vocab_size) + ")");
+  ForwardOutput out;
+  out.vocab = config_.vocab_size;
+  // Rows before the CED replay start run fewer layers than the rest: split the chunk there. The split
+  // is exact since a chunk boundary anywhere gives the same result.
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t head = std::clamp<int64_t>(state.replay_start_ - state.length_, 0, n);
+  const Rows parts[2] = {{tokens.first(static_cast<size_t>(head)), state.length_, head, false},
+                         {tokens.subspan(static_cast<size_t>(head)), state.length_ + head, n - head, true}};
+  for (const Rows& rows : parts) {
+    if (rows.n == 0) continue;
+    Status st = run_rows(rows, state, options, out);
+    if (!st.ok()) {
+      state.failed_ = true;
+      return st.error();
+    }
+  }
+  return out;
+}
+
+namespace {
+
+void emit(const ForwardOptions& o, const std::string& name, int64_t pos0, int64_t rows, int64_t width,
+          std::span<const float> data) {
+  if (o.sink) o.sink(TensorRecord{name, pos0, rows, width, data.first(static_cast<size_t>(rows * width))});
+}
+
+}  // namespace
+
+Status DeepseekV41Model::run_rows(const Rows& rows, SequenceState& state, const ForwardOptions& options,
+                                  ForwardOutput& out) const {
+  const int64_t n = rows.n, d = config_.hidden_size, hc = config_.hc_mult;
+  Buffers b;
+  b.X.resize(static_cast<size_t>(n * hc * d));
+  b.X_mid.resize(b.X.size());
+  b.x.resize(static_cast<size_t>(n * d));
+  b.xn.resize(b.x.size());
+  b.y.resize(b.x.size());
+  b.mix_attn.resize(static_cast<size_t>(n));
+  b.mix_ffn.resize(static_cast<size_t>(n));
+  b.pre_prev.assign(static_cast<size_t>(n * hc), 0.0f);
+
+  // §3.2: X_0 = [e, e, e, e], pre_prev = e_0.
+  const cpu::LinearWeight& embed = weights_.tensors().embed;
+  for_rows(options.pool, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* e = embed.data + 2 * rows.tokens[static_cast<size_t>(t)] * d;
+      std::span<float> x = row(b.x, t, d);
+      for (int64_t c = 0; c < d; ++c) x[c] = bf16_to_f32(static_cast<uint16_t>(e[2 * c] | (e[2 * c + 1] << 8)));
+      for (int64_t k = 0; k < hc; ++k) std::copy(x.begin(), x.end(), row(b.X, t, hc * d).begin() + k * d);
+      b.pre_prev[static_cast<size_t>(t * hc)] = 1.0f;
+    }
+  });
+  emit(options, "embed", rows.pos0, n, d, b.x);
+
+  if (hasher_) {
+    const EngramLayout& layout = hasher_->layout();
+    b.engram_rows.resize(static_cast<size_t>(layout.n_slots() * n * layout.cols()));
+    CEDAR_RETURN_IF_ERROR(hasher_->hash_chunk(rows.pos0, rows.tokens, {}, state.engram_, b.engram_rows));
+  }
+
+  AttentionScratch scratch;
+  const int64_t last_layer = rows.tail ? plan_.num_layers() - 1 : plan_.last_kv_source;
+  for (int64_t l = 0; l <= last_layer; ++l) CEDAR_RETURN_IF_ERROR(run_layer(l, rows, b, state, scratch, options));
+  state.length_ = rows.pos0 + n;
+  if (!rows.tail) return Status::Ok();
+  return finish_rows(rows, b, options, out);
+}
+
+Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, SequenceState& state,
+                                   AttentionScratch& scratch, const ForwardOptions& options) const {
+  const LayerRole& role = plan_.layers[static_cast<size_t>(l)];
+  const LayerWeights& W = weights_.tensors().layers[static_cast<size_t>(l)];
+  const int64_t engram_slot = engram_slot_[static_cast<size_t>(l)];
+  const int64_t n = rows.n, d = config_.hidden_size, hc = config_.hc_mult, pos0 = rows.pos0;
+  const std::string prefix = "layers." + str(l) + ".";
+  ThreadPool* pool = options.pool;
+  auto fail = [&](const Status& st, const char* what) {
+    return st.error().with_context("layer " + str(l) + " " + what + " at positions [" + str(pos0) + ", " +
+                                   str(pos0 + n) + ")");
+  };
+
+  if (engram_slot >= 0) {
+    const int64_t cols = hasher_->layout().cols();
+    const auto slot_rows = std::span<const int64_t>(b.engram_rows).subspan(static_cast<size_t>(engram_slot * n * cols),
+                                                                           static_cast<size_t>(n * cols));
+    Status st = engram_forward(b.X, n, slot_rows, {}, *W.engram, engram_params_, pool);
+    if (!st.ok()) return fail(st, "Engram");
+    emit(options, prefix + "engram_out", pos0, n, hc * d, b.X);
+  }
+
+  // Attention site: input collapsed with the previous site's pre (single pass, §3.3).
+  CEDAR_RETURN_IF_ERROR(hc_mix_rows(b.X, n, W.hc_attn, hc_, b.mix_attn, pool));
+  for_rows(pool, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) hc_collapse(row(b.X, t, hc * d), row(b.pre_prev, t, hc), hc, d, row(b.x, t, d));
+  });
+  cpu::rms_norm(b.x, d, W.attn_norm, config_.rms_norm_eps, b.xn);
+  emit(options, prefix + "attn_in", pos0, n, d, b.xn);
+
+  AttentionCall call;
+  call.layer = l;
+  call.role = &role;
+  call.pos0 = pos0;
+  call.n = n;
+  const bool boundary = l == plan_.last_kv_source;
+  const bool global_kv_only = state.options_.ced_boundary == CedBoundary::GlobalKvOnly;
+  if (rows.tail && (l > plan_.last_kv_source || (boundary && global_kv_only))) call.swa_start = state.replay_start_;
+  if (!rows.tail && boundary && global_kv_only) call.pass = AttentionPass::GlobalKvOnly;
+  Status st = attention_forward(call, b.xn, W.attn, attn_, state.attention_, scratch,
+                                call.pass == AttentionPass::GlobalKvOnly ? std::span<float>() : std::span<float>(b.y),
+                                pool);
+  if (!st.ok()) return fail(st, "attention");
+  if (!rows.tail && boundary) return Status::Ok();  // pre-tail rows stop after the boundary's global KV
+  emit(options, prefix + "attn_out", pos0, n, d, b.y);
+
+  // FFN site: expand the attention output, then collapse with the attention site's pre.
+  for_rows(pool, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      hc_expand(row(b.y, t, d), row(b.X, t, hc * d), b.mix_attn[static_cast<size_t>(t)], hc, d, row(b.X_mid, t, hc * d));
+  });
+  CEDAR_RETURN_IF_ERROR(hc_mix_rows(b.X_mid, n, W.hc_ffn, hc_, b.mix_ffn, pool));
+  for_rows(pool, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      hc_collapse(row(b.X_mid, t, hc * d), b.mix_attn[static_cast<size_t>(t)].pre, hc, d, row(b.x, t, d));
+  });
+  cpu::rms_norm(b.x, d, W.ffn_norm, config_.rms_norm_eps, b.xn);
+  emit(options, prefix + "ffn_in", pos0, n, d, b.xn);
+  st = moe_forward(b.xn, n, W.ffn, moe_, rows.tokens, {}, b.y, pool);
+  if (!st.ok()) return fail(st, "MoE");
+  emit(options, prefix + "ffn_out", pos0, n, d, b.y);
+
+  for_rows(pool, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const HcMix& mix = b.mix_ffn[static_cast<size_t>(t)];
+      hc_expand(row(b.y, t, d), row(b.X_mid, t, hc * d), mix, hc, d, row(b.X, t, hc * d));
+      std::copy(mix.pre.begin(), mix.pre.end(), row(b.pre_prev, t, hc).begin());
+    }
+  });
+  emit(options, prefix + "out", pos0, n, hc * d, b.X);
+  return Status::Ok();
+}
+
+Status DeepseekV41Model::finish_rows(const Rows& rows, Buffers& b, const ForwardOptions& options,
+                                     ForwardOutput& out) const {
+  const int64_t n = rows.n, d = config_.hidden_size, hc = config_.hc_mult, vocab = config_.vocab_size;
+  // Final collapse with the last ffn pre, final RMSNorm (§3.3).
+  for_rows(options.pool, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) hc_collapse(row(b.X, t, hc * d), row(b.pre_prev, t, hc), hc, d, row(b.x, t, d));
+  });
+  cpu::rms_norm(b.x, d, weights_.tensors().final_norm, config_.rms_norm_eps, b.xn);
+  emit(options, "final_norm", rows.pos0, n, d, b.xn);
+  if (options.logits == LogitRows::None) return Status::Ok();
+
+  const int64_t first = options.logits == LogitRows::Last ? n - 1 : 0;
+  const int64_t m = n - first;
+  const auto h = std::span<const float>(b.xn).subspan(static_cast<size_t>(first * d));
+  const size_t offset = out.logits.size();
+  out.logits.resize(offset + static_cast<size_t>(m * vocab));
+  const auto logits = std::span<float>(out.logits).subspan(offset);
+  // Head in fp32 (§2.3): BF16 weights are multiplied and accumulated in fp32, output not rounded.
+  CEDAR_RETURN_IF_ERROR(cpu::linear(weights_.tensors().head, h, m, logits, cpu::LinearOptions{.bf16_output = false},
+                                    options.pool));
+  for (int64_t t = first; t < n; ++t) out.positions.push_back(rows.pos0 + t);
+  emit(options, "logits", rows.pos0 + first, m, vocab, logits);
+  return Status::Ok();
+}
+
+}  // namespace cedar
