@@ -68,7 +68,7 @@ void report(benchmark::State& state, const Fixture& f) {
 void BM_Encode(benchmark::State& state) {
   const Fixture& f = fixture();
   if (!f.error.empty()) return state.SkipWithError(f.error.c_str());
-  cedar::text::EncodeOptions opts;
+  cedar::text::TokenizeOptions opts;
   opts.allow_added_tokens = state.range(0) != 0;
   for (auto _ : state)
     for (const auto& d : f.docs) benchmark::DoNotOptimize(f.tok->encode(d, opts));

@@ -25,6 +25,6 @@ cmake --build --preset release -j "$(nproc)"
 
 # Main job: the embedded default model (a tiny checkpoint in the released format, created on first use).
 ./build/release/cedar version
-if ./build/release/cedar --help | grep -q '^  inspect'; then
-  ./build/release/cedar inspect
-fi
+./build/release/cedar inspect
+# One CPU forward pass (exact mode) over "<BOS><User>Hello world<Assistant>" on the embedded default.
+./build/release/cedar forward --ids 0,128803,19923,2058,128804 --logits-out build/release/default-logits.npy

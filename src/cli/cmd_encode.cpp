@@ -2,10 +2,12 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "text/prompt_tokens.h"
 #include "text/request_mapping.h"
 
 namespace cedar::cli {
@@ -16,7 +18,9 @@ const CommandSpec kSpec{
     "encode",
     "Render an OpenAI / DeepSeek Chat Completions request into the DeepSeek prompt.\n"
     "Prints the prompt string; --json prints {\"prompt\", \"segments\", \"images\"} (segments: [\"control\"|\"text\", s]);\n"
-    "--jsonl reads one request per line and prints one JSON result (or {\"error\": ...}) per line.",
+    "--jsonl reads one request per line and prints one JSON result (or {\"error\": ...}) per line.\n"
+    "--ids --tokenizer FILE: token ids instead (control segments by exact added-token lookup, text by BPE with\n"
+    "the added vocabulary off); printed space-separated, or as \"ids\" in the --json / --jsonl results.",
     {},
     {},
     {
@@ -51,6 +55,19 @@ Result<text::Prompt> encode_one(const std::string& body_text, const text::Reques
   return text::encode_request(*req);
 }
 
+// The JSON result of one request; with a tokenizer it carries "ids" too.
+Json encode_result(const std::string& body_text, const text::RequestPolicy& policy, const text::Tokenizer* tok) {
+  auto p = encode_one(body_text, policy);
+  if (!p.ok()) return Json::object({{"error", p.error().message}});
+  Json out = result_json(*p);
+  if (tok) {
+    auto ids = text::prompt_token_ids(*p, *tok);
+    if (!ids.ok()) return Json::object({{"error", ids.error().message}});
+    out["ids"] = *ids;
+  }
+  return out;
+}
+
 }  // namespace
 
 int cmd_encode(const Args& args) {
@@ -61,10 +78,17 @@ int cmd_encode(const Args& args) {
     return 2;
   }
   const auto& a = *parsed;
-  if (a.flag("ids")) {
-    std::fprintf(stderr, "cedar encode: --ids needs the tokenizer (not yet available)\n");
+  if (a.flag("ids") != a.has("tokenizer")) {
+    std::fprintf(stderr, "cedar encode: --ids and --tokenizer FILE go together\n");
     return 2;
   }
+  std::optional<text::Tokenizer> tokenizer;
+  if (a.flag("ids")) {
+    auto t = text::Tokenizer::load(a.get("tokenizer"));
+    if (!t.ok()) { std::fprintf(stderr, "cedar encode: %s\n", t.error().message.c_str()); return 1; }
+    tokenizer.emplace(std::move(t).value());
+  }
+  const text::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
   text::RequestPolicy policy;
   auto dialect = text::parse_dialect(a.get("dialect"));
   if (!dialect.ok()) { std::fprintf(stderr, "cedar encode: --dialect: %s\n", dialect.error().message.c_str()); return 2; }
@@ -96,16 +120,25 @@ int cmd_encode(const Args& args) {
     std::string line;
     while (std::getline(lines, line)) {
       if (line.empty()) continue;
-      auto p = encode_one(line, policy);
-      Json out = p.ok() ? result_json(*p) : Json::object({{"error", p.error().message}});
+      const Json out = encode_result(line, policy, tok);
       std::fputs((out.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n").c_str(), stdout);
     }
     return 0;
   }
-  auto p = encode_one(input, policy);
-  if (!p.ok()) { std::fprintf(stderr, "cedar encode: %s\n", p.error().message.c_str()); return 1; }
-  const std::string out = a.flag("json") ? result_json(*p).dump(-1, ' ', false, Json::error_handler_t::replace) + "\n"
-                                         : p->str() + "\n";
+  const Json res = encode_result(input, policy, tok);
+  if (res.contains("error")) {
+    std::fprintf(stderr, "cedar encode: %s\n", res["error"].get<std::string>().c_str());
+    return 1;
+  }
+  std::string out;
+  if (a.flag("json")) {
+    out = res.dump(-1, ' ', false, Json::error_handler_t::replace);
+  } else if (tok) {
+    for (const auto& id : res["ids"]) out += (out.empty() ? "" : " ") + std::to_string(id.get<int>());
+  } else {
+    out = res["prompt"].get<std::string>();
+  }
+  out += "\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }

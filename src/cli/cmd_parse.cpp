@@ -24,6 +24,7 @@ const CommandSpec kSpec{
         {"thinking", "the prompt ended with <think> (output starts in reasoning)", false, "", ""},
         {"forced-tool", "the prompt ended inside an opened tool-call block", false, "", ""},
         {"stop", "a stop sequence (answer content only)", true, "", "TEXT"},
+        {"json-output", "JSON output mode (response_format json_object): keep the JSON, text around it -> spaces", false, "", ""},
         {"reference", "use the official strict parser instead of the streaming one", false, "", ""},
     },
 };
@@ -61,6 +62,7 @@ int cmd_parse(const Args& args) {
                 : a.flag("thinking")  ? text::ParseStart::kReasoning
                                       : text::ParseStart::kContent;
     if (a.has("stop")) opt.stop.push_back(a.get("stop"));
+    opt.json_output = a.flag("json-output");
     result = text::parse_completion(completion, opt, cause);
   }
   Json msg = Json::object();

@@ -22,7 +22,8 @@ const CommandSpec& spec() {
   static const CommandSpec s{
       "tokenize",
       "Encode text with a HF tokenizer.json (byte-level BPE) and print the token ids, one line, space-separated.\n"
-      "Added-token strings (e.g. <｜User｜>) are plain text unless --special is given.\n"
+      "Added-token strings (e.g. <｜User｜>) are plain text unless --special is given (then every added token's string\n"
+      "becomes its id, as HF encode does; the prompt encoder never does this for content).\n"
       "With --jsonl, --file holds one JSON value per line: a string is encoded ({\"ids\": [...], \"text\": "
       "decode(ids)}),\nan array of ids is decoded ({\"text\": ...}); errors give {\"error\": ...}.",
       {},
@@ -33,6 +34,8 @@ const CommandSpec& spec() {
        {"file", "read the text (or, with --jsonl, the requests) from this file ('-' = stdin)", true, "", "F"},
        {"json", "print {\"ids\": [...], \"pieces\": [...]} (pieces in byte-level form)", false, "", ""},
        {"special", "match added-token strings in the text (control tokens)", false, "", ""},
+       {"skip-special-tokens", "decode without added tokens flagged special (HF skip_special_tokens=True; default keeps all)",
+        false, "", ""},
        {"jsonl", "batch mode: one JSON request per line of --file, one JSON result per line", false, "", ""},
        {"pretokenize", "also output the pre-tokenizer pieces (byte-level form) under \"pretokens\"", false, "", ""}},
   };
@@ -60,34 +63,39 @@ json pretokens_json(std::string_view s, const std::vector<text::InputSpan>& segs
   return pieces;
 }
 
-json run_request(const text::Tokenizer& tok, const json& req, const text::EncodeOptions& opts, bool pretokenize) {
+struct RequestOptions {
+  text::TokenizeOptions encode;
+  text::DecodeOptions decode;
+  bool pretokenize = false;
+};
+
+json run_request(const text::Tokenizer& tok, const json& req, const RequestOptions& o) {
   if (req.is_array()) {
     std::vector<text::TokenId> ids;
     for (const json& v : req) {
       if (!v.is_number_integer()) return json{{"error", "id list holds a non-integer: " + v.dump()}};
       ids.push_back(v.get<text::TokenId>());
     }
-    auto decoded = tok.decode(ids);
+    auto decoded = tok.decode(ids, o.decode);
     if (!decoded) return json{{"error", decoded.error().message}};
     return json{{"text", *decoded}};
   }
   if (!req.is_string()) return json{{"error", "request must be a string or an array of ids"}};
   const std::string& s = req.get_ref<const std::string&>();
-  auto ids = tok.encode(s, opts);
+  auto ids = tok.encode(s, o.encode);
   if (!ids) return json{{"error", ids.error().message}};
-  auto decoded = tok.decode(*ids);
+  auto decoded = tok.decode(*ids, o.decode);
   if (!decoded) return json{{"error", decoded.error().message}};
   json out{{"ids", *ids}, {"text", *decoded}};
-  if (pretokenize) {
-    auto segs = tok.pre_tokenize(s, opts);
+  if (o.pretokenize) {
+    auto segs = tok.pre_tokenize(s, o.encode);
     if (!segs) return json{{"error", segs.error().message}};
     out["pretokens"] = pretokens_json(s, *segs);
   }
   return out;
 }
 
-int run_jsonl(const text::Tokenizer& tok, const std::string& input, const text::EncodeOptions& opts,
-              bool pretokenize) {
+int run_jsonl(const text::Tokenizer& tok, const std::string& input, const RequestOptions& opts) {
   std::string out;
   size_t line_no = 0;
   for (size_t pos = 0; pos < input.size();) {
@@ -99,7 +107,7 @@ int run_jsonl(const text::Tokenizer& tok, const std::string& input, const text::
     if (line.empty()) continue;
     json req = json::parse(line, nullptr, /*allow_exceptions=*/false);
     json res = req.is_discarded() ? json{{"error", "line " + std::to_string(line_no) + " is not valid JSON"}}
-                                   : run_request(tok, req, opts, pretokenize);
+                                   : run_request(tok, req, opts);
     out += res.dump(-1, ' ', false, json::error_handler_t::replace);
     out += '\n';
   }
@@ -144,9 +152,15 @@ int cmd_tokenize(const Args& args) {
   } else {
     input = a.get("text");
   }
-  text::EncodeOptions opts;
+  text::TokenizeOptions opts;
   opts.allow_added_tokens = a.flag("special");
-  if (a.flag("jsonl")) return run_jsonl(*tok, input, opts, a.flag("pretokenize"));
+  if (a.flag("jsonl")) {
+    RequestOptions ro;
+    ro.encode = opts;
+    ro.decode.skip_special_tokens = a.flag("skip-special-tokens");
+    ro.pretokenize = a.flag("pretokenize");
+    return run_jsonl(*tok, input, ro);
+  }
 
   auto ids = tok->encode(input, opts);
   if (!ids) {

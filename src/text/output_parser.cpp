@@ -30,6 +30,7 @@ namespace {
 enum class Action {
   kEndReasoning, kEnterToolCalls, kDrop, kStop, kBeginInvoke, kEndBlock, kEndName, kBeginParam, kEndInvoke,
   kEndParamName, kStringValue, kRawValue, kEndValue,
+  kOpenJsonFence, kOpenJsonRaw, kCloseJson,  // JSON output mode
 };
 
 std::string json_escaped(std::string_view s) {
@@ -69,9 +70,21 @@ std::vector<StreamParser::Marker> StreamParser::markers() const {
       if (opt_.parse_tool_calls) m.push_back({kDsmlOpen, Action::kEnterToolCalls, true});
       break;
     case Stage::kContent:
-      for (const auto& s : opt_.stop) m.push_back({s, Action::kStop, false});
+      if (opt_.json_output) {  // stop sequences do not apply to the text around the JSON
+        for (const char* open : {"```json\n", "```\n"}) m.push_back({open, Action::kOpenJsonFence, false});
+        for (const char* open : {"{", "["}) m.push_back({open, Action::kOpenJsonRaw, false});
+      } else {
+        for (const auto& s : opt_.stop) m.push_back({s, Action::kStop, false});
+      }
       if (opt_.parse_tool_calls) m.push_back({kDsmlOpen, Action::kEnterToolCalls, true});
       m.push_back({std::string(tok::kThinkEnd), Action::kDrop, false});
+      break;
+    case Stage::kJson:
+      for (const auto& s : opt_.stop) m.push_back({s, Action::kStop, false});
+      m.push_back({"\n```", Action::kCloseJson, false});
+      break;
+    case Stage::kAfterJson:
+      if (opt_.parse_tool_calls) m.push_back({kDsmlOpen, Action::kEnterToolCalls, true});
       break;
     case Stage::kToolCalls:
       m.push_back({"invoke name=\"", Action::kBeginInvoke, false});
@@ -100,15 +113,24 @@ void StreamParser::emit_data(std::string_view data, std::vector<ParseEvent>& eve
     result_.tool_calls.back().arguments += s;
     events.push_back({ParseEvent::Kind::kToolCallArguments, result_.tool_calls.size() - 1, std::move(s), ""});
   };
+  auto content = [&](std::string_view s) {
+    result_.content.append(s);
+    events.push_back({ParseEvent::Kind::kContent, 0, std::string(s), ""});
+  };
   switch (stage_) {
     case Stage::kReasoning:
       result_.reasoning.append(data);
       events.push_back({ParseEvent::Kind::kReasoning, 0, std::string(data), ""});
       break;
     case Stage::kContent:
-      result_.content.append(data);
-      events.push_back({ParseEvent::Kind::kContent, 0, std::string(data), ""});
+    case Stage::kAfterJson:
+      if (!opt_.json_output) { content(data); break; }
+      // One space per run of text around the JSON, however the run arrives (split invariance;
+      // deepseek-recipe writes one per chunk, which equals this when it gets the text in one piece).
+      if (!in_space_run_) content(" ");
+      in_space_run_ = true;
       break;
+    case Stage::kJson: content(data); break;
     case Stage::kToolName: name_.append(data); break;
     case Stage::kParamName: args(json_escaped(data)); break;
     case Stage::kParamValue: args(string_value_ ? json_escaped(data) : std::string(data)); break;
@@ -121,8 +143,15 @@ void StreamParser::apply(const Marker& m, std::vector<ParseEvent>& events) {
     result_.tool_calls.back().arguments += s;
     events.push_back({ParseEvent::Kind::kToolCallArguments, result_.tool_calls.size() - 1, std::move(s), ""});
   };
+  in_space_run_ = false;
   switch (m.action) {
     case Action::kEndReasoning: stage_ = Stage::kContent; leading_ = true; break;
+    case Action::kOpenJsonFence: stage_ = Stage::kJson; break;
+    case Action::kOpenJsonRaw:  // the bracket is part of the JSON
+      stage_ = Stage::kJson;
+      emit_data(m.text, events);
+      break;
+    case Action::kCloseJson: stage_ = Stage::kAfterJson; break;
     case Action::kEnterToolCalls: stage_ = Stage::kToolCalls; break;
     case Action::kDrop: break;
     case Action::kStop: stage_ = Stage::kFinished; stopped_by_sequence_ = true; break;
@@ -216,18 +245,31 @@ Status StreamParser::feed(std::string_view text, std::vector<ParseEvent>& events
   return Status::Ok();
 }
 
+bool StreamParser::in_tool_block() const {
+  switch (stage_) {
+    case Stage::kToolCalls: case Stage::kToolName: case Stage::kArgs: case Stage::kParamName:
+    case Stage::kParamType: case Stage::kParamValue: return true;
+    default: return false;
+  }
+}
+
 Status StreamParser::finish(StopCause cause, std::vector<ParseEvent>& events) {
   if (finished_) return Status::Ok();
   while (step(events)) {}
-  // Held text is not a marker after all: flush it verbatim into the current field.
+  // Held text is not a marker after all: flush it verbatim into the current field — except inside a
+  // tool block, where the held text is the start of DSML markup (`</｜DSML｜ para`) cut by the token
+  // limit, and a client must never receive markup as argument text.
+  const bool inside_block = in_tool_block();
+  if (inside_block) buf_.clear();
   if (stage_ == Stage::kToolName && !buf_.empty()) name_ += buf_;
   else if (!(leading_ && buf_.find_first_not_of('\n') == std::string::npos)) emit_data(buf_, events);
   buf_.clear();
-  const bool inside_block = stage_ != Stage::kFinished && stage_ != Stage::kReasoning && stage_ != Stage::kContent;
+  // deepseek-recipe: a stop sequence wins, then the token limit (even after a complete tool block:
+  // the model never said it was done), then tool_calls when any call was parsed.
   if (stopped_by_sequence_) result_.finish = FinishReason::kStop;
-  else if (cause == StopCause::kLength && (inside_block || result_.tool_calls.empty())) result_.finish = FinishReason::kLength;
+  else if (cause == StopCause::kLength) result_.finish = FinishReason::kLength;
   else if (!result_.tool_calls.empty()) result_.finish = FinishReason::kToolCalls;
-  else result_.finish = cause == StopCause::kLength ? FinishReason::kLength : FinishReason::kStop;
+  else result_.finish = FinishReason::kStop;
   finished_ = true;
   return Status::Ok();
 }

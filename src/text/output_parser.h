@@ -29,6 +29,10 @@ struct ParserOptions {
   ParseStart start = ParseStart::kContent;
   bool parse_tool_calls = true;
   std::vector<std::string> stop;    // stop sequences; match answer content only
+  // JSON output mode (response_format json_object), deepseek-recipe's parse_json_output: a fence
+  // "```json\n" / "```\n" or a raw `{` / `[` opens the JSON, "\n```" closes it; the answer text
+  // around it becomes one space per run, and stop sequences match only inside the JSON.
+  bool json_output = false;
 };
 
 struct ParseEvent {
@@ -72,9 +76,13 @@ class StreamParser {
   const ParsedCompletion& result() const { return result_; }
 
  private:
-  enum class Stage { kReasoning, kContent, kToolCalls, kToolName, kArgs, kParamName, kParamType, kParamValue, kFinished };
+  enum class Stage {
+    kReasoning, kContent, kJson, kAfterJson,  // kJson/kAfterJson: JSON output mode only
+    kToolCalls, kToolName, kArgs, kParamName, kParamType, kParamValue, kFinished,
+  };
   struct Marker;
   bool step(std::vector<ParseEvent>& events);  // processes buf_ once; false when it must wait
+  bool in_tool_block() const;
   void emit_data(std::string_view data, std::vector<ParseEvent>& events);
   void apply(const Marker& m, std::vector<ParseEvent>& events);
   std::vector<Marker> markers() const;
@@ -85,6 +93,7 @@ class StreamParser {
   bool string_value_ = false;
   size_t params_in_call_ = 0;
   bool stopped_by_sequence_ = false;
+  bool in_space_run_ = false;  // JSON mode: a space already stands for the current run of text
   bool finished_ = false;
   std::string buf_;
   std::string name_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 #include <set>
 
 #include "text/special_tokens.h"
@@ -108,6 +109,22 @@ Status map_content(const Json& msg, Message& out, const std::string& field, bool
   return Status::Ok();
 }
 
+// V4.1: a literal image placeholder in client text would become an image slot without an image
+// (official `_validate_no_image_sp_tokens`); rejected here so the error names the request field.
+Status reject_image_placeholder(const Message& m, const std::string& field) {
+  auto has = [](const std::string& s) { return s.find(tok::kImage) != std::string::npos; };
+  const std::string what = " contains the image placeholder " + std::string(tok::kImage) + "; send images as image content parts";
+  if (m.content && has(*m.content)) return field_error(field + ".content", what.substr(1));
+  if (m.blocks) {
+    for (size_t i = 0; i < m.blocks->size(); ++i) {
+      const Block& b = (*m.blocks)[i];
+      if (b.kind == Block::Kind::kText && has(b.text)) return field_error(at(field + ".content", i), what.substr(1));
+    }
+  }
+  if (m.reasoning_content && has(*m.reasoning_content)) return field_error(field + ".reasoning_content", what.substr(1));
+  return Status::Ok();
+}
+
 Result<ToolCall> map_tool_call(const Json& tc, const std::string& field) {
   if (!tc.is_object()) return field_error(field, "must be an object");
   ToolCall call;
@@ -136,6 +153,49 @@ Result<ToolCall> map_tool_call(const Json& tc, const std::string& field) {
   if (fn.contains("namespace") && fn["namespace"].is_string()) call.ns = fn["namespace"].get<std::string>();
   return call;
 }
+
+// OpenAI's rule, which deepseek-recipe enforces too: the tool calls of an assistant message are
+// answered by the tool messages right after it, each call exactly once.
+class ToolAnswers {
+ public:
+  // A non-tool message (or the end) arrives: every pending call must have been answered.
+  Status close() {
+    answered_.clear();
+    if (unanswered_.empty()) return Status::Ok();
+    const auto& [id, index] = unanswered_.front();
+    return field_error(at(assistant_ + ".tool_calls", index) + ".id",
+                       "'" + id + "' has no tool message answering it (each call needs one right after the assistant message)");
+  }
+  Status open(const std::vector<ToolCall>& calls, const std::string& assistant) {
+    assistant_ = assistant;
+    for (size_t k = 0; k < calls.size(); ++k) {
+      const std::string& id = calls[k].id;
+      const std::string field = at(assistant + ".tool_calls", k) + ".id";
+      if (id.empty()) return field_error(field, "is required (tool messages answer calls by id)");
+      for (const auto& [seen, index] : unanswered_) {
+        if (seen == id) return field_error(field, "'" + id + "' is used twice");
+      }
+      unanswered_.emplace_back(id, k);
+    }
+    return Status::Ok();
+  }
+  Status answer(const std::string& id, const std::string& field) {
+    for (auto it = unanswered_.begin(); it != unanswered_.end(); ++it) {
+      if (it->first == id) {
+        unanswered_.erase(it);
+        answered_.insert(id);
+        return Status::Ok();
+      }
+    }
+    if (answered_.count(id)) return field_error(field, "'" + id + "' is answered twice");
+    return field_error(field, "'" + id + "' does not answer a tool call of the assistant message right before");
+  }
+
+ private:
+  std::string assistant_;
+  std::vector<std::pair<std::string, size_t>> unanswered_;  // id, index in tool_calls
+  std::set<std::string> answered_;
+};
 
 bool mentions_json(const std::vector<Message>& msgs) {
   auto has = [](const std::string& s) {
@@ -194,17 +254,28 @@ Result<bool> resolve_thinking(const Json& body, bool default_thinking) {
     if (type == "disabled") return false;
     return make_error("thinking.type: must be \"enabled\" or \"disabled\", got \"" + type + "\"");
   }
-  const Json* flag = nullptr;
-  if (body.contains("enable_thinking")) flag = &body["enable_thinking"];
+  // The boolean switches (vLLM / SGLang spellings) have no precedence among themselves: they must agree.
+  std::optional<bool> flag;
+  std::string flag_field;
+  auto take = [&](const Json& v, const std::string& field) -> Status {
+    if (v.is_null()) return Status::Ok();
+    if (!v.is_boolean()) return field_error(field, "must be a boolean");
+    if (flag && *flag != v.get<bool>()) {
+      return field_error(field, std::string(v.get<bool>() ? "true" : "false") + " contradicts " + flag_field + " (" +
+                                    (*flag ? "true" : "false") + ")");
+    }
+    flag = v.get<bool>();
+    flag_field = field;
+    return Status::Ok();
+  };
+  if (body.contains("enable_thinking")) CEDAR_RETURN_IF_ERROR(take(body["enable_thinking"], "enable_thinking"));
   if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()) {
     const Json& k = body["chat_template_kwargs"];
-    if (k.contains("enable_thinking")) flag = &k["enable_thinking"];
-    else if (k.contains("thinking")) flag = &k["thinking"];
+    for (const char* key : {"enable_thinking", "thinking"}) {
+      if (k.contains(key)) CEDAR_RETURN_IF_ERROR(take(k[key], std::string("chat_template_kwargs.") + key));
+    }
   }
-  if (flag && !flag->is_null()) {
-    if (!flag->is_boolean()) return make_error("enable_thinking: must be a boolean");
-    return flag->get<bool>();
-  }
+  if (flag) return *flag;
   if (body.contains("reasoning_effort") && !body["reasoning_effort"].is_null()) {
     const Json& e = body["reasoning_effort"];
     if (e.is_string() && e.get<std::string>() == "none") return false;
@@ -237,7 +308,7 @@ Result<EncoderRequest> map_chat_request(const Json& body, const RequestPolicy& p
   if (!body.contains("messages") || !body["messages"].is_array()) return make_error("messages: must be an array");
   const Json& msgs = body["messages"];
   if (msgs.empty()) return make_error("messages: must not be empty");
-  std::set<std::string> call_ids;  // ids of calls seen so far (a tool result must answer one)
+  ToolAnswers answers;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const std::string f = at("messages", i);
     const Json& jm = msgs[i];
@@ -259,8 +330,10 @@ Result<EncoderRequest> map_chat_request(const Json& body, const RequestPolicy& p
       return field_error(f + ".role", "unknown role '" + r + "' (expected system, user, assistant, tool" +
                                           std::string(spec.developer_role ? ", developer" : "") + " or latest_reminder)");
     }
+    if (m.role != Role::kTool) CEDAR_RETURN_IF_ERROR(answers.close());
     const bool keep_blocks = spec.image_blocks && (m.role == Role::kUser || m.role == Role::kSystem || m.role == Role::kTool);
     CEDAR_RETURN_IF_ERROR(map_content(jm, m, f, keep_blocks));
+    if (spec.image_blocks) CEDAR_RETURN_IF_ERROR(reject_image_placeholder(m, f));
     if (m.role == Role::kDeveloper && m.content && m.content->empty()) return field_error(f + ".content", "must not be empty");
 
     if (m.role == Role::kAssistant) {
@@ -274,9 +347,13 @@ Result<EncoderRequest> map_chat_request(const Json& body, const RequestPolicy& p
         for (size_t k = 0; k < jm["tool_calls"].size(); ++k) {
           auto call = map_tool_call(jm["tool_calls"][k], at(f + ".tool_calls", k));
           if (!call.ok()) return call.error();
-          call_ids.insert(call->id);
           m.tool_calls.push_back(std::move(*call));
         }
+        CEDAR_RETURN_IF_ERROR(answers.open(m.tool_calls, f));
+      }
+      if (spec.image_blocks && m.reasoning_content && m.reasoning_content->find(tok::kImage) != std::string::npos) {
+        return field_error(f + (jm.contains("reasoning_content") ? ".reasoning_content" : ".reasoning"),
+                           "contains the image placeholder " + std::string(tok::kImage));
       }
       const bool prefix = jm.contains("prefix") && jm["prefix"].is_boolean() && jm["prefix"].get<bool>();
       if (prefix) {
@@ -291,9 +368,7 @@ Result<EncoderRequest> map_chat_request(const Json& body, const RequestPolicy& p
     if (m.role == Role::kTool) {
       auto id = get_string(jm, "tool_call_id", f, true);
       if (!id.ok()) return id.error();
-      if (!call_ids.count(*id)) {
-        return field_error(f + ".tool_call_id", "'" + *id + "' does not answer any earlier assistant tool call");
-      }
+      CEDAR_RETURN_IF_ERROR(answers.answer(*id, f + ".tool_call_id"));
       m.tool_call_id = *id;
       if (!m.content && !m.blocks) m.content = "";
     }
@@ -301,6 +376,7 @@ Result<EncoderRequest> map_chat_request(const Json& body, const RequestPolicy& p
     if ((m.role == Role::kUser || m.role == Role::kLatestReminder) && !m.content && !m.blocks) m.content = "";
     req.messages.push_back(std::move(m));
   }
+  CEDAR_RETURN_IF_ERROR(answers.close());
 
   // tool_choice and tools: tools go to the first system message (or a new empty one at index 0).
   Json tools = body.contains("tools") && !body["tools"].is_null() ? body["tools"] : Json::array();

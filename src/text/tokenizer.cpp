@@ -195,6 +195,7 @@ Result<Tokenizer> Tokenizer::from_json_unchecked(std::string_view json_text, con
   for (const AddedToken& a : tok.added_) size = std::max(size, a.id + 1);
   tok.tokens_.assign(static_cast<size_t>(size), {});
   tok.known_.assign(static_cast<size_t>(size), false);
+  tok.special_.assign(static_cast<size_t>(size), false);
   tok.vocab_.reserve(vocab.size() * 2);
   for (auto& [s, id] : vocab) {
     tok.tokens_[static_cast<size_t>(id)] = s;
@@ -205,6 +206,7 @@ Result<Tokenizer> Tokenizer::from_json_unchecked(std::string_view json_text, con
     const AddedToken& a = tok.added_[i];
     tok.tokens_[static_cast<size_t>(a.id)] = a.content;
     tok.known_[static_cast<size_t>(a.id)] = true;
+    tok.special_[static_cast<size_t>(a.id)] = a.special;
     tok.added_by_content_[a.content] = a.id;
     tok.added_index_[a.id] = i;
   }
@@ -225,7 +227,7 @@ void Tokenizer::encode_text(std::string_view text, size_t begin, size_t end, std
   for (const Piece& p : pieces) bpe_.encode_piece(text.substr(p.begin, p.end - p.begin), out, bpe_scratch);
 }
 
-Result<std::vector<InputSpan>> Tokenizer::pre_tokenize(std::string_view text, const EncodeOptions& options) const {
+Result<std::vector<InputSpan>> Tokenizer::pre_tokenize(std::string_view text, const TokenizeOptions& options) const {
   if (const size_t bad = find_invalid_utf8(text); bad != std::string_view::npos)
     return make_error("text is not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
   std::vector<InputSpan> spans, out;
@@ -242,7 +244,7 @@ Result<std::vector<InputSpan>> Tokenizer::pre_tokenize(std::string_view text, co
   return out;
 }
 
-Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const TokenizeOptions& options) const {
   if (const size_t bad = find_invalid_utf8(text); bad != std::string_view::npos)
     return make_error("text is not valid UTF-8 (byte offset " + std::to_string(bad) + ")");
   std::vector<TokenId> ids;
@@ -263,12 +265,14 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text, const Enco
   return ids;
 }
 
-Result<std::string> Tokenizer::decode(std::span<const TokenId> ids) const {
+Result<std::string> Tokenizer::decode(std::span<const TokenId> ids, const DecodeOptions& options) const {
   std::string out;
   Utf8LossyDecoder utf8;
   for (TokenId id : ids) {
     auto bytes = token_bytes(id);
     if (!bytes) return make_error("cannot decode unknown token id " + std::to_string(id));
+    // A skipped token contributes no bytes: a character split around it still joins (HF concatenates first).
+    if (options.skip_special_tokens && is_special(id)) continue;
     utf8.feed(*bytes, out);
   }
   utf8.finish(out);
@@ -301,6 +305,7 @@ const AddedToken* Tokenizer::added_token(TokenId id) const {
 Status StreamDecoder::push(TokenId id, std::string& out) {
   auto bytes = tokenizer_->token_bytes(id);
   if (!bytes) return make_error("cannot decode unknown token id " + std::to_string(id));
+  if (options_.skip_special_tokens && tokenizer_->is_special(id)) return Status::Ok();
   utf8_.feed(*bytes, out);
   return Status::Ok();
 }

@@ -4,10 +4,13 @@
 // Contract (see docs in encoding.md §4):
 // * encode() never adds BOS/EOS (HF add_special_tokens=False; the prompt encoder writes BOS itself).
 // * By default added-token strings in the text are plain text (`<｜User｜>` becomes 5 BPE tokens): content must
-//   not be able to create control tokens. EncodeOptions::allow_added_tokens turns matching on.
+//   not be able to create control tokens. TokenizeOptions::allow_added_tokens turns matching on.
 // * Input must be valid UTF-8 (HF only accepts str); invalid input is an error naming the byte offset.
-// * decode() follows HF decode(skip_special_tokens=False): token bytes are concatenated and invalid UTF-8 becomes
-//   U+FFFD (Rust from_utf8_lossy). Unknown ids are an error (HF silently drops them).
+// * decode() follows HF decode(skip_special_tokens=False) by default — every token is kept, which is what the
+//   output parser needs (`<think>`, `｜DSML｜` must survive): token bytes are concatenated and invalid UTF-8 becomes
+//   U+FFFD (Rust from_utf8_lossy). DecodeOptions::skip_special_tokens drops added tokens flagged `special` (HF
+//   semantics; on DeepSeek's file: BOS/EOS/pad, placeholders, grounding tokens — not the think/DSML markers).
+//   Unknown ids are an error (HF silently drops them).
 #pragma once
 
 #include <cstdint>
@@ -26,8 +29,12 @@
 
 namespace cedar::text {
 
-struct EncodeOptions {
+struct TokenizeOptions {
   bool allow_added_tokens = false;  // match added-token strings (control tokens) in the text
+};
+
+struct DecodeOptions {
+  bool skip_special_tokens = false;  // drop added tokens whose `special` flag is set (HF skip_special_tokens)
 };
 
 class Tokenizer {
@@ -36,11 +43,11 @@ class Tokenizer {
   // `origin` names the source in error messages.
   static Result<Tokenizer> from_json(std::string_view json_text, const std::string& origin);
 
-  Result<std::vector<TokenId>> encode(std::string_view text, const EncodeOptions& options = {}) const;
+  Result<std::vector<TokenId>> encode(std::string_view text, const TokenizeOptions& options = {}) const;
   // The pieces encode() would run BPE on, as byte ranges of `text`; added-token matches appear with their id.
-  Result<std::vector<InputSpan>> pre_tokenize(std::string_view text, const EncodeOptions& options = {}) const;
+  Result<std::vector<InputSpan>> pre_tokenize(std::string_view text, const TokenizeOptions& options = {}) const;
 
-  Result<std::string> decode(std::span<const TokenId> ids) const;
+  Result<std::string> decode(std::span<const TokenId> ids, const DecodeOptions& options = {}) const;
 
   // Added tokens first, then the BPE vocab (HF order). Token strings are in byte-level form ("Ġworld").
   std::optional<TokenId> token_to_id(std::string_view token) const;
@@ -51,6 +58,10 @@ class Tokenizer {
   TokenId vocab_size() const { return static_cast<TokenId>(tokens_.size()); }
   // The added token with this id, or nullptr.
   const AddedToken* added_token(TokenId id) const;
+  // True for an added token flagged `special` (what skip_special_tokens drops).
+  bool is_special(TokenId id) const {
+    return id >= 0 && id < vocab_size() && special_[static_cast<size_t>(id)];
+  }
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   size_t merge_count() const { return bpe_.merge_count(); }
 
@@ -69,6 +80,7 @@ class Tokenizer {
   std::vector<uint32_t> bytes_offset_;    // id -> [offset, offset+1) into bytes_ of its decoded bytes
   std::string bytes_;
   std::vector<bool> known_;               // id is assigned
+  std::vector<bool> special_;             // id is an added token with special: true
   std::unordered_map<std::string, TokenId> vocab_;
   std::unordered_map<std::string, TokenId> added_by_content_;
   std::unordered_map<TokenId, size_t> added_index_;
@@ -78,8 +90,9 @@ class Tokenizer {
 // tokens is held back until complete; concatenating every push() and finish() gives exactly decode(all ids).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer) : tokenizer_(&tokenizer) {}
-  // Appends the newly completed text to `out`.
+  explicit StreamDecoder(const Tokenizer& tokenizer, DecodeOptions options = {})
+      : tokenizer_(&tokenizer), options_(options) {}
+  // Appends the newly completed text to `out` (nothing for a skipped special token).
   Status push(TokenId id, std::string& out);
   Result<std::string> push(TokenId id);
   // Flushes a held incomplete character as U+FFFD and resets for reuse.
@@ -89,6 +102,7 @@ class StreamDecoder {
 
  private:
   const Tokenizer* tokenizer_;
+  DecodeOptions options_;
   Utf8LossyDecoder utf8_;
 };
 

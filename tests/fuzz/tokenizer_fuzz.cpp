@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  cedar::text::EncodeOptions opts;
+  cedar::text::TokenizeOptions opts;
   opts.allow_added_tokens = (data[0] & 1) != 0;
   auto ids = g_tok->encode(text, opts);
   const bool valid = cedar::text::find_invalid_utf8(text) == std::string_view::npos;

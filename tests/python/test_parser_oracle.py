@@ -1,11 +1,12 @@
 """cedar's streaming output parser against deepseek-recipe 0.2.0's StreamProcessor on random model
-outputs fed in random chunkings (cedar's own split-invariance is pinned in tests/text/output_parser_test.cpp)."""
+outputs fed in random chunkings (cedar's own split-invariance is pinned in tests/text/output_parser_test.cpp),
+on fastllm's published DSML cases (tests/data/encoding/fastllm) and in JSON output mode."""
 import json
 import random
 
 import pytest
 
-from cedar_cli import run_cedar
+from cedar_cli import REPO, run_cedar
 
 recipe = pytest.importorskip("deepseek_recipe", reason="deepseek-recipe==0.2.0 (requirements-test.txt) is required")
 
@@ -54,13 +55,14 @@ def chunks(rng, s):
     return out or [""]
 
 
-def recipe_parse(pieces, thinking, stop, cut):
+def recipe_parse(pieces, thinking, stop, cut, json_output=False):
     req = {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "u"}],
            "thinking": {"type": "enabled" if thinking else "disabled"}}
     conv = recipe.ChatCompletionRequest(req).convert(recipe.ConversionOptions())
     gen = recipe.ChatCompletionRequest.chunk_generator(conv, "id", "m")
     stage = recipe.ThinkingInitialStage.ReasoningStart if thinking else None
-    sp = recipe.StreamProcessor(gen, recipe.ParsingOptions(thinking_initial_stage=stage, stop_sequences=stop))
+    sp = recipe.StreamProcessor(gen, recipe.ParsingOptions(thinking_initial_stage=stage, stop_sequences=stop,
+                                                           parse_json_output=json_output))
     resp = recipe.ChatCompletionResponse("id", "m", 0, 0, 0)
     events = list(sp.push(recipe.InferenceChunk.ready()))
     for p in pieces:
@@ -99,3 +101,45 @@ def test_random_outputs_match_recipe_stream_processor():
         else:
             assert [c[0] for c in calls] == [c[0] for c in ref[2]], ctx
         assert got["finish_reason"] == ref[3], ctx
+
+
+def cedar_parse(text, *flags, cut=False):
+    proc = run_cedar(["parse", *flags], text + ("" if cut else "<｜end▁of▁sentence｜>"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = json.loads(proc.stdout.decode())
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in got["tool_calls"]]
+    return got["content"], got.get("reasoning_content"), calls, got["finish_reason"]
+
+
+def test_fastllm_dsml_cases_match_recipe():
+    """fastllm's 18 V4 cases: where its expectations differ from cedar (tests/text/parser_fixtures_test.cpp),
+    DeepSeek's own parser sides with cedar on every one."""
+    lines = (REPO / "tests" / "data" / "encoding" / "fastllm" / "deepseek_v4_dsml.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 18
+    for line in lines:
+        case = json.loads(line)
+        raw = case["raw_output"]
+        ref = recipe_parse([raw], False, [], False)
+        got = cedar_parse(raw, "--dialect", "v4")
+        assert got[0] == ref[0] and got[2] == ref[2] and got[3] == ref[3], (case["id"], got, ref)
+
+
+JSON_PIECES = ["```json\n", "```\n", "\n```", "{", "[", "}", "]", '"k": 1', " ", "text", "中文", "STOP", "</think>", "\n", ",", "`"]
+
+
+def test_json_output_mode_matches_recipe():
+    """JSON output mode (response_format json_object): cedar = the recipe given the whole text at once (the
+    recipe writes one space per chunk of surrounding text, so only a one-piece feed is chunking-free)."""
+    rng = random.Random(99)
+    for _ in range(300):
+        text = "".join(rng.choice(JSON_PIECES) for _ in range(rng.randint(0, 12)))
+        if rng.random() < 0.2:
+            text += "\n\n" + rand_block(rng, True)
+        text += "x"  # no partial marker at the very end (the recipe would flush it as a second space)
+        stop = ["STOP"] if rng.random() < 0.5 else []
+        ref = recipe_parse([text], False, stop, False, json_output=True)
+        got = cedar_parse(text, "--json-output", *(["--stop", "STOP"] if stop else []))
+        ctx = json.dumps({"text": text, "stop": stop}, ensure_ascii=False)
+        assert got[0] == ref[0], ctx
+        assert got[2] == ref[2], ctx
+        assert got[3] == ref[3], ctx

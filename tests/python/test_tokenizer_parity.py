@@ -115,6 +115,21 @@ def test_decode_matches_hf_on_random_ids(tokenizer_path, hf_full):
         assert res["text"] == exp, f"ids {s}: cedar {res['text']!r} vs HF {exp!r}"
 
 
+def test_decode_skip_special_tokens_matches_hf(tokenizer_path, hf_full):
+    """decode(skip_special_tokens=True) = HF's: added tokens flagged `special` vanish (BOS/EOS/pad, placeholders,
+    grounding tokens); the think/DSML/role markers are not `special` in DeepSeek's file and stay."""
+    rng = random.Random(12)
+    added = sorted(hf_full.get_added_tokens_decoder())
+    byte_tokens = list(range(100, 400))
+    seqs = [[rng.choice(added if rng.random() < 0.4 else byte_tokens) for _ in range(rng.randint(0, 12))] for _ in range(2000)]
+    seqs.append([0, 128803, 128804, 128821, 128822, 128825, 1, 2])
+    expected = [hf_full.decode(s, skip_special_tokens=True) for s in seqs]
+    got = run_cedar(tokenizer_path, seqs, "--skip-special-tokens")
+    for s, exp, res in zip(seqs, expected, got):
+        assert res["text"] == exp, f"ids {s}: cedar {res['text']!r} vs HF {exp!r}"
+    assert got[-1]["text"] == "<｜User｜><｜Assistant｜><think></think>｜DSML｜"
+
+
 def test_every_code_point_pretokenizes_like_hf(tokenizer_path, hf_full):
     """Each scalar value between NULs: the pieces reveal the class cedar's table gives it (letter/mark,
     punctuation/symbol, number, whitespace, CJK or other) — compared with HF's Oniguruma on all 1,112,064."""

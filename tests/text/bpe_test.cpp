@@ -171,7 +171,7 @@ TEST(TokenizerLoad, AddedTokensSplitLeftmostLongestRawBeforeNormalized) {
       {{"id", 97}, {"content", "a"}, {"special", true}, {"normalized", false}},  // already in the vocab
   });
   const Tokenizer t = load(j);
-  EncodeOptions on;
+  TokenizeOptions on;
   on.allow_added_tokens = true;
   // Expected ids: HF tokenizers 0.23.2 on the same JSON.
   EXPECT_EQ(*t.encode("<a>b<a>", on), (std::vector<TokenId>{257, 256}));  // longest at the leftmost start

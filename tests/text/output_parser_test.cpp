@@ -69,6 +69,40 @@ TEST(StreamParser, ToolCallsInEverySplit) {
   expect_split_invariant(kToolOutput, opt);
 }
 
+// A client must never see a fragment of `</｜DSML｜ parameter>` (or any markup) as argument text: partial
+// markers are held back while streaming, and a cut inside one (token limit) drops it instead of flushing.
+TEST(StreamParser, ArgumentDeltasNeverCarryMarkupFragments) {
+  ParserOptions opt;
+  opt.start = ParseStart::kReasoning;
+  auto check = [](const std::vector<ParseEvent>& ev, const std::string& where) {
+    for (const auto& e : ev) {
+      if (e.kind != ParseEvent::Kind::kToolCallArguments) continue;
+      // The values hold no '<' and no U+FF5C, so any such byte is markup (U+FF5C starts EF BD).
+      EXPECT_EQ(e.text.find('<'), std::string::npos) << where << ": " << e.text;
+      EXPECT_EQ(e.text.find("\xEF\xBD"), std::string::npos) << where << ": " << e.text;
+    }
+  };
+  for (size_t i = 0; i <= kToolOutput.size(); ++i) {
+    StreamParser p(opt);
+    std::vector<ParseEvent> ev;
+    ASSERT_TRUE(p.feed(kToolOutput.substr(0, i), ev).ok());
+    check(ev, "prefix " + std::to_string(i));
+    ASSERT_TRUE(p.feed(kToolOutput.substr(i), ev).ok());
+    check(ev, "split " + std::to_string(i));
+    // Cut here by the token limit instead.
+    StreamParser cut(opt);
+    std::vector<ParseEvent> cev;
+    ASSERT_TRUE(cut.feed(kToolOutput.substr(0, i), cev).ok());
+    ASSERT_TRUE(cut.finish(StopCause::kLength, cev).ok());
+    check(cev, "cut " + std::to_string(i));
+    for (const auto& c : cut.result().tool_calls) EXPECT_EQ(c.arguments.find('<'), std::string::npos) << i;
+  }
+  std::vector<ParseEvent> ev;
+  StreamParser bytes(opt);
+  for (char c : kToolOutput) ASSERT_TRUE(bytes.feed(std::string(1, c), ev).ok());
+  check(ev, "bytes");
+}
+
 TEST(StreamParser, V4SpellingAndBlockInsideReasoning) {
   ParserOptions opt;
   opt.start = ParseStart::kReasoning;

@@ -78,7 +78,7 @@ TEST(DeepSeekTokenizer, AddedTokensWhenAllowed) {
       {"<｜begin▁of▁sentence｜>", 0}, {"<｜end▁of▁sentence｜>", 1}, {"<｜▁pad▁｜>", 2}, {"<｜User｜>", 128803},
       {"<｜Assistant｜>", 128804}, {"<think>", 128821}, {"</think>", 128822}, {"｜DSML｜", 128825},
       {"<｜latest_reminder｜>", 128828}};
-  EncodeOptions on;
+  TokenizeOptions on;
   on.allow_added_tokens = true;
   for (const auto& [s, id] : control) {
     EXPECT_EQ(tok->token_to_id(s), id) << s;
@@ -143,6 +143,34 @@ TEST(DeepSeekTokenizer, StreamDecoderNeverSplitsCharacters) {
   EXPECT_EQ(dec.pending_bytes(), 3u);
   EXPECT_EQ(dec.finish(), "\xEF\xBF\xBD");         // an unfinished character flushes as U+FFFD (HF decode)
   EXPECT_FALSE(dec.push(-1).ok());
+}
+
+}  // namespace
+}  // namespace cedar::text
+
+namespace cedar::text {
+namespace {
+
+// decode(skip_special_tokens) as HF: added tokens flagged `special` contribute nothing (a UTF-8 character
+// split around one still joins); the think/DSML markers are not `special` in DeepSeek's file and stay.
+TEST(DeepSeekTokenizer, SkipSpecialTokensDropsOnlyTheSpecialFlag) {
+  REQUIRE_TOKENIZER();
+  const Ids ids = {0, 7063, 1, 68139, 53153, 234, 128821, 2, 128825, 128822, 129279};
+  Ids kept;
+  for (TokenId id : ids) if (!tok->is_special(id)) kept.push_back(id);
+  EXPECT_EQ(kept, (Ids{7063, 68139, 53153, 234, 128821, 128825, 128822}));
+  const DecodeOptions skip{.skip_special_tokens = true};
+  auto all = tok->decode(ids), skipped = tok->decode(ids, skip), filtered = tok->decode(kept);
+  ASSERT_TRUE(all.ok() && skipped.ok() && filtered.ok());
+  EXPECT_EQ(*skipped, *filtered);
+  EXPECT_NE(skipped->find("<think>｜DSML｜</think>"), std::string::npos);
+  EXPECT_EQ(skipped->find("sentence"), std::string::npos);
+  EXPECT_NE(all->find("<｜begin▁of▁sentence｜>"), std::string::npos);  // default keeps everything
+  StreamDecoder stream(*tok, skip);
+  std::string out;
+  for (TokenId id : ids) ASSERT_TRUE(stream.push(id, out).ok());
+  out += stream.finish();
+  EXPECT_EQ(out, *skipped);
 }
 
 }  // namespace
