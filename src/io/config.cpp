@@ -123,6 +123,20 @@ void read_rope_scaling(JsonFields& f, const Spelling& k, ModelConfig& c) {
   yarn.read_int({"original_max_position_embeddings"}, &r.original_max_position_embeddings, kRequired, 1, kMaxCount);
 }
 
+// DSpark drafter keys, shared by V4.1 and V4-Flash-0731; the target layers are required when the
+// config declares draft blocks (V4.1).
+void read_dspark_fields(JsonFields& f, const Spelling& k, ModelConfig& c, Need targets_need) {
+  f.read_int_list(k("dspark_target_layer_ids", "dspark_target_layer_ids"), &c.dspark_target_layer_ids, targets_need,
+                  0, 4095);
+  f.read_int(k("dspark_block_size", "dspark_block_size"), &c.dspark_block_size, kOptional, 1, 4096);
+  f.read_int(k("dspark_noise_token_id", "dspark_noise_token_id"), &c.dspark_noise_token_id, kOptional, 0, kMaxCount);
+  f.read_int(k("dspark_markov_rank", "dspark_markov_rank"), &c.dspark_markov_rank, kOptional, 1, kMaxDim);
+  f.read_int(k("dspark_n_routed_experts", "dspark_n_routed_experts"), &c.dspark_n_routed_experts, kOptional, 1,
+             1 << 20);
+  f.read_int(k("dspark_num_experts_per_tok", "dspark_n_activated_experts"), &c.dspark_num_experts_per_tok,
+             kOptional, 1, 1 << 20);
+}
+
 void read_v41_fields(JsonFields& f, const Spelling& k, ModelConfig& c) {
   f.read_int_list(k("compress_ratios", "compress_ratios"), &c.compress_ratios, kRequired, 0, 1 << 20);
   f.read_int_list(k("kv_source_layer_ids", "kv_source_layers"), &c.kv_source_layer_ids, kRequired, 0, 4095);
@@ -149,16 +163,7 @@ void read_v41_fields(JsonFields& f, const Spelling& k, ModelConfig& c) {
   f.read_int(k("engram_compressed_vocab_size", "engram_compressed_vocab_size"), &c.engram_compressed_vocab_size,
              kOptional, 1, kMaxCount);
 
-  const Need dspark_need = c.num_nextn_predict_layers > 0 ? kRequired : kOptional;
-  f.read_int_list(k("dspark_target_layer_ids", "dspark_target_layer_ids"), &c.dspark_target_layer_ids, dspark_need,
-                  0, 4095);
-  f.read_int(k("dspark_block_size", "dspark_block_size"), &c.dspark_block_size, kOptional, 1, 4096);
-  f.read_int(k("dspark_noise_token_id", "dspark_noise_token_id"), &c.dspark_noise_token_id, kOptional, 0, kMaxCount);
-  f.read_int(k("dspark_markov_rank", "dspark_markov_rank"), &c.dspark_markov_rank, kOptional, 1, kMaxDim);
-  f.read_int(k("dspark_n_routed_experts", "dspark_n_routed_experts"), &c.dspark_n_routed_experts, kOptional, 1,
-             1 << 20);
-  f.read_int(k("dspark_num_experts_per_tok", "dspark_n_activated_experts"), &c.dspark_num_experts_per_tok,
-             kOptional, 1, 1 << 20);
+  read_dspark_fields(f, k, c, c.num_nextn_predict_layers > 0 ? kRequired : kOptional);
 }
 
 // V4 layer schedule: legacy per-layer `compress_ratios` (the released config), or newer transformers'
@@ -215,15 +220,7 @@ void read_v4_fields(JsonFields& f, const Spelling& k, ModelConfig& c) {
   }
   // V4-Flash-0731 ships a DSpark drafter described by the same keys as V4.1 (experts default to the
   // backbone's).
-  f.read_int_list(k("dspark_target_layer_ids", "dspark_target_layer_ids"), &c.dspark_target_layer_ids, kOptional,
-                  0, 4095);
-  f.read_int(k("dspark_block_size", "dspark_block_size"), &c.dspark_block_size, kOptional, 1, 4096);
-  f.read_int(k("dspark_noise_token_id", "dspark_noise_token_id"), &c.dspark_noise_token_id, kOptional, 0, kMaxCount);
-  f.read_int(k("dspark_markov_rank", "dspark_markov_rank"), &c.dspark_markov_rank, kOptional, 1, kMaxDim);
-  f.read_int(k("dspark_n_routed_experts", "dspark_n_routed_experts"), &c.dspark_n_routed_experts, kOptional, 1,
-             1 << 20);
-  f.read_int(k("dspark_num_experts_per_tok", "dspark_n_activated_experts"), &c.dspark_num_experts_per_tok,
-             kOptional, 1, 1 << 20);
+  read_dspark_fields(f, k, c, kOptional);
 }
 
 // HF quantization_config (V4.1: inside it `expert_dtype`; V4: `fmt` inside, `expert_dtype` top level).

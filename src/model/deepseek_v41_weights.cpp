@@ -39,23 +39,6 @@ void add_engram(WeightListBuilder& b, int64_t rows) {
   b.bf16("engram.k_weight", {c.hc_mult, d}, Component::Engram);
 }
 
-// DSpark stage extras (§2.2 drafter table): stage 0 folds the target hidden states in; the last stage
-// holds the Markov and confidence heads. No embed/head/hc_head of its own.
-void add_dspark_extras(WeightListBuilder& b, const DraftBlockRole& d) {
-  const ModelConfig& c = b.config();
-  const int64_t dim = c.hidden_size, rank = c.dspark_markov_rank;
-  if (d.is_first) {
-    b.linear("main_proj", dim, dim * static_cast<int64_t>(c.dspark_target_layer_ids.size()), Component::Draft);
-    b.bf16("main_norm.weight", {dim}, Component::Draft);
-  }
-  if (d.is_last) {
-    b.bf16("norm.weight", {dim}, Component::Draft);
-    b.bf16("markov_head.embed.weight", {c.vocab_size, rank}, Component::Draft);
-    b.bf16("markov_head.head.weight", {c.vocab_size, rank}, Component::Draft);
-    b.bf16("confidence_head.proj.weight", {1, dim + rank}, Component::Draft);
-  }
-}
-
 }  // namespace
 
 void add_deepseek_v41_weights(const LayerPlan& plan, WeightListBuilder& b) {
@@ -83,7 +66,7 @@ void add_deepseek_v41_weights(const LayerPlan& plan, WeightListBuilder& b) {
   for (const DraftBlockRole& draft : plan.drafts) {
     b.set_scope("mtp." + std::to_string(draft.index) + ".", -1, draft.index);
     add_block_core(b, c.draft_n_routed_experts(), router);
-    add_dspark_extras(b, draft);
+    add_dspark_stage_extras(b, draft);
   }
 }
 

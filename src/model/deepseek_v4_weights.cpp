@@ -44,19 +44,8 @@ void add_nextn_extras(WeightListBuilder& b) {
 
 // V4-Flash-0731 DSpark stage: as in V4.1, plus a learned hc_head on the last stage.
 void add_dspark_extras(WeightListBuilder& b, const DraftBlockRole& draft) {
-  const ModelConfig& c = b.config();
-  const int64_t d = c.hidden_size, rank = c.dspark_markov_rank;
-  if (draft.is_first) {
-    b.linear("main_proj", d, d * static_cast<int64_t>(c.dspark_target_layer_ids.size()), Component::Draft);
-    b.bf16("main_norm.weight", {d}, Component::Draft);
-  }
-  if (draft.is_last) {
-    b.bf16("norm.weight", {d}, Component::Draft);
-    b.bf16("markov_head.embed.weight", {c.vocab_size, rank}, Component::Draft);
-    b.bf16("markov_head.head.weight", {c.vocab_size, rank}, Component::Draft);
-    b.bf16("confidence_head.proj.weight", {1, d + rank}, Component::Draft);
-    add_hc_head(b, Component::Draft);
-  }
+  add_dspark_stage_extras(b, draft);
+  if (draft.is_last) add_hc_head(b, Component::Draft);
 }
 
 }  // namespace

@@ -52,6 +52,9 @@ void add_block_core(WeightListBuilder& b, int64_t n_experts, RouterKind router);
 
 // Global or draft-head mHC collapse (`hc_head_fn` [hc, hc·d], `hc_head_base` [hc], `hc_head_scale` [1]).
 void add_hc_head(WeightListBuilder& b, Component comp);
+// DSpark stage extras (§2.2 drafter table): stage 0 folds the target hidden states in (main_proj,
+// main_norm); the last stage holds the final norm and the Markov and confidence heads.
+void add_dspark_stage_extras(WeightListBuilder& b, const DraftBlockRole& d);
 
 // Per-architecture tables (deepseek_v41_weights.cpp / deepseek_v4_weights.cpp).
 void add_deepseek_v41_weights(const LayerPlan& plan, WeightListBuilder& b);

@@ -202,4 +202,19 @@ VisionEstimate estimate_vision(const ModelConfig& c) {
   return e;
 }
 
+void add_dspark_stage_extras(WeightListBuilder& b, const DraftBlockRole& d) {
+  const ModelConfig& c = b.config();
+  const int64_t dim = c.hidden_size, rank = c.dspark_markov_rank;
+  if (d.is_first) {
+    b.linear("main_proj", dim, dim * static_cast<int64_t>(c.dspark_target_layer_ids.size()), Component::Draft);
+    b.bf16("main_norm.weight", {dim}, Component::Draft);
+  }
+  if (d.is_last) {
+    b.bf16("norm.weight", {dim}, Component::Draft);
+    b.bf16("markov_head.embed.weight", {c.vocab_size, rank}, Component::Draft);
+    b.bf16("markov_head.head.weight", {c.vocab_size, rank}, Component::Draft);
+    b.bf16("confidence_head.proj.weight", {1, dim + rank}, Component::Draft);
+  }
+}
+
 }  // namespace cedar
