@@ -9,7 +9,7 @@ if [ "${CEDAR_SKIP_APT:-0}" != "1" ] && command -v apt-get >/dev/null; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     cmake g++ make ninja-build pkg-config nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
-    clang libclang-rt-14-dev python3 python3-venv \
+    clang libclang-rt-14-dev python3 python3-venv ccache \
     libicu-dev >/dev/null
 fi
 
