@@ -165,14 +165,14 @@ TEST_F(EngineModelTest, PreemptedRequestsRecomputeToTheSameTokens) {
   for (ForwardMode mode : {ForwardMode::Exact, ForwardMode::Ced}) {
     EngineOptions eo;
     eo.mode = mode;
-    const std::vector<GenerationRequest> reqs = {{prompt(14, 11), greedy(6), nullptr},
-                                                 {prompt(12, 12), greedy(6), nullptr},
-                                                 {prompt(16, 13), greedy(6), nullptr}};
+    const std::vector<GenerationRequest> reqs = {{prompt(12, 11), greedy(4), nullptr},
+                                                 {prompt(10, 12), greedy(4), nullptr},
+                                                 {prompt(13, 13), greedy(4), nullptr}};
     std::vector<std::vector<int64_t>> solo;
     for (const auto& r : reqs) solo.push_back(generate({r}, eo)[0].tokens);
     DeepseekRunner runner(*model_, nullptr);
-    // Room for two sequences of ~22 tokens, not three: the newest is preempted and recomputed.
-    const int64_t capacity = 2 * runner.cache_footprint().bytes_for(22) + runner.cache_footprint().bytes_for(4);
+    // Room for two sequences of ~16 tokens, not three: the newest is preempted and recomputed.
+    const int64_t capacity = 2 * runner.cache_footprint().bytes_for(16) + runner.cache_footprint().bytes_for(4);
     eo.step_token_budget = 8;
     const auto together = generate(reqs, eo, capacity);
     EXPECT_GT(last_preemptions_, 0) << "capacity did not force a preemption";
