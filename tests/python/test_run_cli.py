@@ -113,3 +113,21 @@ def test_chat_thinking_shows_reasoning_apart():
     out = proc.stdout
     assert out.startswith("[reasoning] "), out
     assert out.rstrip().endswith("[finish] length"), out
+
+
+def test_bench_json_has_every_point(tmp_path):
+    out = tmp_path / "bench.json"
+    cedar("bench", "--threads", "1", "--concurrency", "1,2", "--prompt-len", "6", "--output-len", "2,3",
+          "--ced-lens", "8,24", "--repeats", "1", "--json", str(out))
+    data = json.loads(out.read_text())
+    points = {(p["concurrency"], p["output_len"]): p for p in data["load"]}
+    assert sorted(points) == [(1, 2), (1, 3), (2, 2), (2, 3)]
+    for (c, _), p in points.items():
+        assert p["requests"] == 2 * c and p["prompt_len"] == 6
+        assert p["ttft_mean_s"] > 0 and p["tpot_mean_s"] > 0 and p["output_tokens_per_s"] > 0
+        assert p["ttft_p50_s"] <= p["ttft_p90_s"] + 1e-12
+    assert [p["prompt_len"] for p in data["prefill"]["points"]] == [8, 24]
+    for p in data["prefill"]["points"]:
+        assert p["exact_cpu_s"] > 0 and p["ced_cpu_s"] > 0
+        assert abs(p["exact_over_ced"] - p["exact_cpu_s"] / p["ced_cpu_s"]) < 1e-9
+    assert data["prefill"]["ced_tail"] == data["sliding_window"]
