@@ -6,10 +6,12 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -287,6 +289,58 @@ TEST(EngineTest, StopStringsAndStopIdsCutTheDetokenizedText) {
     std::vector<text::TokenId> head(ids.begin(), ids.begin() + static_cast<long>(first));
     EXPECT_EQ(r.text, *tok->decode(head));
   }
+}
+
+TEST(ByteCacheBudgetTest, ReservationsGrowRefuseAndRelease) {
+  const CacheFootprint f{2.5, 100};
+  EXPECT_EQ(f.bytes_for(3), 108);  // ceil(7.5) + 100
+  ByteCacheBudget b(f, 300);
+  EXPECT_TRUE(b.reserve(1, 10));   // 125
+  EXPECT_TRUE(b.reserve(1, 4));    // never shrinks
+  EXPECT_EQ(b.used_bytes(), 125);
+  EXPECT_FALSE(b.reserve(2, 72));  // 280 more: refused, nothing changes
+  EXPECT_EQ(b.used_bytes(), 125);
+  EXPECT_EQ(b.sequences(), 1);
+  EXPECT_TRUE(b.reserve(2, 30));   // 175: exactly the capacity
+  EXPECT_EQ(b.used_bytes(), 300);
+  EXPECT_FALSE(b.reserve(2, 31));
+  b.release(1);
+  b.release(1);  // releasing twice is harmless
+  EXPECT_EQ(b.used_bytes(), 175);
+  b.release(2);
+  EXPECT_EQ(b.used_bytes(), 0);
+  EXPECT_EQ(b.sequences(), 0);
+}
+
+TEST(EngineTest, SubmitAndCancelFromAnotherThreadWhileStepping) {
+  FakeModelRunner model;
+  ByteCacheBudget budget(model.cache_footprint(), 1 << 30);
+  EngineOptions eo;
+  eo.step_token_budget = 16;
+  Engine engine(model, budget, eo);
+  SamplingParams p;
+  p.temperature = 0;
+  p.ignore_eos = true;
+  p.max_tokens = 20;
+  std::atomic<bool> submitted_all{false};
+  std::thread client([&] {
+    for (int i = 0; i < 30; ++i) {
+      auto id = engine.submit({std::vector<int64_t>(static_cast<size_t>(1 + i % 7), 2 + i % 50), p, nullptr});
+      ASSERT_TRUE(id.ok());
+      if (i % 3 == 0) engine.cancel(*id);
+      std::this_thread::yield();
+    }
+    submitted_all = true;
+  });
+  size_t finished = 0;
+  while (!submitted_all || engine.has_work()) {
+    ASSERT_TRUE(engine.step().ok());
+    finished += engine.take_finished().size();
+  }
+  client.join();
+  EXPECT_EQ(finished, 30u);
+  EXPECT_EQ(budget.used_bytes(), 0);
+  EXPECT_EQ(model.live_sequences(), 0);
 }
 
 }  // namespace
