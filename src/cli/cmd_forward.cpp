@@ -239,6 +239,8 @@ int cmd_forward(const Args& raw_args) {
 
   auto path = model_path(a);
   if (!path.ok()) return fail(path.error().message);
+  std::error_code ec;
+  if (!std::filesystem::exists(*path, ec)) return fail(path->string() + ": no such model directory or file");
   const std::filesystem::path dir = std::filesystem::is_directory(*path) ? *path : path->parent_path();
   auto config = load_model_config(dir);
   if (!config.ok()) return fail(config.error().message);
