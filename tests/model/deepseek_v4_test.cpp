@@ -21,7 +21,6 @@
 #include "core/numeric.h"
 #include "model/attention_v4.h"
 #include "model/compressor.h"
-#include "model/deepseek_v41.h"
 #include "model/tiny_checkpoint.h"
 
 namespace cedar {
