@@ -21,6 +21,7 @@
 #include "core/numeric.h"
 #include "model/attention_v4.h"
 #include "model/compressor.h"
+#include "model/mhc.h"
 #include "model/tiny_checkpoint.h"
 
 namespace cedar {
@@ -290,6 +291,34 @@ TEST(V4QueryNorm, MatchesBf16Arithmetic) {
   const float r = round_to_bf16(1.0f / std::sqrt(round_to_bf16(ms + 1e-6f)));
   EXPECT_EQ(q[1], round_to_bf16(-2.0f * r));
   EXPECT_NEAR(q[3], 3.0f / std::sqrt(15.3125f / 4.0f), 1e-2);
+}
+
+// hc_head_collapse against a double-precision evaluation of the V4 reference's ParallelHead.hc_head.
+TEST(V4HcHead, MatchesTheDefinition) {
+  const int64_t hc = 4, d = 8;
+  std::vector<float> X(static_cast<size_t>(hc * d)), fn(static_cast<size_t>(hc * hc * d)), base(hc), scale = {0.7f};
+  for (size_t i = 0; i < X.size(); ++i) X[i] = round_to_bf16(std::cos(0.37f * static_cast<float>(i)) * (1.0f + (i / d)));
+  for (size_t i = 0; i < fn.size(); ++i) fn[i] = 0.05f * std::sin(1.3f * static_cast<float>(i));
+  for (int64_t k = 0; k < hc; ++k) base[k] = 0.25f * static_cast<float>(k) - 0.4f;
+  const HcParams p{hc, d, 20, 1e-6, 1e-6};
+  const HcHeadWeights w{fn, base, scale};
+  ASSERT_TRUE(check_hc_head_weights(w, p).ok());
+  std::vector<float> out(static_cast<size_t>(d));
+  hc_head_collapse(X, w, p, out);
+  double ss = 0;
+  for (float v : X) ss += static_cast<double>(v) * v;
+  const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(X.size()) + 1e-6);
+  for (int64_t c = 0; c < d; ++c) {
+    double y = 0;
+    for (int64_t k = 0; k < hc; ++k) {
+      double m = 0;
+      for (size_t i = 0; i < X.size(); ++i) m += static_cast<double>(fn[k * hc * d + i]) * X[i];
+      const double pre = 1.0 / (1.0 + std::exp(-(m * rstd * 0.7 + base[k]))) + 1e-6;
+      y += pre * X[k * d + c];
+    }
+    EXPECT_NEAR(out[c], y, 4e-3 * std::fabs(y) + 1e-6) << c;
+  }
+  EXPECT_FALSE(check_hc_head_weights({fn, base, {}}, p).ok());
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import struct
 import subprocess
 import types
 
@@ -56,13 +57,15 @@ except Exception as exc:  # pragma: no cover - exercised only where the parity e
     pytest.skip(f"torch/transformers unavailable ({exc!r}); install requirements-parity.txt", allow_module_level=True)
 
 
-# name, seed, bf16 weights, prompt length, config.json overrides that keep every tensor shape
+# name, seed, bf16 weights, prompt length, config.json overrides that keep every tensor shape, factor on the
+# compressors' learned position bias `ape` and the final `hc_head_fn` / `hc_head_base` (make-tiny draws them
+# ≈ N(0, 0.01²) / N(0, 0.02²): too small for a wrong use of them to show)
 CONFIGS = [
-    ("bf16-seed1", 1, True, 23, {}),
-    ("bf16-seed2-window16-top2", 2, True, 37, {"sliding_window": 16, "index_topk": 2}),
-    ("bf16-seed4-hca131", 4, True, 131, {}),
-    ("fp8-seed0", 0, False, 29, {}),
-    ("fp8-seed5-window5-top3", 5, False, 19, {"sliding_window": 5, "index_topk": 3}),
+    ("bf16-seed1", 1, True, 23, {}, 1.0),
+    ("bf16-seed2-window16-top2-scaled", 2, True, 37, {"sliding_window": 16, "index_topk": 2}, 100.0),
+    ("bf16-seed4-hca131-scaled", 4, True, 131, {}, 100.0),
+    ("fp8-seed0", 0, False, 29, {}, 1.0),
+    ("fp8-seed5-window5-top3-scaled", 5, False, 19, {"sliding_window": 5, "index_topk": 3}, 100.0),
 ]
 
 # Issue 3's thresholds (logits cosine >= 0.999, top-1 >= 99%) hold for the BF16-weight configs. The FP8 /
@@ -382,8 +385,25 @@ def work(tmp_path_factory):
     return tmp_path_factory.mktemp("v4_parity")
 
 
-@pytest.mark.parametrize("name,seed,bf16,length,overrides", CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_v4_forward_matches_hf(work, name, seed, bf16, length, overrides):
+def scale_ape(ckpt: pathlib.Path, factor: float):
+    """Multiplies every F32 `*.ape` tensor by `factor` and `hc_head_fn` / `hc_head_base` by factor / 2, in
+    place (same bytes, same header)."""
+    for shard in sorted(ckpt.glob("*.safetensors")):
+        data = bytearray(shard.read_bytes())
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        for name, h in header.items():
+            scale = factor if name.endswith(".ape") else factor / 2 if name in ("hc_head_fn", "hc_head_base") else None
+            if scale is not None:
+                assert h["dtype"] == "F32", name
+                begin, end = (8 + n + o for o in h["data_offsets"])
+                values = np.frombuffer(bytes(data[begin:end]), "<f4") * np.float32(scale)
+                data[begin:end] = values.astype("<f4").tobytes()
+        shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name,seed,bf16,length,overrides,ape_factor", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_v4_forward_matches_hf(work, name, seed, bf16, length, overrides, ape_factor):
     ckpt = work / name
     cmd = [cedar_binary(), "make-tiny", "--arch", "deepseek_v4", "--seed", str(seed), str(ckpt)]
     if bf16:
@@ -393,6 +413,8 @@ def test_v4_forward_matches_hf(work, name, seed, bf16, length, overrides):
     cfg = json.loads(cfg_path.read_text())
     cfg.update(overrides)
     cfg_path.write_text(json.dumps(cfg, indent=2))
+    if ape_factor != 1.0:
+        scale_ape(ckpt, ape_factor)
     assert cfg["num_hash_layers"] >= 1 and 4 in cfg["compress_ratios"]
 
     ids = prompt(length, seed)
