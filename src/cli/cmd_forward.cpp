@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "io/atomic_file.h"
 #include "io/npy.h"
+#include "model/deepseek_v4.h"
 #include "model/deepseek_v41.h"
 #include "model/default_model.h"
 
@@ -19,7 +20,7 @@ namespace {
 
 const CommandSpec kSpec{
     "forward",
-    "Run the DeepSeek-V4.1 CPU reference forward over token ids. MODEL is a checkpoint directory (default: the\n"
+    "Run the CPU reference forward (DeepSeek-V4.1 or V4, from config.json) over token ids. MODEL is a checkpoint directory (default: the\n"
     "embedded tiny model). Logits are written as float32 .npy [positions, vocab]; a JSON summary (positions,\n"
     "shape, mode) goes to stdout. See docs/forward.md.",
     {},
@@ -133,6 +134,68 @@ Result<std::filesystem::path> model_path(const ParsedArgs& a) {
   return ensure_default_model();
 }
 
+// Everything cmd_forward parsed, for the architecture-independent run below.
+struct ForwardRun {
+  const ParsedArgs& a;
+  const std::vector<int64_t>& ids;
+  ForwardMode mode;
+  int64_t chunk, tail;
+  std::string positions, boundary;
+  DumpCollector& dump;
+  const std::string& dump_dir;
+  ThreadPool& pool;
+  std::filesystem::path path;
+};
+
+template <typename Model>
+int run_forward(const Model& model, const ForwardRun& r) {
+  SequenceOptions so;
+  so.mode = r.mode;
+  so.prompt_length = static_cast<int64_t>(r.ids.size());
+  so.ced_tail = r.tail;
+  so.ced_boundary = r.boundary == "exact-source" ? CedBoundary::ExactSource : CedBoundary::GlobalKvOnly;
+  auto state = model.new_sequence(so);
+  if (!state.ok()) return fail(state.error().message);
+
+  ForwardOptions fo;
+  fo.pool = &r.pool;
+  if (!r.dump_dir.empty()) fo.sink = [&r](const TensorRecord& t) { r.dump(t); };
+  const int64_t n = static_cast<int64_t>(r.ids.size());
+  const int64_t step = r.chunk > 0 ? r.chunk : std::max<int64_t>(n, 1);
+  ForwardOutput all;
+  all.vocab = model.config().vocab_size;
+  for (int64_t p = 0; p < n; p += step) {
+    const int64_t len = std::min(step, n - p);
+    fo.logits = r.positions == "all" ? LogitRows::All : (p + len == n ? LogitRows::Last : LogitRows::None);
+    auto out = model.forward(std::span<const int64_t>(r.ids).subspan(static_cast<size_t>(p), static_cast<size_t>(len)),
+                               *state, fo);
+    if (!out.ok()) return fail(out.error().message);
+    all.positions.insert(all.positions.end(), out->positions.begin(), out->positions.end());
+    all.logits.insert(all.logits.end(), out->logits.begin(), out->logits.end());
+  }
+  if (!r.dump.error.empty()) return fail(r.dump.error);
+
+  const std::vector<int64_t> shape = {static_cast<int64_t>(all.positions.size()), all.vocab};
+  if (r.a.has("logits-out")) {
+    if (Status st = io::write_npy(r.a.get("logits-out"), all.logits, shape); !st.ok()) return fail(st.error().message);
+  }
+  if (!r.dump_dir.empty()) {
+    if (Status st = r.dump.write(r.dump_dir); !st.ok()) return fail(st.error().message);
+  }
+  nlohmann::json summary = {{"model", r.path.string()},
+                            {"mode", std::string(forward_mode_name(r.mode))},
+                            {"tokens", n},
+                            {"replay_start", state->replay_start()},
+                            {"positions", all.positions},
+                            {"shape", shape}};
+  if (!all.positions.empty()) {  // argmax of the last row, a quick sanity check for humans
+    const auto last = std::span<const float>(all.logits).last(static_cast<size_t>(all.vocab));
+    summary["last_argmax"] = std::max_element(last.begin(), last.end()) - last.begin();
+  }
+  std::printf("%s\n", summary.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_forward(const Args& raw_args) {
@@ -176,55 +239,22 @@ int cmd_forward(const Args& raw_args) {
 
   auto path = model_path(a);
   if (!path.ok()) return fail(path.error().message);
+  std::error_code ec;
+  if (!std::filesystem::exists(*path, ec)) return fail(path->string() + ": no such model directory or file");
+  const std::filesystem::path dir = std::filesystem::is_directory(*path) ? *path : path->parent_path();
+  auto config = load_model_config(dir);
+  if (!config.ok()) return fail(config.error().message);
   ThreadPool pool(static_cast<int>(*threads));
-  auto model = DeepseekV41Model::load(*path, LoadOptions{a.get("engram-map"), &pool});
+  const LoadOptions lo{a.get("engram-map"), &pool};
+  ForwardRun run{a, *ids, *mode, *chunk, *tail, positions, boundary, dump, dump_dir, pool, *path};
+  if (config->arch == Arch::DeepseekV4) {
+    auto model = DeepseekV4Model::load(*path, lo);
+    if (!model.ok()) return fail(model.error().message);
+    return run_forward(*model, run);
+  }
+  auto model = DeepseekV41Model::load(*path, lo);
   if (!model.ok()) return fail(model.error().message);
-
-  SequenceOptions so;
-  so.mode = *mode;
-  so.prompt_length = static_cast<int64_t>(ids->size());
-  so.ced_tail = *tail;
-  so.ced_boundary = boundary == "exact-source" ? CedBoundary::ExactSource : CedBoundary::GlobalKvOnly;
-  auto state = model->new_sequence(so);
-  if (!state.ok()) return fail(state.error().message);
-
-  ForwardOptions fo;
-  fo.pool = &pool;
-  if (!dump_dir.empty()) fo.sink = [&dump](const TensorRecord& r) { dump(r); };
-  const int64_t n = static_cast<int64_t>(ids->size());
-  const int64_t step = *chunk > 0 ? *chunk : std::max<int64_t>(n, 1);
-  ForwardOutput all;
-  all.vocab = model->config().vocab_size;
-  for (int64_t p = 0; p < n; p += step) {
-    const int64_t len = std::min(step, n - p);
-    fo.logits = positions == "all" ? LogitRows::All : (p + len == n ? LogitRows::Last : LogitRows::None);
-    auto out = model->forward(std::span<const int64_t>(*ids).subspan(static_cast<size_t>(p), static_cast<size_t>(len)),
-                              *state, fo);
-    if (!out.ok()) return fail(out.error().message);
-    all.positions.insert(all.positions.end(), out->positions.begin(), out->positions.end());
-    all.logits.insert(all.logits.end(), out->logits.begin(), out->logits.end());
-  }
-  if (!dump.error.empty()) return fail(dump.error);
-
-  const std::vector<int64_t> shape = {static_cast<int64_t>(all.positions.size()), all.vocab};
-  if (a.has("logits-out")) {
-    if (Status st = io::write_npy(a.get("logits-out"), all.logits, shape); !st.ok()) return fail(st.error().message);
-  }
-  if (!dump_dir.empty()) {
-    if (Status st = dump.write(dump_dir); !st.ok()) return fail(st.error().message);
-  }
-  nlohmann::json summary = {{"model", path->string()},
-                            {"mode", std::string(forward_mode_name(*mode))},
-                            {"tokens", n},
-                            {"replay_start", state->replay_start()},
-                            {"positions", all.positions},
-                            {"shape", shape}};
-  if (!all.positions.empty()) {  // argmax of the last row, a quick sanity check for humans
-    const auto last = std::span<const float>(all.logits).last(static_cast<size_t>(all.vocab));
-    summary["last_argmax"] = std::max_element(last.begin(), last.end()) - last.begin();
-  }
-  std::printf("%s\n", summary.dump().c_str());
-  return 0;
+  return run_forward(*model, run);
 }
 
 }  // namespace cedar::cli

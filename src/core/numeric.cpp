@@ -243,6 +243,16 @@ Status qdq_fp8_block32_ue8m0(std::span<float> x, std::span<uint8_t> codes, std::
   return qdq<Fp8Block32Ue8m0>(x, codes, scales);
 }
 
+void qdq_fp8_ue8m0(std::span<float> x, size_t block) {
+  for (size_t b0 = 0; b0 < x.size(); b0 += block) {
+    const std::span<float> blk = x.subspan(b0, std::min(block, x.size() - b0));
+    float amax = 0.0f;
+    for (float v : blk) amax = std::max(amax, std::fabs(v));
+    const float s = Fp8Block32Ue8m0::scale_value(Fp8Block32Ue8m0::scale_byte(amax));
+    for (float& v : blk) v = Fp8Block32Ue8m0::decode(Fp8Block32Ue8m0::encode(v / s)) * s;
+  }
+}
+
 Status qdq_fp4_block16_e4m3(std::span<float> x, std::span<uint8_t> codes, std::span<uint8_t> scales) {
   return qdq<Fp4Block16E4m3>(x, codes, scales);
 }

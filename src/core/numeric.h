@@ -77,6 +77,11 @@ void e2m1_set(std::span<uint8_t> packed, size_t i, uint8_t code);
 // codes: one e4m3 byte per value; scales: one ue8m0 byte per block.
 Status qdq_fp8_block32_ue8m0(std::span<float> x, std::span<uint8_t> codes = {}, std::span<uint8_t> scales = {});
 
+// V4 main KV (SWA and compressed, nope channels only): the FP8 recipe above with blocks of `block`
+// values (V4: 64); a shorter tail forms its own block (tiny models only: the reference requires
+// x.size() % block == 0). No codes/scales output. block must be > 0.
+void qdq_fp8_ue8m0(std::span<float> x, size_t block);
+
 // Compressed (global) KV: blocks of 16, amax clamped at 6*2^-9, E4M3 scale s = e4m3(amax / 6),
 // q = e2m1(clamp(x/s, ±6)). codes: packed e2m1 (x.size()/2 bytes); scales: one e4m3 byte per block.
 Status qdq_fp4_block16_e4m3(std::span<float> x, std::span<uint8_t> codes = {}, std::span<uint8_t> scales = {});

@@ -82,10 +82,12 @@ Status window_kv(std::span<const float> x, int64_t n, int64_t pos0, const Attent
   return Status::Ok();
 }
 
+}  // namespace
+
 // out = wo_b · concat_g(wo_a[g] · o_g): block-diagonal BF16 projection per group of heads (bf16
 // output, no activation quantization), then the FP8 GEMM.
-Status output_projection(std::span<const float> o, int64_t n, const AttentionWeights& w, const AttentionParams& p,
-                         std::span<float> out, ThreadPool* pool) {
+Status attention_output_projection(std::span<const float> o, int64_t n, const AttentionWeights& w,
+                                   const AttentionParams& p, std::span<float> out, ThreadPool* pool) {
   const int64_t in_g = p.n_heads * p.head_dim / p.o_groups;
   const int64_t elem = w.wo_a.format == WeightFormat::BF16 ? 2 : 4;
   std::vector<float> og(static_cast<size_t>(n * in_g)), ug(static_cast<size_t>(n * p.o_lora));
@@ -100,10 +102,8 @@ Status output_projection(std::span<const float> o, int64_t n, const AttentionWei
     for (int64_t t = 0; t < n; ++t)
       std::copy_n(ug.begin() + t * p.o_lora, p.o_lora, u.begin() + (t * p.o_groups + g) * p.o_lora);
   }
-  return cpu::linear(w.wo_b, u, n, out, {}, pool);
+  return cpu::linear(w.wo_b, u, n, out, {.act_block = p.act_block}, pool);
 }
-
-}  // namespace
 
 Status attention_forward(const AttentionCall& call, std::span<const float> x, const AttentionWeights& w,
                          const AttentionParams& p, AttentionState& st, AttentionScratch& scratch,
@@ -264,7 +264,7 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
         std::span<const float>(ring_raw).subspan(static_cast<size_t>((t - first_kept) * p.head_dim),
                                                  static_cast<size_t>(p.head_dim)),
         KvRecipe::Fp8Block32Ue8m0)));
-  return ctx(output_projection(o, n, w, p, out, pool));
+  return ctx(attention_output_projection(o, n, w, p, out, pool));
 }
 
 }  // namespace cedar

@@ -47,6 +47,12 @@ struct AttentionWeights {
   // Indexer (owns_indexer): indexer.wq_b [index_heads·index_head_dim, q_lora] FP8,
   // indexer.weights_proj [index_heads, dim] BF16.
   cpu::LinearWeight wq_b_i, weights_proj;
+  // V4 only (attention_v4.h): the learned position bias of the compressor, compressor.ape
+  // [ratio, coff·head_dim] f32 (wkv_c / wgate_c are then [coff·head_dim, dim]); the CSA indexer's own
+  // compressor, indexer.compressor.{wkv, wgate} [coff·index_head_dim, dim] BF16, .ape, .norm.
+  std::span<const float> ape_c;
+  cpu::LinearWeight wkv_ic, wgate_ic;
+  std::span<const float> ape_ic, norm_ic;
 };
 
 // What a call computes.
@@ -77,6 +83,11 @@ struct AttentionCall {
 // x: [n, dim] normed collapsed input (bf16 values); out: [n, dim] bf16 attention output (after wo_b);
 // out may be empty for GlobalKvOnly. Errors name the layer and what is inconsistent (shapes, chunk
 // not contiguous with the state, SWA keys missing from the ring, a source that did not run).
+// out = wo_b · concat_g(wo_a[g] · o_g) for o [n, n_heads·head_dim]: the grouped BF16 projection (bf16
+// output, no activation quantization), then the FP8 GEMM (shared by V4.1 and V4).
+Status attention_output_projection(std::span<const float> o, int64_t n, const AttentionWeights& w,
+                                   const AttentionParams& p, std::span<float> out, ThreadPool* pool);
+
 Status attention_forward(const AttentionCall& call, std::span<const float> x, const AttentionWeights& w,
                          const AttentionParams& p, AttentionState& st, AttentionScratch& scratch,
                          std::span<float> out, ThreadPool* pool);

@@ -65,6 +65,7 @@ Result<AttentionParams> attention_params_from_config(const ModelConfig& c) {
   p.candidate_block_size = c.candidate_block_size;
   p.candidate_topk_blocks = c.candidate_source_layer_id >= 0 ? c.candidate_topk_blocks : 0;
   p.eps = c.rms_norm_eps;
+  p.act_block = c.quant.quantized() ? c.quant.weight_block_cols : 32;
   p.main_rope = cpu::RopeTable(cpu::RopeConfig{.rope_dim = c.qk_rope_head_dim, .base = c.rope_theta});
   cpu::RopeConfig compress{.rope_dim = c.qk_rope_head_dim, .base = c.compress_rope_theta};
   if (c.rope_scaling.enabled()) {

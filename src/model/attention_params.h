@@ -36,6 +36,7 @@ struct AttentionParams {
   int64_t candidate_block_size = 0;   // compressed positions per candidate block
   int64_t candidate_topk_blocks = 0;  // blocks kept per query by the candidate source
   double eps = 1e-6;                  // rms_norm_eps (every attention RMSNorm)
+  int64_t act_block = 32;             // FP8 activation block of FP8 GEMMs (V4.1 32; V4 128)
 
   cpu::RopeTable main_rope{cpu::RopeConfig{}};      // ratio-0 layers: rope_theta, no YaRN
   cpu::RopeTable compress_rope{cpu::RopeConfig{}};  // ratio>0 layers: compress_rope_theta + YaRN

@@ -112,6 +112,16 @@ Status write_quantized(SwaRing& ring, int64_t pos, std::span<const float> raw, K
 // Whether a container of format `f` can take values of `recipe` through the functions above.
 bool accepts_recipe(const KvRecordFormat& f, KvRecipe recipe);
 
+// State of one V4 compressor (../shared/spec/architecture.md §5; official V4 `Compressor`) between
+// chunks: the fp32 projections of the tokens of the open window (gate already biased by `ape`), and,
+// for overlapping CSA windows, the first half (Ca) of the last complete window, which the next
+// window's entry pools together with its own second half (Cb).
+struct V4PoolState {
+  std::vector<float> pending_kv, pending_gate;  // [pending, coff·width]
+  int64_t pending = 0;
+  std::vector<float> prev_kv, prev_gate;        // [ratio, width]; empty before the first window
+};
+
 // Global caches of one KV source layer (Full mode), read by every layer of its group.
 struct KvSourceState {
   int64_t layer = -1;
@@ -122,9 +132,12 @@ struct KvSourceState {
   // (positions kv.size()·ratio + [0, pending)), [pending, head_dim] each.
   std::vector<float> pending_kv, pending_gate;
   int64_t pending = 0;
+  // V4 layers: the main compressor's and the CSA indexer compressor's state (index_k holds the
+  // indexer compressor's entries).
+  V4PoolState v4_kv, v4_index;
 
   // Positions the compressor has consumed so far; the next chunk must start here.
-  int64_t consumed() const { return kv.size() * ratio + pending; }
+  int64_t consumed() const { return kv.size() * ratio + pending + v4_kv.pending; }
 };
 
 struct AttentionState {

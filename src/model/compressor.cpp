@@ -131,4 +131,101 @@ Status append_cache_entries(const CompressedGroups& groups, const CacheWritePara
   return Status::Ok();
 }
 
+Status compress_chunk_v4(const V4CompressorWeights& w, const V4CompressorShape& s, double eps,
+                         std::span<const float> x, int64_t n, int64_t first_group, V4PoolState& st,
+                         CompressedGroups& out, ThreadPool* pool) {
+  const int64_t r = s.ratio, hd = s.width;
+  const bool overlap = r == 4;
+  const int64_t coff = overlap ? 2 : 1, wide = coff * hd;
+  const std::string where = "layer " + str(s.layer) + " " + s.name;
+  out.first_group = first_group;
+  out.count = 0;
+  out.latent.clear();
+  if (n <= 0) return Status::Ok();
+  if (r < 1 || hd <= 0) return make_error(where + ": ratio " + str(r) + ", width " + str(hd));
+  const int64_t dim = static_cast<int64_t>(x.size()) / n;
+  for (auto [lw, nm] : {std::pair{w.wkv, ".wkv"}, std::pair{w.wgate, ".wgate"}}) {
+    if (lw == nullptr || lw->data == nullptr) return make_error(where + nm + " is missing");
+    if (lw->out != wide || lw->in != dim)
+      return make_error(where + nm + " is [" + str(lw->out) + ", " + str(lw->in) + "], expected [" + str(wide) + ", " +
+                        str(dim) + "]");
+  }
+  if (static_cast<int64_t>(w.ape.size()) != r * wide)
+    return make_error(where + ".ape has " + str(static_cast<int64_t>(w.ape.size())) + " values, expected " + str(r) +
+                      "×" + str(wide));
+  if (static_cast<int64_t>(w.norm.size()) != hd)
+    return make_error(where + ".norm has " + str(static_cast<int64_t>(w.norm.size())) + " values, expected " + str(hd));
+
+  std::vector<float> kv(static_cast<size_t>(n * wide)), gate(kv.size());
+  CEDAR_RETURN_IF_ERROR(cpu::linear(*w.wkv, x, n, kv, {.bf16_output = false}, pool));
+  CEDAR_RETURN_IF_ERROR(cpu::linear(*w.wgate, x, n, gate, {.bf16_output = false}, pool));
+  const int64_t pending = st.pending;
+  for (int64_t t = 0; t < n; ++t) {  // the window slot of a token is its position mod ratio
+    const float* ape = w.ape.data() + ((pending + t) % r) * wide;
+    for (int64_t c = 0; c < wide; ++c) gate[static_cast<size_t>(t * wide + c)] += ape[c];
+  }
+  const int64_t total = pending + n, groups = total / r;
+  auto kv_row = [&](int64_t i) { return i < pending ? st.pending_kv.data() + i * wide : kv.data() + (i - pending) * wide; };
+  auto gate_row = [&](int64_t i) {
+    return i < pending ? st.pending_gate.data() + i * wide : gate.data() + (i - pending) * wide;
+  };
+
+  std::vector<float> pooled(static_cast<size_t>(groups * hd));
+  const int64_t slots = coff * r;
+  std::vector<const float*> skv(static_cast<size_t>(slots)), sg(static_cast<size_t>(slots));
+  std::vector<float> e(static_cast<size_t>(slots));
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t used = 0;
+    if (overlap) {  // first halves of the previous window (absent before the first window)
+      for (int64_t t = 0; t < r; ++t) {
+        if (g > 0) {
+          skv[used] = kv_row((g - 1) * r + t);
+          sg[used++] = gate_row((g - 1) * r + t);
+        } else if (!st.prev_kv.empty()) {
+          skv[used] = st.prev_kv.data() + t * hd;
+          sg[used++] = st.prev_gate.data() + t * hd;
+        }
+      }
+    }
+    const int64_t half = overlap ? hd : 0;  // this window's rows: second halves under overlap
+    for (int64_t t = 0; t < r; ++t) {
+      skv[used] = kv_row(g * r + t) + half;
+      sg[used++] = gate_row(g * r + t) + half;
+    }
+    for (int64_t c = 0; c < hd; ++c) {
+      float m = sg[0][c];
+      for (int64_t i = 1; i < used; ++i) m = std::max(m, sg[i][c]);
+      float sum = 0.0f;
+      for (int64_t i = 0; i < used; ++i) {
+        e[i] = exp_f32(sg[i][c] - m);
+        sum += e[i];
+      }
+      float acc = 0.0f;
+      for (int64_t i = 0; i < used; ++i) acc += skv[i][c] * (e[i] / sum);
+      pooled[static_cast<size_t>(g * hd + c)] = round_to_bf16(acc);
+    }
+  }
+  out.latent.resize(pooled.size());
+  cpu::rms_norm(pooled, hd, w.norm, eps, out.latent);
+  out.count = groups;
+
+  if (overlap && groups > 0) {  // the last complete window's first halves feed the next window
+    st.prev_kv.assign(static_cast<size_t>(r * hd), 0.0f);
+    st.prev_gate.assign(st.prev_kv.size(), 0.0f);
+    for (int64_t t = 0; t < r; ++t) {
+      std::copy_n(kv_row((groups - 1) * r + t), hd, st.prev_kv.begin() + t * hd);
+      std::copy_n(gate_row((groups - 1) * r + t), hd, st.prev_gate.begin() + t * hd);
+    }
+  }
+  std::vector<float> next_kv, next_gate;
+  for (int64_t i = groups * r; i < total; ++i) {
+    next_kv.insert(next_kv.end(), kv_row(i), kv_row(i) + wide);
+    next_gate.insert(next_gate.end(), gate_row(i), gate_row(i) + wide);
+  }
+  st.pending_kv = std::move(next_kv);
+  st.pending_gate = std::move(next_gate);
+  st.pending = total - groups * r;
+  return Status::Ok();
+}
+
 }  // namespace cedar

@@ -50,4 +50,29 @@ struct CacheWriteParams {
 Status append_cache_entries(const CompressedGroups& groups, const CacheWriteParams& p, KvSourceState& src,
                             ThreadPool* pool);
 
+// ---- DeepSeek-V4 compressors (../shared/spec/architecture.md §5; official V4 `Compressor`) ----------
+// Gated pooling with a learned position bias: per token kv_t = wkv·x_t and g_t = wgate·x_t + ape[t mod
+// ratio] (fp32 GEMMs on bf16-valued x, BF16 weights used in fp32). Without overlap (HCA, ratio 128) a
+// window of `ratio` tokens pools its own rows: pooled[c] = Σ_t softmax_t(g_t[c])·kv_t[c]. With overlap
+// (CSA, ratio 4; projections coff = 2 times `width` wide) window j pools 2·ratio slots: the first
+// halves [0, width) of window j−1's rows (none before window 0: weight 0) and the second halves
+// [width, 2·width) of its own rows. latent_j = RMSNorm(bf16(pooled)) (bf16). Tokens of an open window
+// and the last window's first halves stay in V4PoolState, so any chunking gives the same latents.
+struct V4CompressorWeights {
+  const cpu::LinearWeight* wkv = nullptr;    // [coff·width, dim]
+  const cpu::LinearWeight* wgate = nullptr;  // [coff·width, dim]
+  std::span<const float> ape = {};           // [ratio, coff·width]
+  std::span<const float> norm = {};          // [width]
+};
+struct V4CompressorShape {
+  int64_t ratio = 0;    // 4 (overlapping) or any other ratio (plain windows)
+  int64_t width = 0;    // head_dim of the compressed entries
+  int64_t layer = -1;   // for error messages
+  const char* name = "compressor";
+};
+// x: [n, dim] at positions [first_group·ratio + st.pending, +n); out.first_group = first_group.
+Status compress_chunk_v4(const V4CompressorWeights& w, const V4CompressorShape& s, double eps,
+                         std::span<const float> x, int64_t n, int64_t first_group, V4PoolState& st,
+                         CompressedGroups& out, ThreadPool* pool);
+
 }  // namespace cedar

@@ -33,10 +33,12 @@ Status index_queries(const IndexQueryInputs& in, const AttentionParams& p, const
     return make_error("indexer.weights_proj is [" + str(in.weights_proj->out) + ", " + str(in.weights_proj->in) +
                       "], expected [" + str(ih) + ", " + str(p.dim) + "]");
   out.q.assign(static_cast<size_t>(in.n * ih * id), 0.0f);
-  CEDAR_RETURN_IF_ERROR(cpu::linear(*in.wq_b, in.qr, in.n, out.q, {.bf16_output = true}, pool));
+  CEDAR_RETURN_IF_ERROR(
+      cpu::linear(*in.wq_b, in.qr, in.n, out.q, {.bf16_output = true, .act_block = p.act_block}, pool));
   for (int64_t t = 0; t < in.n; ++t) {
     std::span<float> qt(out.q.data() + t * ih * id, static_cast<size_t>(ih * id));
     rope.apply(qt, ih, id, in.pos0 + t);
+    if (in.hadamard) CEDAR_RETURN_IF_ERROR(hadamard_rotate(qt, id));
     CEDAR_RETURN_IF_ERROR(qdq_fp4_block32_ue8m0(qt));
   }
   out.w.assign(static_cast<size_t>(in.n * ih), 0.0f);
@@ -48,6 +50,25 @@ Status index_queries(const IndexQueryInputs& in, const AttentionParams& p, const
   } else {
     const float c = scale_f32(std::pow(static_cast<double>(ih), -0.5));
     for (float& v : out.w) v = v * c;
+  }
+  return Status::Ok();
+}
+
+Status hadamard_rotate(std::span<float> x, int64_t width) {
+  if (width <= 0 || (width & (width - 1)) != 0 || x.size() % static_cast<size_t>(width) != 0)
+    return make_error("Hadamard rotation: width " + str(width) + " is not a power of two dividing " +
+                      str(static_cast<int64_t>(x.size())) + " values");
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(width)));
+  for (size_t v0 = 0; v0 < x.size(); v0 += static_cast<size_t>(width)) {
+    float* v = x.data() + v0;
+    for (int64_t h = 1; h < width; h *= 2)
+      for (int64_t i = 0; i < width; i += 2 * h)
+        for (int64_t j = i; j < i + h; ++j) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+    for (int64_t i = 0; i < width; ++i) v[i] = round_to_bf16(v[i] * scale);
   }
   return Status::Ok();
 }

@@ -26,9 +26,15 @@ struct IndexQueryInputs {
   std::span<const float> qr = {};                   // [n, q_lora] = RMSNorm_q(wq_a·x)
   std::span<const float> x = {};                    // [n, dim]
   int64_t n = 0, pos0 = 0;
+  bool hadamard = false;  // V4: Hadamard rotation of each head after RoPE, before the FP4 QDQ
 };
 Status index_queries(const IndexQueryInputs& in, const AttentionParams& p, const cpu::RopeTable& rope,
                      IndexQueries& out, ThreadPool* pool);
+
+// In-place Walsh–Hadamard rotation of each of the x.size()/width vectors (width a power of two):
+// fp32 butterflies in the fast-transform order, times width^-0.5, rounded to bf16 (the V4 reference's
+// `rotate_activation` on bf16 tensors).
+Status hadamard_rotate(std::span<float> x, int64_t width);
 
 // I(t) for one query (q: [heads·head_dim], w: [heads]) and one key (k: [head_dim]).
 float index_score(const float* q, const float* w, const float* k, int64_t heads, int64_t head_dim,

@@ -119,4 +119,29 @@ void hc_expand(std::span<const float> y, std::span<const float> X, const HcMix& 
   }
 }
 
+Status check_hc_head_weights(const HcHeadWeights& w, const HcParams& p) {
+  if (p.hc <= 0 || p.dim <= 0) return make_error("hc_head: hc=" + std::to_string(p.hc) + ", dim=" + std::to_string(p.dim));
+  if (static_cast<int64_t>(w.fn.size()) != p.hc * p.hc * p.dim || static_cast<int64_t>(w.base.size()) != p.hc ||
+      w.scale.size() != 1)
+    return make_error("hc_head: fn/base/scale have " + std::to_string(w.fn.size()) + "/" +
+                      std::to_string(w.base.size()) + "/" + std::to_string(w.scale.size()) + " values, expected " +
+                      std::to_string(p.hc * p.hc * p.dim) + "/" + std::to_string(p.hc) + "/1");
+  return Status::Ok();
+}
+
+void hc_head_collapse(std::span<const float> X, const HcHeadWeights& w, const HcParams& p, std::span<float> out) {
+  const int64_t hc = p.hc, width = p.hc * p.dim;
+  float ss = 0.0f;
+  for (int64_t c = 0; c < width; ++c) ss += X[c] * X[c];
+  const float rstd = 1.0f / std::sqrt(ss / static_cast<float>(width) + static_cast<float>(p.norm_eps));
+  std::vector<float> pre(static_cast<size_t>(hc));
+  for (int64_t k = 0; k < hc; ++k) {
+    const float* row = w.fn.data() + k * width;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < width; ++c) acc += row[c] * X[c];
+    pre[k] = sigmoid(acc * rstd * w.scale[0] + w.base[k]) + static_cast<float>(p.hc_eps);
+  }
+  hc_collapse(X, pre, hc, p.dim, out);
+}
+
 }  // namespace cedar

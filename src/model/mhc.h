@@ -61,4 +61,16 @@ void hc_collapse(std::span<const float> X, std::span<const float> a, int64_t hc,
 void hc_expand(std::span<const float> y, std::span<const float> X, const HcMix& m, int64_t hc, int64_t d,
                std::span<float> X_out);
 
+// V4's learned final collapse (`hc_head_*`, official V4 `ParallelHead.hc_head`): with
+// m = (fn · v) · rsqrt(mean(v²) + norm_eps) over the flattened streams v (as in hc_mix),
+// pre_k = sigmoid(m_k·scale + base_k) + hc_eps and out = bf16(Σ_k pre_k·X_k).
+struct HcHeadWeights {
+  std::span<const float> fn;     // [hc, hc*d]
+  std::span<const float> base;   // [hc]
+  std::span<const float> scale;  // [1]
+};
+Status check_hc_head_weights(const HcHeadWeights& w, const HcParams& p);
+// One token: X [hc*d], out [d]. Preconditions: check_hc_head_weights passed.
+void hc_head_collapse(std::span<const float> X, const HcHeadWeights& w, const HcParams& p, std::span<float> out);
+
 }  // namespace cedar

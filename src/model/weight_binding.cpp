@@ -45,6 +45,7 @@ uint64_t BoundWeights::converted_bytes() const {
   uint64_t n = 0;
   for (const auto& v : f32_storage_) n += v.size() * sizeof(float);
   for (const auto& v : bf16_storage_) n += v.size() * sizeof(uint16_t);
+  for (const auto& v : i64_storage_) n += v.size() * sizeof(int64_t);
   return n;
 }
 
@@ -98,7 +99,8 @@ class WeightBinder {
               ", expected " + std::string(dtype_name(spec.dtype)) + " " + shape_text(spec.shape));
       return nullptr;
     }
-    auto view = out_.checkpoint_->tensor(spec.name);
+    // I64 (V4 tid2eid) is an index table, not a weight dtype: read it raw (dtype and shape checked above).
+    auto view = spec.dtype == DType::I64 ? out_.checkpoint_->raw_tensor(spec.name) : out_.checkpoint_->tensor(spec.name);
     if (!view.ok()) {
       problem(view.error().message);
       return nullptr;
@@ -177,11 +179,29 @@ class WeightBinder {
     return out_.f32_storage_.back();
   }
 
+  // The values of an I64 tensor (viewed in place when aligned, else copied).
+  std::span<const int64_t> int64s(const WeightSpec& s) {
+    const uint8_t* p = bytes(s);
+    if (!p) return {};
+    const size_t n = static_cast<size_t>(s.numel());
+    if (s.dtype != DType::I64) {
+      problem("tensor '" + s.name + "' is " + std::string(dtype_name(s.dtype)) + ", expected I64");
+      return {};
+    }
+    if (reinterpret_cast<uintptr_t>(p) % alignof(int64_t) == 0) return {reinterpret_cast<const int64_t*>(p), n};
+    out_.i64_storage_.emplace_back(n);
+    std::memcpy(out_.i64_storage_.back().data(), p, n * sizeof(int64_t));
+    return out_.i64_storage_.back();
+  }
+
   void bind_global(const WeightSpec& s) {
     ModelWeights& t = out_.tensors_;
     if (s.name == "embed.weight") t.embed = linear(s);
     else if (s.name == "head.weight") t.head = linear(s);
     else if (s.name == "norm.weight") t.final_norm = floats(s);
+    else if (s.name == "hc_head_fn") t.hc_head.fn = floats(s);
+    else if (s.name == "hc_head_base") t.hc_head.base = floats(s);
+    else if (s.name == "hc_head_scale") t.hc_head.scale = floats(s);
     else if (s.component == Component::Vision) return;
     else problem("no place for global tensor '" + s.name + "' in the CPU forward");
   }
@@ -254,6 +274,13 @@ class WeightBinder {
     else if (local == "attn.indexer.k_norm.weight") a.k_norm = floats(s);
     else if (local == "attn.indexer.wq_b.weight") a.wq_b_i = linear(s);
     else if (local == "attn.indexer.weights_proj.weight") a.weights_proj = linear(s);
+    // V4 compressors.
+    else if (local == "attn.compressor.ape") a.ape_c = floats(s);
+    else if (local == "attn.indexer.compressor.wkv.weight") a.wkv_ic = linear(s);
+    else if (local == "attn.indexer.compressor.wgate.weight") a.wgate_ic = linear(s);
+    else if (local == "attn.indexer.compressor.ape") a.ape_ic = floats(s);
+    else if (local == "attn.indexer.compressor.norm.weight") a.norm_ic = floats(s);
+    else if (local == "ffn.gate.tid2eid") L.ffn.tid2eid = int64s(s);
     // MoE.
     else if (local == "ffn.gate.weight") L.ffn.gate = floats(s);
     else if (local == "ffn.gate.bias") L.ffn.bias = floats(s);
@@ -270,17 +297,24 @@ class WeightBinder {
     const ModelWeights& t = out_.tensors_;
     if (!t.embed.data || !t.head.data || t.final_norm.empty())
       problem("embed.weight, head.weight and norm.weight must all be present (tied embeddings are not supported)");
+    const bool v4 = c_.arch == Arch::DeepseekV4;
+    if (v4 && (t.hc_head.fn.empty() || t.hc_head.base.empty() || t.hc_head.scale.empty()))
+      problem("hc_head_fn, hc_head_base and hc_head_scale must be present (DeepSeek-V4)");
     for (const LayerRole& role : plan_.layers) {
       const LayerWeights& L = t.layers[static_cast<size_t>(role.layer)];
       const AttentionWeights& a = L.attn;
       const std::string where = "layer " + std::to_string(role.layer) + ": ";
+      const bool router = role.hash_routed ? !L.ffn.tid2eid.empty() : !L.ffn.bias.empty();
       const bool core = a.wq_a.data && a.wq_b.data && a.wkv.data && a.wo_a.data && a.wo_b.data && !a.q_norm.empty() &&
                         !a.kv_norm.empty() && !a.attn_sink.empty() && !L.attn_norm.empty() && !L.ffn_norm.empty() &&
-                        !L.hc_attn.fn.empty() && !L.hc_ffn.fn.empty() && !L.ffn.gate.empty() && !L.ffn.bias.empty();
+                        !L.hc_attn.fn.empty() && !L.hc_ffn.fn.empty() && !L.ffn.gate.empty() && router;
       if (!core) problem(where + "attention / mHC / router tensors incomplete");
       if (role.owns_compressor && (!a.wkv_c.data || a.norm_c.empty() || (role.compressor_has_gate && !a.wgate_c.data)))
         problem(where + "KV source without its compressor tensors");
-      if (role.owns_indexer_keys && (!a.wk.data || a.k_norm.empty()))
+      if (v4 && role.owns_compressor && a.ape_c.empty()) problem(where + "compressor.ape missing");
+      if (v4 && role.owns_indexer_keys && (!a.wkv_ic.data || !a.wgate_ic.data || a.ape_ic.empty() || a.norm_ic.empty()))
+        problem(where + "indexer compressor tensors missing");
+      if (!v4 && role.owns_indexer_keys && (!a.wk.data || a.k_norm.empty()))
         problem(where + "indexer keys missing");
       if (role.owns_indexer && (!a.wq_b_i.data || !a.weights_proj.data))
         problem(where + "index source without indexer.wq_b / weights_proj");
@@ -307,9 +341,6 @@ class WeightBinder {
 
 Result<BoundWeights> BoundWeights::bind(io::Checkpoint checkpoint, const ModelConfig& config, const LayerPlan& plan,
                                         ThreadPool* pool) {
-  if (config.arch != Arch::DeepseekV41)
-    return make_error(config.source + ": the CPU forward supports deepseek_v41 only (config is " +
-                      std::string(arch_name(config.arch)) + ")");
   BoundWeights w;
   w.checkpoint_ = std::make_unique<io::Checkpoint>(std::move(checkpoint));
   WeightBinder binder(w, config, plan, pool);

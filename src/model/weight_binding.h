@@ -15,6 +15,9 @@
 //     with LinearOptions{.bf16_output = false} the result is identical to an fp32 copy at half the memory.
 //   * bf16-weight checkpoints (no quantization_config) bind every linear as BF16.
 //
+// V4 checkpoints also bind `hc_head_*`, the compressors' `ape`, the CSA indexer's own compressor
+// (`attn.indexer.compressor.*`) and the hash layers' `ffn.gate.tid2eid` (I64, viewed in place).
+//
 // Not bound: DSpark / NextN blocks (`mtp.*`; the CPU forward has no drafter yet) and the vision tower.
 #pragma once
 
@@ -54,6 +57,7 @@ struct ModelWeights {
   cpu::LinearWeight embed;  // [vocab, d] BF16: rows are read by the embedding lookup
   std::span<const float> final_norm;
   cpu::LinearWeight head;   // [vocab, d]; logits use fp32 output
+  HcHeadWeights hc_head;    // V4 only: the learned final collapse (hc_head_fn / _base / _scale)
   std::vector<LayerWeights> layers;
 };
 
@@ -76,6 +80,7 @@ class BoundWeights {
   std::unique_ptr<io::Checkpoint> checkpoint_;
   std::vector<std::vector<float>> f32_storage_;
   std::vector<std::vector<uint16_t>> bf16_storage_;
+  std::vector<std::vector<int64_t>> i64_storage_;
   ModelWeights tensors_;
 };
 

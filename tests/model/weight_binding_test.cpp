@@ -233,15 +233,22 @@ TEST(WeightBinding, WrongDtypeOrShapeIsNamed) {
   EXPECT_NE(m.find("tensor 'layers.1.attn.kv_norm.weight' is F32 [64], expected BF16 [64]"), std::string::npos) << m;
 }
 
-TEST(WeightBinding, RejectsV4) {
+TEST(WeightBinding, BindsV4) {
   io::testing::TempDir dir;
   auto c = load_model_config(kConfigs + "tiny_v4");
   ASSERT_TRUE(c.ok());
   const LayerPlan plan = *build_layer_plan(*c);
   Fixture f{*c, plan, *expected_weights(*c, plan)};
   auto bound = BoundWeights::bind(write(f, dir.path()), f.config, f.plan, nullptr);
-  ASSERT_FALSE(bound.ok());
-  EXPECT_NE(bound.error().message.find("deepseek_v41 only"), std::string::npos) << bound.error().message;
+  ASSERT_TRUE(bound.ok()) << bound.error().message;
+  const ModelWeights& t = bound->tensors();
+  EXPECT_EQ(t.hc_head.fn.size(), static_cast<size_t>(c->hc_mult * c->hc_mult * c->hidden_size));
+  for (const LayerRole& role : plan.layers) {
+    const LayerWeights& L = t.layers[static_cast<size_t>(role.layer)];
+    EXPECT_EQ(L.ffn.tid2eid.empty(), !role.hash_routed) << "layer " << role.layer;
+    EXPECT_EQ(L.attn.ape_c.empty(), !role.owns_compressor) << "layer " << role.layer;
+    EXPECT_EQ(L.attn.wkv_ic.data == nullptr, role.mode != AttnMode::V4Csa) << "layer " << role.layer;
+  }
 }
 
 TEST(WeightBinding, DequantizeFp8MatchesTheDefinition) {

@@ -25,8 +25,14 @@ uint8_t quantize_act_block(std::span<const float> x, std::span<float> q_values) 
   return sbits;
 }
 
+// A row narrower than the activation block is one block (tiny V4 models: d = 64 < 128; the
+// reference itself requires in % block == 0, so this never changes a released-size GEMM).
+int64_t act_block_of(const LinearWeight& w, const LinearOptions& opt) { return std::min(opt.act_block, w.in); }
+
 Status check_shapes(const LinearWeight& w, std::span<const float> x, int64_t n, std::span<float> y,
-                    const LinearOptions& opt) {
+                    const LinearOptions& opt_in) {
+  LinearOptions opt = opt_in;
+  opt.act_block = act_block_of(w, opt_in);
   if (w.out <= 0 || w.in <= 0 || w.data == nullptr) return make_error("linear: empty weight");
   if (static_cast<int64_t>(x.size()) != n * w.in)
     return make_error("linear: input has " + std::to_string(x.size()) + " values, expected " + std::to_string(n) +
@@ -95,7 +101,7 @@ Status linear(const LinearWeight& w, std::span<const float> x, int64_t n, std::s
   CEDAR_RETURN_IF_ERROR(check_shapes(w, x, n, y, opt));
   const bool quantized = w.format == WeightFormat::FP8Block || w.format == WeightFormat::MXFP4;
   // Quantized formats: activation codes (as exact floats) and one scale per (token, block).
-  const int64_t ab = quantized ? opt.act_block : w.in;
+  const int64_t ab = quantized ? act_block_of(w, opt) : w.in;
   const int64_t n_blocks = w.in / ab;
   std::vector<float> xq(x.begin(), x.end());
   std::vector<float> xs(static_cast<size_t>(n * n_blocks), 1.0f);

@@ -28,7 +28,8 @@ struct LinearWeight {
 struct LinearOptions {
   // Output rounding: true → bf16-rounded (reference `linear` returns bf16); false → raw fp32.
   bool bf16_output = true;
-  // FP8/MXFP4: activation block size along K (V4.1: 32). Scales are UE8M0 powers of two.
+  // FP8/MXFP4: activation block size along K (V4.1: 32; V4: 128). Scales are UE8M0 powers of two. A row
+  // narrower than the block is one block (tiny V4 models; released shapes are multiples of the block).
   int64_t act_block = 32;
 };
 
