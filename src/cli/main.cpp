@@ -27,6 +27,7 @@ constexpr Command kCommands[] = {
     {"make-tiny", "write a tiny checkpoint in the released format", cedar::cli::cmd_make_tiny},
     {"engram-rows", "print the Engram hash rows of a token sequence (test aid)", cedar::cli::cmd_engram_rows},
     {"forward", "run the CPU forward over token ids; write logits (.npy) and named intermediates", cedar::cli::cmd_forward},
+    {"doctor", "check this machine for cedar: GPU, FP8 support, HBM bandwidth, model memory plan", cedar::cli::cmd_doctor},
 };
 
 void print_help() {

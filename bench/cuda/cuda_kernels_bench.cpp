@@ -1,0 +1,240 @@
+// CUDA kernel benchmark (run on a GPU machine): achieved GB/s of the FP8 / MXFP4 GEMV at real V4.1
+// shapes and of the fused mHC kernel, against the device copy bandwidth measured in the same run.
+//
+// Weights rotate through enough copies (>= 256 MiB) that every call reads them from HBM, not L2;
+// each measurement replays a CUDA graph of one launch per copy (decode runs from graphs, so launch
+// overhead is measured as a graph node, as in decode). Bytes counted: weights + scales + activations
+// read + outputs written. Plain timed binary (CUDA events), not Google Benchmark: GPU time is what matters.
+//
+// usage: cuda_kernels_bench [--json FILE]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_info.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/stream.h"
+
+namespace cedar::cuda {
+namespace {
+
+constexpr size_t kRotateBytes = size_t{256} << 20;
+constexpr int kReplays = 20;
+
+template <typename T>
+DeviceBuffer<T> must(Result<DeviceBuffer<T>> r) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "bench: %s\n", r.error().message.c_str());
+    std::exit(1);
+  }
+  return std::move(*r);
+}
+void must(const Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench: %s\n", s.error().message.c_str());
+    std::exit(1);
+  }
+}
+
+// Fast pseudo-random bytes (xorshift64; hundreds of MiB per shape): lo + (r % span), or r & mask when span is 0.
+DeviceBuffer<uint8_t> random_bytes(size_t n, uint64_t seed, uint8_t lo, uint8_t span, uint8_t mask = 0xFF) {
+  std::vector<uint8_t> h(n);
+  uint64_t x = 0x9E3779B97F4A7C15ull ^ seed;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const auto r = static_cast<uint8_t>(x >> 24);
+    h[i] = span ? static_cast<uint8_t>(lo + r % span) : static_cast<uint8_t>(r & mask);
+  }
+  return must(DeviceBuffer<uint8_t>::from_host(h));
+}
+DeviceBuffer<float> random_floats(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> h(n);
+  for (auto& v : h) v = nd(rng);
+  return must(DeviceBuffer<float>::from_host(h));
+}
+
+// Mean time of one launch (µs): `launch(i)` enqueues call i (i < count) on the stream; captured once
+// into a graph, replayed kReplays times after a warm-up replay.
+double time_graph_us(cudaStream_t stream, int count, const std::function<void(int)>& launch) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  must(cuda_status(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
+  for (int i = 0; i < count; ++i) launch(i);
+  must(cuda_status(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture"));
+  must(cuda_status(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate"));
+  must(cuda_status(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"));
+  must(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  EventTimer timer;
+  must(timer.init());
+  must(timer.start(stream));
+  for (int r = 0; r < kReplays; ++r) must(cuda_status(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"));
+  auto ms = timer.stop_ms(stream);
+  must(ms.ok() ? Status::Ok() : Status(ms.error()));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return static_cast<double>(*ms) * 1e3 / (static_cast<double>(kReplays) * count);
+}
+
+struct Row {
+  std::string kernel, shape;
+  int64_t n = 1;
+  double us = 0, bytes = 0, gbps = 0, pct_copy = 0;
+};
+
+struct GemvShape {
+  const char* name;
+  QuantWeightFormat format;
+  int64_t out, in;
+};
+
+void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_gbps, cudaStream_t stream,
+                std::vector<Row>& rows) {
+  const bool fp4 = s.format == QuantWeightFormat::MXFP4;
+  const size_t w_bytes = fp4 ? s.out * s.in / 2 : s.out * s.in;
+  const size_t s_bytes = fp4 ? s.out * s.in / 32 : ((s.out + 31) / 32) * (s.in / 32);
+  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (w_bytes + s_bytes) + 1));
+  auto w = random_bytes(w_bytes * copies, 1, 0, 0, fp4 ? 0xFF : 0x7E);  // & 0x7E: no NaN codes
+  auto sc = random_bytes(s_bytes * copies, 2, 118, 8);
+  for (const int64_t n : ns) {
+  auto x = random_floats(n * s.in, 3, 1.0f);
+  auto codes = must(DeviceBuffer<uint8_t>::allocate(n * s.in));
+  auto ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
+  auto y = must(DeviceBuffer<float>::allocate(n * s.out));
+  must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
+  auto view = [&](int i) {
+    return QuantWeightView{s.format, s.out, s.in, w.get() + i * w_bytes, sc.get() + i * s_bytes, 32, 32};
+  };
+  const double act_bytes = static_cast<double>(n * s.in) * (1.0 + 4.0 / 32.0);
+  const double bytes = static_cast<double>(w_bytes + s_bytes) + act_bytes + 4.0 * n * s.out;
+  const double us = time_graph_us(stream, copies, [&](int i) {
+    must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream));
+  });
+  Row r{fp4 ? "gemv_mxfp4" : "gemv_fp8", std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n,
+        us, bytes};
+  r.gbps = bytes / (us * 1e-6) / 1e9;
+  r.pct_copy = 100.0 * r.gbps / copy_gbps;
+  rows.push_back(r);
+  // The whole linear(): activation quantization + GEMV (two graph nodes).
+  const double us2 = time_graph_us(stream, copies, [&](int i) {
+    must(linear_quantized(view(i), x.get(), n, ActWorkspace{codes.get(), ascales.get(), n * s.in}, y.get(), true,
+                          stream));
+  });
+  Row r2 = r;
+  r2.kernel += "+quant";
+  r2.us = us2;
+  r2.bytes = bytes + 4.0 * n * s.in;
+  r2.gbps = r2.bytes / (us2 * 1e-6) / 1e9;
+  r2.pct_copy = 100.0 * r2.gbps / copy_gbps;
+  rows.push_back(r2);
+  }
+}
+
+void bench_mhc(int64_t n, int64_t d, double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  const int64_t hc = 4, width = hc * d, mix = (2 + hc) * hc;
+  const size_t fn_count = static_cast<size_t>(mix * width);
+  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (fn_count * 4) + 1));
+  auto fn = random_floats(fn_count * copies, 4, 0.02f);
+  auto X = random_floats(n * width, 5, 1.0f);
+  auto Xo = must(DeviceBuffer<float>::allocate(n * width));
+  auto y = random_floats(n * d, 6, 1.0f);
+  auto coeff = random_floats(n * mix, 7, 0.3f);  // post / comb / collapse weights (values irrelevant)
+  auto base = random_floats(mix, 8, 1.0f);
+  auto scale = random_floats(3, 9, 1.0f);
+  auto col = must(DeviceBuffer<float>::allocate(n * d));
+  auto mix_out = must(DeviceBuffer<float>::allocate(n * mix));
+  auto part = must(DeviceBuffer<float>::allocate(mhc_workspace_floats(n, d)));
+  auto counter = must(DeviceBuffer<unsigned>::allocate(1));
+  must(counter.zero());
+  const double us = time_graph_us(stream, copies, [&](int i) {
+    MhcFusedArgs a;
+    a.n = n;
+    a.hc = hc;
+    a.d = d;
+    a.X = X.get();
+    a.y = y.get();
+    a.post = coeff.get();
+    a.comb = coeff.get() + n * hc;
+    a.X_out = Xo.get();
+    a.collapse_w = coeff.get();
+    a.collapsed = col.get();
+    a.fn = fn.get() + i * fn_count;
+    a.base = base.get();
+    a.scale = scale.get();
+    a.mix_out = mix_out.get();
+    must(mhc_fused(a, MhcWorkspace{part.get(), counter.get()}, stream));
+  });
+  // fn + X read + y read + X_out written + collapsed written (+ tiny coefficient traffic).
+  const double bytes = 4.0 * (static_cast<double>(fn_count) + n * width + n * d + n * width + n * d);
+  Row r{"mhc_fused", "4x" + std::to_string(d), n, us, bytes};
+  r.gbps = bytes / (us * 1e-6) / 1e9;
+  r.pct_copy = 100.0 * r.gbps / copy_gbps;
+  rows.push_back(r);
+}
+
+int run(int argc, char** argv) {
+  std::string json_path;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
+  auto rt = query_runtime();
+  if (!rt.ok() || rt->devices.empty()) {
+    std::fprintf(stderr, "cuda_kernels_bench: no GPU: %s\n", rt.ok() ? "no device" : rt.error().message.c_str());
+    return 1;
+  }
+  auto stream = Stream::create();
+  must(stream.ok() ? Status::Ok() : Status(stream.error()));
+  auto bw = measure_copy_bandwidth(size_t{1} << 30, 20);
+  must(bw.ok() ? Status::Ok() : Status(bw.error()));
+  const double copy_gbps = std::max(bw->memcpy_gbps, bw->kernel_gbps);
+  std::printf("device: %s; copy bandwidth (1 GiB, read+write): cudaMemcpy D2D %.0f GB/s, copy kernel %.0f GB/s\n",
+              rt->devices[0].name.c_str(), bw->memcpy_gbps, bw->kernel_gbps);
+
+  const GemvShape shapes[] = {
+      {"wq_a", QuantWeightFormat::FP8Block, 1280, 5120},
+      {"wq_b", QuantWeightFormat::FP8Block, 32768, 1280},
+      {"wo_b", QuantWeightFormat::FP8Block, 5120, 8192},
+      {"shared_w1", QuantWeightFormat::FP8Block, 2304, 5120},
+      {"shared_w2", QuantWeightFormat::FP8Block, 5120, 2304},
+      {"expert_w1", QuantWeightFormat::MXFP4, 2304, 5120},
+      {"expert_w2", QuantWeightFormat::MXFP4, 5120, 2304},
+  };
+  std::vector<Row> rows;
+  for (const auto& s : shapes) bench_gemv(s, {1, 4, 8}, copy_gbps, stream->get(), rows);
+  for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, copy_gbps, stream->get(), rows);
+
+  std::printf("%-18s %-22s %3s %10s %12s %10s %8s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy");
+  for (const auto& r : rows)
+    std::printf("%-18s %-22s %3lld %10.2f %12.0f %10.0f %7.1f%%\n", r.kernel.c_str(), r.shape.c_str(),
+                static_cast<long long>(r.n), r.us, r.bytes, r.gbps, r.pct_copy);
+  if (!json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["device"] = rt->devices[0].name;
+    j["copy_memcpy_gbps"] = bw->memcpy_gbps;
+    j["copy_kernel_gbps"] = bw->kernel_gbps;
+    for (const auto& r : rows)
+      j["rows"].push_back({{"kernel", r.kernel}, {"shape", r.shape}, {"n", r.n}, {"us", r.us}, {"bytes", r.bytes},
+                           {"gbps", r.gbps}, {"pct_copy", r.pct_copy}});
+    if (FILE* f = std::fopen(json_path.c_str(), "w")) {
+      std::fprintf(f, "%s\n", j.dump(2).c_str());
+      std::fclose(f);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cedar::cuda
+
+int main(int argc, char** argv) { return cedar::cuda::run(argc, argv); }
