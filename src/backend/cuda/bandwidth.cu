@@ -12,6 +12,8 @@ __global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) dst[i] = src[i];
 }
 
+__global__ void empty_kernel() {}
+
 }  // namespace
 
 const void* copy_kernel_ptr() { return reinterpret_cast<const void*>(&copy_kernel); }
@@ -57,6 +59,33 @@ Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iterations) {
   CEDAR_ASSIGN_OR_RETURN(const float kernel_ms, timer.stop_ms(stream.get()));
   out.kernel_gbps = moved / (kernel_ms * 1e-3) / 1e9;
   return out;
+}
+
+Result<double> measure_launch_floor_us(int nodes, int replays) {
+  if (nodes < 1 || replays < 1)
+    return make_error("measure_launch_floor_us: nodes=" + std::to_string(nodes) + ", replays=" + std::to_string(replays));
+  CEDAR_ASSIGN_OR_RETURN(Stream stream, Stream::create());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < nodes; ++i) empty_kernel<<<1, 32, 0, stream.get()>>>();
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream.get(), &graph));
+  float ms = 0.0f;
+  const Status s = [&]() -> Status {
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream.get()));  // warm-up
+    CEDAR_RETURN_IF_ERROR(stream.synchronize());
+    EventTimer timer;
+    CEDAR_RETURN_IF_ERROR(timer.init());
+    CEDAR_RETURN_IF_ERROR(timer.start(stream.get()));
+    for (int r = 0; r < replays; ++r) CEDAR_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream.get()));
+    CEDAR_ASSIGN_OR_RETURN(ms, timer.stop_ms(stream.get()));
+    return Status::Ok();
+  }();
+  if (exec) cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  if (!s.ok()) return s.error();
+  return static_cast<double>(ms) * 1e3 / (static_cast<double>(nodes) * replays);
 }
 
 }  // namespace cedar::cuda

@@ -18,6 +18,12 @@ __device__ __forceinline__ float ue8m0_to_float(uint32_t b) {
   return __uint_as_float(b << 23);
 }
 
+// Weight-scale decode for the GEMV inner loop: 2 instructions. Byte 0 (2^-127) is exact; byte 0xFF
+// (NaN, which no checkpoint uses) decodes to +Inf instead of NaN.
+__device__ __forceinline__ float ue8m0_scale(uint32_t b) {
+  return b != 0 ? __uint_as_float(b << 23) : __uint_as_float(0x00400000u);
+}
+
 // Exponent byte of the smallest power of two >= x (core/numeric.cpp ue8m0_ceil_pow2, bit for bit).
 __device__ __forceinline__ uint32_t ue8m0_ceil_pow2(float x) {
   if (!(x >= 0.0f) || isinf(x)) return 0xFF;

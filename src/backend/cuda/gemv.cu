@@ -16,6 +16,8 @@
 // activation bytes are permuted identically (K order inside a block does not change the sum's terms).
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -27,7 +29,16 @@ constexpr int kQuantThreads = 256;
 constexpr int kGemvWarps = 8;       // warps per block, splitting K
 constexpr int kRowsPerBlock = 16;   // the MMA's M
 constexpr int kTokensPerTile = 8;   // the MMA's N
-constexpr int kUnroll = 4;          // K blocks in flight per warp
+// Consecutive K blocks in flight per warp, and blocks per SM the register budget must allow. The
+// kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
+// FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 3 K blocks in flight, 80 registers
+// without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 128 registers. (ptxas -v; FP8 with 4 in
+// flight at 3 blocks/SM spills.)
+template <bool kFp4>
+constexpr int kUnroll = kFp4 ? 8 : 3;
+template <bool kFp4>
+constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
+constexpr int kTargetBlocks = 3 * 132;  // split-K target: three blocks per SM of a 132-SM H200
 
 // One warp per 32-value block: warp max of |x|, UE8M0 scale, e4m3 codes (cvt.rn.satfinite).
 __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const float* x, int64_t n_blocks,
@@ -47,12 +58,17 @@ struct GemvParams {
   const uint8_t* w;
   const uint8_t* w_scales;
   int64_t out, in;
-  int64_t block_out, block_in, scale_cols;  // FP8Block scale grid
-  const uint8_t* act;                       // [n_tile, in] e4m3 codes
-  const float* act_scales;                  // [n_tile, in/32]
-  int n;                                    // tokens in this tile (1..8)
-  float* y;                                 // [n_tile, out]
+  int64_t block_out, scale_cols;  // FP8Block scale grid
+  int kb_shift;                   // FP8Block: log2(block_in / 32)
+  const uint8_t* act;             // [n_tile, in] e4m3 codes
+  const float* act_scales;        // [n_tile, in/32]
+  int n;                          // tokens in this tile (1..8)
+  float* y;                       // [n_tile, out]
   bool bf16_output;
+  int ksplit;                     // blocks along K (gridDim.y); > 1 needs the two buffers below
+  int64_t kb_per_split;
+  float* split_partials;          // [ksplit][8][out]
+  unsigned* split_counters;       // [row tiles], zero between launches
 };
 
 __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
@@ -68,20 +84,30 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
   return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);
 }
 
-// Block: 16 weight rows; its 8 warps split the K blocks, each accumulating a 16×8 tile in the MMA's
-// accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1).
+// Block (x, z): 16 weight rows × the z-th K range; its 8 warps take runs of kUnroll consecutive K
+// blocks (whole 128-byte lines per row for FP8), each accumulating a 16×8 tile in the MMA's
+// accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
+// ksplit > 1 the K ranges' sums meet in split_partials and the last block of the row tile (atomic
+// ticket) adds them in z order, so the result does not depend on scheduling.
 template <bool kFp4>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_quantized_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
+  constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
+  __shared__ bool is_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
   const bool lo_ok = r_lo < p.out, hi_ok = r_hi < p.out;
   const int64_t n_kb = p.in / 32;
+  const int64_t kb_begin = blockIdx.y * p.kb_per_split;
+  const int64_t kb_end = min(n_kb, kb_begin + p.kb_per_split);
   const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
   const uint8_t* w_lo = p.w + (lo_ok ? r_lo : 0) * w_stride;
   const uint8_t* w_hi = p.w + (hi_ok ? r_hi : 0) * w_stride;
+  // Scale rows (FP8: one division per thread, outside the loop; MXFP4: one scale row per weight row).
+  const uint8_t* s_lo = p.w_scales + (kFp4 ? (lo_ok ? r_lo : 0) * n_kb : ((lo_ok ? r_lo : 0) / p.block_out) * p.scale_cols);
+  const uint8_t* s_hi = p.w_scales + (kFp4 ? (hi_ok ? r_hi : 0) * n_kb : ((hi_ok ? r_hi : 0) / p.block_out) * p.scale_cols);
   const bool tok_ok = g < p.n;  // B operand: token g
   const uint8_t* a_row = p.act + (tok_ok ? g : 0) * p.in;
   const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
@@ -89,13 +115,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_quantized_kernel(GemvPar
   const float* as1 = p.act_scales + (tok1 < p.n ? tok1 : 0) * n_kb;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t kb0 = warp; kb0 < n_kb; kb0 += kGemvWarps * kUnroll) {
-    uint32_t wa[kUnroll][4], bb[kUnroll][2];
-    float sw_lo[kUnroll], sw_hi[kUnroll], sa0[kUnroll], sa1[kUnroll];
+  for (int64_t kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
+    uint32_t wa[kU][4], bb[kU][2];
+    float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t kb = kb0 + static_cast<int64_t>(u) * kGemvWarps;
-      const bool k_ok = kb < n_kb;
+    for (int u = 0; u < kU; ++u) {
+      const int64_t kb = kb0 + u;
+      const bool k_ok = kb < kb_end;
+      const int64_t kbc = k_ok ? kb : kb_begin;
       uint2 act = make_uint2(0, 0);
       if (k_ok && tok_ok) act = __ldg(reinterpret_cast<const uint2*>(a_row + kb * 32 + t * 8));
       if constexpr (kFp4) {
@@ -108,10 +135,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_quantized_kernel(GemvPar
         wa[u][3] = e2m1x4_to_e4m3x4((hi >> 4) & 0x0F0F0F0Fu);
         bb[u][0] = __byte_perm(act.x, act.y, 0x6420);
         bb[u][1] = __byte_perm(act.x, act.y, 0x7531);
-        const int64_t kbc = k_ok ? kb : 0;
         // 2^6 undoes the e2m1 → e4m3 exponent shift.
-        sw_lo[u] = lo_ok ? 64.0f * detail::ue8m0_to_float(__ldg(p.w_scales + r_lo * n_kb + kbc)) : 0.0f;
-        sw_hi[u] = hi_ok ? 64.0f * detail::ue8m0_to_float(__ldg(p.w_scales + r_hi * n_kb + kbc)) : 0.0f;
+        sw_lo[u] = lo_ok ? 64.0f * detail::ue8m0_scale(__ldg(s_lo + kbc)) : 0.0f;
+        sw_hi[u] = hi_ok ? 64.0f * detail::ue8m0_scale(__ldg(s_hi + kbc)) : 0.0f;
       } else {
         // 32 bytes per row-block; thread t holds values 8t..8t+7: MMA k t*4+i ← 8t+i, 16+t*4+i ← 8t+4+i.
         uint2 lo = make_uint2(0, 0), hi = make_uint2(0, 0);
@@ -123,15 +149,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_quantized_kernel(GemvPar
         wa[u][3] = hi.y;
         bb[u][0] = act.x;
         bb[u][1] = act.y;
-        const int64_t col = (k_ok ? kb : 0) * 32 / p.block_in;
-        sw_lo[u] = lo_ok ? detail::ue8m0_to_float(__ldg(p.w_scales + (r_lo / p.block_out) * p.scale_cols + col)) : 0.0f;
-        sw_hi[u] = hi_ok ? detail::ue8m0_to_float(__ldg(p.w_scales + (r_hi / p.block_out) * p.scale_cols + col)) : 0.0f;
+        const int64_t col = kbc >> p.kb_shift;
+        sw_lo[u] = lo_ok ? detail::ue8m0_scale(__ldg(s_lo + col)) : 0.0f;
+        sw_hi[u] = hi_ok ? detail::ue8m0_scale(__ldg(s_hi + col)) : 0.0f;
       }
-      sa0[u] = (k_ok && tok0 < p.n) ? __ldg(as0 + kb) : 0.0f;
-      sa1[u] = (k_ok && tok1 < p.n) ? __ldg(as1 + kb) : 0.0f;
+      sa0[u] = (k_ok && tok0 < p.n) ? __ldg(as0 + kbc) : 0.0f;
+      sa1[u] = (k_ok && tok1 < p.n) ? __ldg(as1 + kbc) : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       float d[4];
       mma_e4m3(wa[u], bb[u][0], bb[u][1], d);
       // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
@@ -147,14 +173,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_quantized_kernel(GemvPar
   partial[warp][g + 8][tok0] = acc[2];
   partial[warp][g + 8][tok1] = acc[3];
   __syncthreads();
+  const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
+  const bool writer = threadIdx.x < kRowsPerBlock * kTokensPerTile && tok < p.n && row0 + row < p.out;
+  float sum = 0.0f;
   if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
-    const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
-    float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kGemvWarps; ++w) sum += partial[w][row][tok];
-    if (tok < p.n && row0 + row < p.out)
-      p.y[tok * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
   }
+  if (p.ksplit > 1) {
+    if (writer) p.split_partials[(static_cast<int64_t>(blockIdx.y) * kTokensPerTile + tok) * p.out + row0 + row] = sum;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(p.split_counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    sum = 0.0f;
+    if (writer)
+      for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(p.split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
+    if (threadIdx.x == 0) p.split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
+  }
+  if (writer) p.y[tok * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
 }
 
 Status check_weight(const QuantWeightView& w) {
@@ -163,12 +202,23 @@ Status check_weight(const QuantWeightView& w) {
                       std::to_string(w.in) + ")");
   if (w.in % 32 != 0)
     return make_error("cuda::gemv_quantized: in=" + std::to_string(w.in) + " is not a multiple of 32");
-  if (w.format == QuantWeightFormat::FP8Block && (w.block_out <= 0 || w.block_in <= 0 || w.block_in % 32 != 0))
+  const int64_t kb_per_scale = w.block_in / 32;
+  if (w.format == QuantWeightFormat::FP8Block &&
+      (w.block_out <= 0 || w.block_in <= 0 || w.block_in % 32 != 0 || (kb_per_scale & (kb_per_scale - 1)) != 0))
     return make_error("cuda::gemv_quantized: FP8 weight block " + std::to_string(w.block_out) + "×" +
-                      std::to_string(w.block_in) + " (block_in must be a multiple of 32)");
+                      std::to_string(w.block_in) + " (block_in must be 32 times a power of two)");
   if ((w.out + kRowsPerBlock - 1) / kRowsPerBlock > 0x7FFFFFFF)
     return make_error("cuda::gemv_quantized: out=" + std::to_string(w.out) + " is too large");
   return Status::Ok();
+}
+
+// K splits for a weight: enough blocks for ~3 per SM on a 132-SM H200 when the row tiles alone are
+// fewer, each split keeping >= 32 K blocks (1 KiB per FP8 row) so the partial traffic stays small.
+int64_t choose_ksplit(const QuantWeightView& w) {
+  const int64_t tiles = (w.out + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t want = (kTargetBlocks + tiles - 1) / tiles;
+  const int64_t most = std::max<int64_t>(1, (w.in / 32) / 32);
+  return std::max<int64_t>(1, std::min(want, most));
 }
 
 }  // namespace
@@ -184,11 +234,26 @@ Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint8_t* codes, f
   return launch_status("quantize_act_fp8_kernel");
 }
 
+SplitKSize splitk_workspace_size(const QuantWeightView& w) {
+  const int64_t ksplit = choose_ksplit(w);
+  if (ksplit <= 1) return {};
+  return SplitKSize{ksplit * kTokensPerTile * w.out, (w.out + kRowsPerBlock - 1) / kRowsPerBlock};
+}
+
 Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const float* act_scales, int64_t n,
-                      float* y, bool bf16_output, cudaStream_t stream) {
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
   CEDAR_RETURN_IF_ERROR(check_weight(w));
   if (n < 0) return make_error("cuda::gemv_quantized: n=" + std::to_string(n));
-  const unsigned grid = static_cast<unsigned>((w.out + kRowsPerBlock - 1) / kRowsPerBlock);
+  const int64_t n_kb = w.in / 32;
+  int64_t ksplit = choose_ksplit(w);
+  const SplitKSize need = splitk_workspace_size(w);
+  if (ksplit > 1 && (splitk.partials == nullptr || splitk.counters == nullptr ||
+                     splitk.partial_floats < need.partial_floats || splitk.counter_count < need.counters))
+    ksplit = 1;  // no (or too small a) workspace: one block per row tile
+  const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
+  const dim3 grid(static_cast<unsigned>((w.out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(ksplit));
+  int kb_shift = 0;
+  while ((int64_t{32} << kb_shift) < w.block_in) ++kb_shift;
   for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
     GemvParams p{};
     p.w = w.data;
@@ -196,13 +261,17 @@ Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const 
     p.out = w.out;
     p.in = w.in;
     p.block_out = w.block_out;
-    p.block_in = w.block_in;
     p.scale_cols = (w.in + w.block_in - 1) / w.block_in;
+    p.kb_shift = kb_shift;
     p.act = act_codes + t0 * w.in;
     p.act_scales = act_scales + t0 * (w.in / 32);
     p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
     p.y = y + t0 * w.out;
     p.bf16_output = bf16_output;
+    p.ksplit = static_cast<int>(ksplit);
+    p.kb_per_split = kb_per_split;
+    p.split_partials = splitk.partials;
+    p.split_counters = splitk.counters;
     if (w.format == QuantWeightFormat::MXFP4) {
       gemv_quantized_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
       CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<MXFP4>"));
@@ -221,7 +290,7 @@ Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, con
     return make_error("cuda::linear_quantized: workspace holds " + std::to_string(ws.capacity_values) +
                       " activation values, need " + std::to_string(n * w.in));
   CEDAR_RETURN_IF_ERROR(quantize_act_fp8(x, n, w.in, ws.codes, ws.scales, stream));
-  return gemv_quantized(w, ws.codes, ws.scales, n, y, bf16_output, stream);
+  return gemv_quantized(w, ws.codes, ws.scales, n, y, bf16_output, stream, ws.splitk);
 }
 
 // Exposed to catalog.cu for the loadability check.

@@ -39,16 +39,32 @@ struct QuantWeightView {
   int64_t block_out = 32, block_in = 32;  // FP8Block only; block_in % 32 == 0 (V4.1: 32×32; V4: 128×128)
 };
 
+// Split-K scratch: for weights with few row tiles (e.g. wq_a 1280×5120, the shared expert) the
+// kernel splits K over several blocks so the whole GPU streams the weight; their sums meet here.
+// Counters must be zero before the first call (the kernel re-arms them: graph-replayable). Without
+// it (or when too small) the GEMV runs unsplit — same result, fewer blocks.
+struct SplitKWorkspace {
+  float* partials = nullptr;
+  unsigned* counters = nullptr;
+  int64_t partial_floats = 0, counter_count = 0;
+};
+struct SplitKSize {
+  int64_t partial_floats = 0, counters = 0;  // zeros: this weight is never split
+};
+SplitKSize splitk_workspace_size(const QuantWeightView& w);
+
 // y[t, out] = Σ_kblocks (Σ q_a·q_w) · s_a · s_w for n tokens of quantized activations (quantize_act_fp8);
 // bf16_output rounds y to bf16 (what the reference's linear() returns). Any n ≥ 1 (tiles of 8 tokens).
+// Deterministic: split-K partials are added in a fixed order.
 Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const float* act_scales, int64_t n,
-                      float* y, bool bf16_output, cudaStream_t stream);
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
 
-// Workspace for linear_quantized: codes [n·in] bytes + scales [n·in/32] floats.
+// Workspace for linear_quantized: codes [n·in] bytes + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
   int64_t capacity_values = 0;  // n·in the workspace can hold
+  SplitKWorkspace splitk;
 };
 // quantize_act_fp8 + gemv_quantized: the FP8 / MXFP4 `linear()` of the reference (cpu::linear).
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
@@ -95,6 +111,9 @@ struct CopyBandwidth {
   double kernel_gbps = 0;    // a vectorized grid-stride copy kernel, same accounting
 };
 Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iterations);
+// Mean time of one empty kernel node in a CUDA graph of `nodes` nodes (µs): the floor every small
+// decode kernel pays even inside a graph.
+Result<double> measure_launch_floor_us(int nodes, int replays);
 
 // ---- catalog -----------------------------------------------------------------------------------
 struct KernelInfo {

@@ -136,18 +136,24 @@ __global__ void __launch_bounds__(kThreads) mhc_fused_kernel(MhcKernelArgs args)
   if (!is_last) return;
   __threadfence();
   __shared__ float m_all[kMaxTokens][kSlot];
-  for (int e = threadIdx.x; e < n * kSlot; e += kThreads) {
-    const float* src = args.partials + static_cast<int64_t>(e) * blocks;
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    int64_t b = 0;
-    for (; b + 4 <= blocks; b += 4) {
-      s0 += __ldcg(src + b);
-      s1 += __ldcg(src + b + 1);
-      s2 += __ldcg(src + b + 2);
-      s3 += __ldcg(src + b + 3);
+  // Warp-per-slot sums, kPer slots per warp at once (independent loads in flight); lanes stride the
+  // blocks, then a fixed shuffle tree: the order is fixed, so the result is deterministic.
+  constexpr int kPer = 8;
+  const int total = n * kSlot;
+  for (int e0 = (threadIdx.x >> 5) * kPer; e0 < total; e0 += (kThreads / 32) * kPer) {
+    float s[kPer];
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) s[q] = 0.0f;
+    for (int64_t b = lane; b < blocks; b += 32) {
+#pragma unroll
+      for (int q = 0; q < kPer; ++q)
+        if (e0 + q < total) s[q] += __ldcg(args.partials + static_cast<int64_t>(e0 + q) * blocks + b);
     }
-    for (; b < blocks; ++b) s0 += __ldcg(src + b);
-    m_all[e / kSlot][e % kSlot] = (s0 + s1) + (s2 + s3);
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const float v = detail::warp_sum(s[q]);
+      if (lane == 0 && e0 + q < total) m_all[(e0 + q) / kSlot][(e0 + q) % kSlot] = v;
+    }
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;

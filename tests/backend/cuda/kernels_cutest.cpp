@@ -175,15 +175,28 @@ void check_gemv(const QuantWeightHost& w, int64_t n, uint32_t seed, const std::s
                                                                      : QuantWeightFormat::FP8Block,
                        .out = out, .in = in, .data = dw.get(), .scales = ds.get(),
                        .block_out = w.cpu.block_out, .block_in = w.cpu.block_in};
-  ActWorkspace ws{dcodes.get(), dscales.get(), n * in};
-  const Status s = linear_quantized(view, dx.get(), n, ws, dy.get(), true, nullptr);
-  ASSERT_TRUE(s.ok()) << s.error().message;
+  const SplitKSize split = splitk_workspace_size(view);
+  auto dpart = alloc<float>(split.partial_floats);
+  auto dcount = alloc<unsigned>(split.counters);
+  ASSERT_TRUE(dcount.zero().ok());
+  ActWorkspace ws{dcodes.get(), dscales.get(), n * in,
+                  SplitKWorkspace{dpart.get(), dcount.get(), split.partial_floats, split.counters}};
   // Every product q_a·q_w is exact on both sides; the block sums are formed by the tensor core (whose
   // fp32 accumulation keeps fewer bits than IEEE, ~2^-13 relative to Σ|terms| at worst) and the blocks
   // are summed in another order. So per element: one bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms|.
   Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
-  EXPECT_TRUE(parity(name + " " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n),
-                     download(dy), want, tol, bound));
+  const std::string tag = name + " " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n);
+  for (int rep = 0; rep < 2; ++rep) {  // the second run checks that split-K re-armed its counters
+    const Status s = linear_quantized(view, dx.get(), n, ws, dy.get(), true, nullptr);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    EXPECT_TRUE(parity(tag + (split.counters ? " splitk" : ""), download(dy), want, tol, bound));
+  }
+  if (split.counters) {  // the same weight without the split-K workspace: one block per row tile
+    ASSERT_TRUE(dy.zero().ok());
+    const Status s = gemv_quantized(view, dcodes.get(), dscales.get(), n, dy.get(), true, nullptr);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    EXPECT_TRUE(parity(tag + " unsplit", download(dy), want, tol, bound));
+  }
 }
 
 TEST(CudaGemvFp8, MatchesCpuLinear) {
@@ -192,6 +205,7 @@ TEST(CudaGemvFp8, MatchesCpuLinear) {
   check_gemv(random_fp8_weight(512, 4096, 32, 33), 3, 34, "gemv_fp8");
   check_gemv(random_fp8_weight(100, 256, 32, 35), 8, 36, "gemv_fp8");     // out % 16 != 0, full tile
   check_gemv(random_fp8_weight(40, 96, 32, 37), 11, 38, "gemv_fp8");      // n > 8: two token tiles
+  check_gemv(random_fp8_weight(64, 2048, 32, 47), 10, 48, "gemv_fp8");    // split-K with two token tiles
   check_gemv(random_fp8_weight(256, 512, 128, 39), 2, 40, "gemv_fp8_b128");  // V4: 128×128 blocks
 }
 
