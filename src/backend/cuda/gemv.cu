@@ -31,11 +31,11 @@ constexpr int kRowsPerBlock = 16;   // the MMA's M
 constexpr int kTokensPerTile = 8;   // the MMA's N
 // Consecutive K blocks in flight per warp, and blocks per SM the register budget must allow. The
 // kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
-// FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 3 K blocks in flight, 80 registers
-// without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 128 registers. (ptxas -v; FP8 with 4 in
-// flight at 3 blocks/SM spills.)
+// FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 4 K blocks in flight, 80 registers
+// without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 122 registers (ptxas -v; MXFP4 at 3
+// blocks/SM spills).
 template <bool kFp4>
-constexpr int kUnroll = kFp4 ? 8 : 3;
+constexpr int kUnroll = kFp4 ? 8 : 4;
 template <bool kFp4>
 constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
 constexpr int kTargetBlocks = 3 * 132;  // split-K target: three blocks per SM of a 132-SM H200
@@ -66,7 +66,7 @@ struct GemvParams {
   float* y;                       // [n_tile, out]
   bool bf16_output;
   int ksplit;                     // blocks along K (gridDim.y); > 1 needs the two buffers below
-  int64_t kb_per_split;
+  int kb_per_split;
   float* split_partials;          // [ksplit][8][out]
   unsigned* split_counters;       // [row tiles], zero between launches
 };
@@ -97,38 +97,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
-  const int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
-  const bool lo_ok = r_lo < p.out, hi_ok = r_hi < p.out;
-  const int64_t n_kb = p.in / 32;
-  const int64_t kb_begin = blockIdx.y * p.kb_per_split;
-  const int64_t kb_end = min(n_kb, kb_begin + p.kb_per_split);
+  // Rows past `out` and tokens past `n` read row 0 / token 0 (valid memory) instead of predicating
+  // every load: an MMA row or column only feeds its own outputs, and those are never written.
+  const int64_t r_lo = row0 + g < p.out ? row0 + g : 0;
+  const int64_t r_hi = row0 + g + 8 < p.out ? row0 + g + 8 : 0;
+  const int n_kb = static_cast<int>(p.in / 32);
+  const int kb_begin = static_cast<int>(blockIdx.y) * p.kb_per_split;
+  const int kb_end = min(n_kb, kb_begin + p.kb_per_split);
   const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
-  const uint8_t* w_lo = p.w + (lo_ok ? r_lo : 0) * w_stride;
-  const uint8_t* w_hi = p.w + (hi_ok ? r_hi : 0) * w_stride;
-  // Scale rows (FP8: one division per thread, outside the loop; MXFP4: one scale row per weight row).
-  const uint8_t* s_lo = p.w_scales + (kFp4 ? (lo_ok ? r_lo : 0) * n_kb : ((lo_ok ? r_lo : 0) / p.block_out) * p.scale_cols);
-  const uint8_t* s_hi = p.w_scales + (kFp4 ? (hi_ok ? r_hi : 0) * n_kb : ((hi_ok ? r_hi : 0) / p.block_out) * p.scale_cols);
-  const bool tok_ok = g < p.n;  // B operand: token g
-  const uint8_t* a_row = p.act + (tok_ok ? g : 0) * p.in;
+  const uint8_t* w_lo = p.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
+  const uint8_t* w_hi = p.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
+  // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
+  const uint8_t* s_lo = p.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
+  const uint8_t* s_hi = kFp4 ? p.w_scales + r_hi * n_kb : s_lo;
+  const uint8_t* a_row = p.act + static_cast<int64_t>(g < p.n ? g : 0) * p.in + t * 8;  // B operand: token g
   const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
-  const float* as0 = p.act_scales + (tok0 < p.n ? tok0 : 0) * n_kb;
-  const float* as1 = p.act_scales + (tok1 < p.n ? tok1 : 0) * n_kb;
+  const float* as0 = p.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
+  const float* as1 = p.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
+  for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
     uint32_t wa[kU][4], bb[kU][2];
     float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int64_t kb = kb0 + u;
+      const int kb = kb0 + u;
       const bool k_ok = kb < kb_end;
-      const int64_t kbc = k_ok ? kb : kb_begin;
-      uint2 act = make_uint2(0, 0);
-      if (k_ok && tok_ok) act = __ldg(reinterpret_cast<const uint2*>(a_row + kb * 32 + t * 8));
+      const int kbc = k_ok ? kb : kb_begin;  // past the range: a valid block, zeroed by sa = 0 below
+      const uint2 act = __ldg(reinterpret_cast<const uint2*>(a_row + kbc * 32));
       if constexpr (kFp4) {
         // 16 bytes per row-block; thread t holds values 8t..8t+7 (one 32-bit word).
-        const uint32_t lo = (k_ok && lo_ok) ? __ldg(reinterpret_cast<const uint32_t*>(w_lo + kb * 16 + t * 4)) : 0u;
-        const uint32_t hi = (k_ok && hi_ok) ? __ldg(reinterpret_cast<const uint32_t*>(w_hi + kb * 16 + t * 4)) : 0u;
+        const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(w_lo + kbc * 16));
+        const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(w_hi + kbc * 16));
         wa[u][0] = e2m1x4_to_e4m3x4(lo & 0x0F0F0F0Fu);         // values 8t+{0,2,4,6}, row g
         wa[u][1] = e2m1x4_to_e4m3x4(hi & 0x0F0F0F0Fu);         // row g+8
         wa[u][2] = e2m1x4_to_e4m3x4((lo >> 4) & 0x0F0F0F0Fu);  // values 8t+{1,3,5,7}
@@ -136,32 +136,30 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
         bb[u][0] = __byte_perm(act.x, act.y, 0x6420);
         bb[u][1] = __byte_perm(act.x, act.y, 0x7531);
         // 2^6 undoes the e2m1 → e4m3 exponent shift.
-        sw_lo[u] = lo_ok ? 64.0f * detail::ue8m0_scale(__ldg(s_lo + kbc)) : 0.0f;
-        sw_hi[u] = hi_ok ? 64.0f * detail::ue8m0_scale(__ldg(s_hi + kbc)) : 0.0f;
+        sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(s_lo + kbc));
+        sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(s_hi + kbc));
       } else {
         // 32 bytes per row-block; thread t holds values 8t..8t+7: MMA k t*4+i ← 8t+i, 16+t*4+i ← 8t+4+i.
-        uint2 lo = make_uint2(0, 0), hi = make_uint2(0, 0);
-        if (k_ok && lo_ok) lo = __ldg(reinterpret_cast<const uint2*>(w_lo + kb * 32 + t * 8));
-        if (k_ok && hi_ok) hi = __ldg(reinterpret_cast<const uint2*>(w_hi + kb * 32 + t * 8));
+        const uint2 lo = __ldg(reinterpret_cast<const uint2*>(w_lo + kbc * 32));
+        const uint2 hi = __ldg(reinterpret_cast<const uint2*>(w_hi + kbc * 32));
         wa[u][0] = lo.x;
         wa[u][1] = hi.x;
         wa[u][2] = lo.y;
         wa[u][3] = hi.y;
         bb[u][0] = act.x;
         bb[u][1] = act.y;
-        const int64_t col = kbc >> p.kb_shift;
-        sw_lo[u] = lo_ok ? detail::ue8m0_scale(__ldg(s_lo + col)) : 0.0f;
-        sw_hi[u] = hi_ok ? detail::ue8m0_scale(__ldg(s_hi + col)) : 0.0f;
+        sw_lo[u] = detail::ue8m0_scale(__ldg(s_lo + (kbc >> p.kb_shift)));
+        sw_hi[u] = sw_lo[u];
       }
-      sa0[u] = (k_ok && tok0 < p.n) ? __ldg(as0 + kbc) : 0.0f;
-      sa1[u] = (k_ok && tok1 < p.n) ? __ldg(as1 + kbc) : 0.0f;
+      sa0[u] = k_ok ? __ldg(as0 + kbc) : 0.0f;
+      sa1[u] = k_ok ? __ldg(as1 + kbc) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       float d[4];
       mma_e4m3(wa[u], bb[u][0], bb[u][1], d);
       // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
-      // Out-of-range blocks/rows/tokens have scale 0 (never NaN: their codes are zero too).
+      // A block past the K range has sa = 0 (its finite MMA result vanishes).
       acc[0] += d[0] * (sw_lo[u] * sa0[u]);
       acc[1] += d[1] * (sw_lo[u] * sa1[u]);
       acc[2] += d[2] * (sw_hi[u] * sa0[u]);
@@ -204,9 +202,13 @@ Status check_weight(const QuantWeightView& w) {
     return make_error("cuda::gemv_quantized: in=" + std::to_string(w.in) + " is not a multiple of 32");
   const int64_t kb_per_scale = w.block_in / 32;
   if (w.format == QuantWeightFormat::FP8Block &&
-      (w.block_out <= 0 || w.block_in <= 0 || w.block_in % 32 != 0 || (kb_per_scale & (kb_per_scale - 1)) != 0))
+      (w.block_out <= 0 || w.block_out % kRowsPerBlock != 0 || w.block_in <= 0 || w.block_in % 32 != 0 ||
+       (kb_per_scale & (kb_per_scale - 1)) != 0))
     return make_error("cuda::gemv_quantized: FP8 weight block " + std::to_string(w.block_out) + "×" +
-                      std::to_string(w.block_in) + " (block_in must be 32 times a power of two)");
+                      std::to_string(w.block_in) +
+                      " (block_out must be a multiple of 16, block_in 32 times a power of two)");
+  if (w.in / 32 > 0x3FFFFFF)
+    return make_error("cuda::gemv_quantized: in=" + std::to_string(w.in) + " is too large");
   if ((w.out + kRowsPerBlock - 1) / kRowsPerBlock > 0x7FFFFFFF)
     return make_error("cuda::gemv_quantized: out=" + std::to_string(w.out) + " is too large");
   return Status::Ok();
@@ -269,7 +271,7 @@ Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const 
     p.y = y + t0 * w.out;
     p.bf16_output = bf16_output;
     p.ksplit = static_cast<int>(ksplit);
-    p.kb_per_split = kb_per_split;
+    p.kb_per_split = static_cast<int>(kb_per_split);
     p.split_partials = splitk.partials;
     p.split_counters = splitk.counters;
     if (w.format == QuantWeightFormat::MXFP4) {

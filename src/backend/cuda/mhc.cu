@@ -84,6 +84,10 @@ __global__ void __launch_bounds__(kThreads) mhc_fused_kernel(MhcKernelArgs args)
   const int64_t d = a.d, width = kHc * a.d;
   const int n = static_cast<int>(a.n);
 
+  // fn does not depend on X: its loads go first so their latency overlaps the expand.
+  float fw[kMix];
+#pragma unroll
+  for (int i = 0; i < kMix; ++i) fw[i] = __ldg(a.fn + i * width + k * d + c);
   // Stage X (every thread reads its own (stream, channel) for each token) so X_out may alias X.
   for (int t = 0; t < n; ++t) xs[t][k][lane] = a.X[t * width + k * d + c];
   __syncthreads();
@@ -107,10 +111,7 @@ __global__ void __launch_bounds__(kThreads) mhc_fused_kernel(MhcKernelArgs args)
       a.collapsed[t * d + c] = detail::round_bf16(acc);
     }
   }
-  // Partial dot products of this block's 128 channels with the 24 rows of fn, per token.
-  float fw[kMix];
-#pragma unroll
-  for (int i = 0; i < kMix; ++i) fw[i] = __ldg(a.fn + i * width + k * d + c);
+  // Partial dot products of this block's 128 channels with the 24 rows of fn (loaded at the top), per token.
   for (int t = 0; t < n; ++t) {
     const float v = xn[t][k][lane];
 #pragma unroll
