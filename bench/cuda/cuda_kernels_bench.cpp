@@ -161,6 +161,44 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
   }
 }
 
+// One launch for `count` matrices of one shape (a token's routed experts): weights rotate as above.
+void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, cudaStream_t stream,
+                   std::vector<Row>& rows) {
+  const bool fp4 = s.format == QuantWeightFormat::MXFP4;
+  const size_t w_bytes = fp4 ? s.out * s.in / 2 : s.out * s.in;
+  const size_t s_bytes = fp4 ? s.out * s.in / 32 : ((s.out + 31) / 32) * (s.in / 32);
+  const size_t group_bytes = (w_bytes + s_bytes) * count;
+  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / group_bytes + 1));
+  auto w = random_bytes(w_bytes * count * copies, 11, 0, 0, fp4 ? 0xFF : 0x7E);
+  auto sc = random_bytes(s_bytes * count * copies, 12, 118, 8);
+  auto x = random_floats(n * s.in, 13, 1.0f);
+  auto codes = must(DeviceBuffer<uint8_t>::allocate(n * s.in));
+  auto ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
+  auto y = must(DeviceBuffer<float>::allocate(n * s.out * count));
+  must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
+  const QuantWeightView shape{s.format, s.out, s.in, w.get(), sc.get(), 32, 32};
+  const SplitKSize split = splitk_workspace_size(shape, count);
+  auto part = must(DeviceBuffer<float>::allocate(split.partial_floats));
+  auto counters = must(DeviceBuffer<unsigned>::allocate(split.counters));
+  must(counters.zero());
+  std::vector<GemvGroupItem> items(count);
+  const double us = time_graph_us(stream, copies, [&](int c) {
+    for (int i = 0; i < count; ++i)
+      items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
+                               sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
+                               y.get() + static_cast<size_t>(i) * n * s.out};
+    must(gemv_quantized_grouped(shape, items.data(), count, n, true, stream,
+                                SplitKWorkspace{part.get(), counters.get(), split.partial_floats, split.counters}));
+  });
+  const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (1.0 + 4.0 / 32.0) +
+                       4.0 * n * s.out * count;
+  Row r{std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + " x" + std::to_string(count),
+        std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes};
+  r.gbps = bytes / (us * 1e-6) / 1e9;
+  r.pct_copy = 100.0 * r.gbps / copy_gbps;
+  rows.push_back(r);
+}
+
 void bench_mhc(int64_t n, int64_t d, double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   const int64_t hc = 4, width = hc * d, mix = (2 + hc) * hc;
   const size_t fn_count = static_cast<size_t>(mix * width);
@@ -237,6 +275,11 @@ int run(int argc, char** argv) {
   };
   std::vector<Row> rows;
   for (const auto& s : shapes) bench_gemv(s, {1, 4, 8}, copy_gbps, stream->get(), rows);
+  // Routed experts of one token, top-6: w1 and w3 of 6 experts (12 matrices) in one launch, then w2 ×6.
+  for (int64_t n : {1, 4}) {
+    bench_grouped(shapes[5], 12, n, copy_gbps, stream->get(), rows);
+    bench_grouped(shapes[6], 6, n, copy_gbps, stream->get(), rows);
+  }
   for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, copy_gbps, stream->get(), rows);
 
   std::printf("%-18s %-24s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",

@@ -38,7 +38,6 @@ template <bool kFp4>
 constexpr int kUnroll = kFp4 ? 8 : 4;
 template <bool kFp4>
 constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
-constexpr int kTargetBlocks = 3 * 132;  // split-K target: three blocks per SM of a 132-SM H200
 
 // One warp per 32-value block: warp max of |x|, UE8M0 scale, e4m3 codes (cvt.rn.satfinite).
 __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const float* x, int64_t n_blocks,
@@ -54,21 +53,27 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const f
   if (lane == 0) scales[blk] = s;
 }
 
-struct GemvParams {
+constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
+
+struct GemvOperands {
   const uint8_t* w;
   const uint8_t* w_scales;
+  const uint8_t* act;      // [n_tile, in] e4m3 codes
+  const float* act_scales;  // [n_tile, in/32]
+  float* y;                 // [n_tile, out]
+};
+
+struct GemvParams {
+  GemvOperands ops[kMaxGroup];
   int64_t out, in;
   int64_t block_out, scale_cols;  // FP8Block scale grid
   int kb_shift;                   // FP8Block: log2(block_in / 32)
-  const uint8_t* act;             // [n_tile, in] e4m3 codes
-  const float* act_scales;        // [n_tile, in/32]
   int n;                          // tokens in this tile (1..8)
-  float* y;                       // [n_tile, out]
   bool bf16_output;
   int ksplit;                     // blocks along K (gridDim.y); > 1 needs the two buffers below
   int kb_per_split;
-  float* split_partials;          // [ksplit][8][out]
-  unsigned* split_counters;       // [row tiles], zero between launches
+  float* split_partials;          // [group][ksplit][8][out]
+  unsigned* split_counters;       // [group][row tiles], zero between launches
 };
 
 __device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
@@ -105,15 +110,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const int kb_begin = static_cast<int>(blockIdx.y) * p.kb_per_split;
   const int kb_end = min(n_kb, kb_begin + p.kb_per_split);
   const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
-  const uint8_t* w_lo = p.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
-  const uint8_t* w_hi = p.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
+  const GemvOperands& op = p.ops[blockIdx.z];
+  const uint8_t* w_lo = op.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
+  const uint8_t* w_hi = op.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
   // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
-  const uint8_t* s_lo = p.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
-  const uint8_t* s_hi = kFp4 ? p.w_scales + r_hi * n_kb : s_lo;
-  const uint8_t* a_row = p.act + static_cast<int64_t>(g < p.n ? g : 0) * p.in + t * 8;  // B operand: token g
+  const uint8_t* s_lo = op.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
+  const uint8_t* s_hi = kFp4 ? op.w_scales + r_hi * n_kb : s_lo;
+  const uint8_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * p.in + t * 8;  // B operand: token g
   const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
-  const float* as0 = p.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
-  const float* as1 = p.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
+  const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
+  const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
@@ -179,19 +185,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
     for (int w = 0; w < kGemvWarps; ++w) sum += partial[w][row][tok];
   }
   if (p.ksplit > 1) {
-    if (writer) p.split_partials[(static_cast<int64_t>(blockIdx.y) * kTokensPerTile + tok) * p.out + row0 + row] = sum;
+    float* split_partials = p.split_partials + static_cast<int64_t>(blockIdx.z) * p.ksplit * kTokensPerTile * p.out;
+    unsigned* split_counters = p.split_counters + static_cast<int64_t>(blockIdx.z) * gridDim.x;
+    if (writer) split_partials[(static_cast<int64_t>(blockIdx.y) * kTokensPerTile + tok) * p.out + row0 + row] = sum;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(p.split_counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
+    if (threadIdx.x == 0) is_last = atomicAdd(split_counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
     __syncthreads();
     if (!is_last) return;
     __threadfence();
     sum = 0.0f;
     if (writer)
-      for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(p.split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
-    if (threadIdx.x == 0) p.split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
+      for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
+    if (threadIdx.x == 0) split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
   }
-  if (writer) p.y[tok * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
+  if (writer) op.y[tok * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
 }
 
 Status check_weight(const QuantWeightView& w) {
@@ -214,13 +222,14 @@ Status check_weight(const QuantWeightView& w) {
   return Status::Ok();
 }
 
-// K splits for a weight: enough blocks for ~3 per SM on a 132-SM H200 when the row tiles alone are
-// fewer, each split keeping >= 32 K blocks (1 KiB per FP8 row) so the partial traffic stays small.
-int64_t choose_ksplit(const QuantWeightView& w) {
-  const int64_t tiles = (w.out + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int64_t want = (kTargetBlocks + tiles - 1) / tiles;
+// K splits: when the row tiles of all matrices of a launch fill less than one wave (the blocks one
+// wave holds on a 132-SM H200), K is split so the whole GPU streams the weights; whole waves only
+// (floor), each split keeping >= 32 K blocks (1 KiB per FP8 row) so the partial traffic stays small.
+int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
+  const int64_t tiles = (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count;
+  const int64_t wave = (w.format == QuantWeightFormat::MXFP4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * 132;
   const int64_t most = std::max<int64_t>(1, (w.in / 32) / 32);
-  return std::max<int64_t>(1, std::min(want, most));
+  return std::max<int64_t>(1, std::min(wave / tiles, most));
 }
 
 }  // namespace
@@ -236,53 +245,71 @@ Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint8_t* codes, f
   return launch_status("quantize_act_fp8_kernel");
 }
 
-SplitKSize splitk_workspace_size(const QuantWeightView& w) {
-  const int64_t ksplit = choose_ksplit(w);
+SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
+  count = std::min<int64_t>(std::max<int64_t>(count, 1), kMaxGroup);
+  const int64_t ksplit = choose_ksplit(w, count);
   if (ksplit <= 1) return {};
-  return SplitKSize{ksplit * kTokensPerTile * w.out, (w.out + kRowsPerBlock - 1) / kRowsPerBlock};
+  return SplitKSize{count * ksplit * kTokensPerTile * w.out, count * ((w.out + kRowsPerBlock - 1) / kRowsPerBlock)};
+}
+
+Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
+                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
+  if (count < 0 || (count > 0 && items == nullptr))
+    return make_error("cuda::gemv_quantized_grouped: count=" + std::to_string(count));
+  if (n < 0) return make_error("cuda::gemv_quantized: n=" + std::to_string(n));
+  for (int64_t i = 0; i < count; ++i) {
+    QuantWeightView w = shape;
+    w.data = items[i].data;
+    w.scales = items[i].scales;
+    CEDAR_RETURN_IF_ERROR(check_weight(w));
+  }
+  const int64_t n_kb = shape.in / 32;
+  int kb_shift = 0;
+  while ((int64_t{32} << kb_shift) < shape.block_in) ++kb_shift;
+  for (int64_t g0 = 0; g0 < count; g0 += kMaxGroup) {
+    const int64_t group = std::min<int64_t>(kMaxGroup, count - g0);
+    int64_t ksplit = choose_ksplit(shape, group);
+    const SplitKSize need = splitk_workspace_size(shape, group);
+    if (ksplit > 1 && (splitk.partials == nullptr || splitk.counters == nullptr ||
+                       splitk.partial_floats < need.partial_floats || splitk.counter_count < need.counters))
+      ksplit = 1;  // no (or too small a) workspace: one block per row tile
+    const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
+    const dim3 grid(static_cast<unsigned>((shape.out + kRowsPerBlock - 1) / kRowsPerBlock),
+                    static_cast<unsigned>(ksplit), static_cast<unsigned>(group));
+    for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+      GemvParams p{};
+      for (int64_t i = 0; i < group; ++i) {
+        const GemvGroupItem& it = items[g0 + i];
+        p.ops[i] = GemvOperands{it.data, it.scales, it.act_codes + t0 * shape.in, it.act_scales + t0 * n_kb,
+                                it.y + t0 * shape.out};
+      }
+      p.out = shape.out;
+      p.in = shape.in;
+      p.block_out = shape.block_out;
+      p.scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
+      p.kb_shift = kb_shift;
+      p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+      p.bf16_output = bf16_output;
+      p.ksplit = static_cast<int>(ksplit);
+      p.kb_per_split = static_cast<int>(kb_per_split);
+      p.split_partials = splitk.partials;
+      p.split_counters = splitk.counters;
+      if (shape.format == QuantWeightFormat::MXFP4) {
+        gemv_quantized_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+        CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<MXFP4>"));
+      } else {
+        gemv_quantized_kernel<false><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+        CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<FP8Block>"));
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const float* act_scales, int64_t n,
                       float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
-  CEDAR_RETURN_IF_ERROR(check_weight(w));
-  if (n < 0) return make_error("cuda::gemv_quantized: n=" + std::to_string(n));
-  const int64_t n_kb = w.in / 32;
-  int64_t ksplit = choose_ksplit(w);
-  const SplitKSize need = splitk_workspace_size(w);
-  if (ksplit > 1 && (splitk.partials == nullptr || splitk.counters == nullptr ||
-                     splitk.partial_floats < need.partial_floats || splitk.counter_count < need.counters))
-    ksplit = 1;  // no (or too small a) workspace: one block per row tile
-  const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
-  const dim3 grid(static_cast<unsigned>((w.out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(ksplit));
-  int kb_shift = 0;
-  while ((int64_t{32} << kb_shift) < w.block_in) ++kb_shift;
-  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
-    GemvParams p{};
-    p.w = w.data;
-    p.w_scales = w.scales;
-    p.out = w.out;
-    p.in = w.in;
-    p.block_out = w.block_out;
-    p.scale_cols = (w.in + w.block_in - 1) / w.block_in;
-    p.kb_shift = kb_shift;
-    p.act = act_codes + t0 * w.in;
-    p.act_scales = act_scales + t0 * (w.in / 32);
-    p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
-    p.y = y + t0 * w.out;
-    p.bf16_output = bf16_output;
-    p.ksplit = static_cast<int>(ksplit);
-    p.kb_per_split = static_cast<int>(kb_per_split);
-    p.split_partials = splitk.partials;
-    p.split_counters = splitk.counters;
-    if (w.format == QuantWeightFormat::MXFP4) {
-      gemv_quantized_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
-      CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<MXFP4>"));
-    } else {
-      gemv_quantized_kernel<false><<<grid, kGemvWarps * 32, 0, stream>>>(p);
-      CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<FP8Block>"));
-    }
-  }
-  return Status::Ok();
+  const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
+  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk);
 }
 
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,

@@ -51,13 +51,28 @@ struct SplitKWorkspace {
 struct SplitKSize {
   int64_t partial_floats = 0, counters = 0;  // zeros: this weight is never split
 };
-SplitKSize splitk_workspace_size(const QuantWeightView& w);
+// For `count` matrices of w's shape launched together (gemv_quantized_grouped).
+SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
 
 // y[t, out] = Σ_kblocks (Σ q_a·q_w) · s_a · s_w for n tokens of quantized activations (quantize_act_fp8);
 // bf16_output rounds y to bf16 (what the reference's linear() returns). Any n ≥ 1 (tiles of 8 tokens).
 // Deterministic: split-K partials are added in a fixed order.
 Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const float* act_scales, int64_t n,
                       float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
+
+// Several matrices of one shape and format in one launch (grid.z): e.g. the w1/w3 of a token's routed
+// experts (12 × 2304×5120 MXFP4 for top-6), whose per-matrix launches would each pay the fixed
+// latency of a small kernel. Item i computes y_i = W_i · act_i as gemv_quantized does; `shape` gives
+// out, in, format and the FP8 block (its data/scales are ignored).
+struct GemvGroupItem {
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  const uint8_t* act_codes = nullptr;
+  const float* act_scales = nullptr;
+  float* y = nullptr;
+};
+Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
+                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
 
 // Workspace for linear_quantized: codes [n·in] bytes + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {

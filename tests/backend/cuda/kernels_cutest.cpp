@@ -216,6 +216,60 @@ TEST(CudaGemvMxfp4, MatchesCpuLinear) {
   check_gemv(random_mxfp4_weight(48, 64, 45), 9, 46, "gemv_mxfp4");
 }
 
+// Several matrices in one launch (the routed experts of a token): each item against cpu::linear.
+void check_grouped(bool fp4, int64_t count, int64_t out, int64_t in, int64_t n, bool with_splitk, uint32_t seed) {
+  std::vector<QuantWeightHost> hw;
+  std::vector<std::vector<float>> xs, want(count), bound(count);
+  for (int64_t i = 0; i < count; ++i) {
+    hw.push_back(fp4 ? random_mxfp4_weight(out, in, seed + 10 * i) : random_fp8_weight(out, in, 32, seed + 10 * i));
+    xs.push_back(random_acts(n * in, seed + 10 * i + 1));
+    want[i].resize(n * out);
+    bound[i].resize(n * out);
+    ASSERT_TRUE(cpu::linear(hw[i].cpu, xs[i], n, want[i], {.bf16_output = true}, nullptr).ok());
+    std::vector<float> ax(xs[i].size());
+    std::transform(xs[i].begin(), xs[i].end(), ax.begin(), [](float v) { return std::fabs(v); });
+    ASSERT_TRUE(cpu::linear(abs_weight(hw[i]).cpu, ax, n, bound[i], {.bf16_output = false}, nullptr).ok());
+  }
+  std::vector<DeviceBuffer<uint8_t>> dw, ds, dcodes;
+  std::vector<DeviceBuffer<float>> dx, dscales, dy;
+  std::vector<GemvGroupItem> items;
+  for (int64_t i = 0; i < count; ++i) {
+    dw.push_back(upload(hw[i].data));
+    ds.push_back(upload(hw[i].scales));
+    dx.push_back(upload(xs[i]));
+    dcodes.push_back(alloc<uint8_t>(n * in));
+    dscales.push_back(alloc<float>(n * in / 32));
+    dy.push_back(alloc<float>(n * out));
+    ASSERT_TRUE(quantize_act_fp8(dx[i].get(), n, in, dcodes[i].get(), dscales[i].get(), nullptr).ok());
+    items.push_back(GemvGroupItem{dw[i].get(), ds[i].get(), dcodes[i].get(), dscales[i].get(), dy[i].get()});
+  }
+  const QuantWeightView shape{.format = fp4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block, .out = out, .in = in};
+  const SplitKSize split = with_splitk ? splitk_workspace_size(shape, count) : SplitKSize{};
+  if (with_splitk) {
+    ASSERT_GT(split.counters, 0) << "this shape was meant to exercise split-K";
+  }
+  auto dpart = alloc<float>(split.partial_floats);
+  auto dcount = alloc<unsigned>(split.counters);
+  ASSERT_TRUE(dcount.zero().ok());
+  const Status s = gemv_quantized_grouped(shape, items.data(), count, n, true, nullptr,
+                                          SplitKWorkspace{dpart.get(), dcount.get(), split.partial_floats, split.counters});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  // Same tolerance and reasons as check_gemv.
+  Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  for (int64_t i = 0; i < count; ++i)
+    EXPECT_TRUE(parity(std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + " grouped " + std::to_string(i) + "/" +
+                           std::to_string(count) + " " + std::to_string(out) + "x" + std::to_string(in) +
+                           " n=" + std::to_string(n) + (with_splitk ? " splitk" : ""),
+                       download(dy[i]), want[i], tol, bound[i]));
+}
+
+TEST(CudaGemvGrouped, MatchesCpuPerMatrix) {
+  CEDAR_REQUIRE_GPU();
+  check_grouped(true, 3, 128, 2048, 3, true, 61);   // MXFP4 experts, split-K per group member
+  check_grouped(false, 2, 72, 1024, 1, false, 62);  // FP8, partial row tile
+  check_grouped(true, 18, 32, 64, 9, false, 63);    // more than one launch of 16, two token tiles
+}
+
 TEST(CudaGemv, RejectsBadShapes) {
   CEDAR_REQUIRE_GPU();
   QuantWeightView w{.format = QuantWeightFormat::FP8Block, .out = 16, .in = 40,
