@@ -1,15 +1,17 @@
 // FP8 activation quantization and the block-scaled FP8 / MXFP4 GEMV (skinny GEMM, ≤ 8 tokens per tile).
 //
-// Both weight formats run on the FP8 tensor cores through mma.sync m16n8k32 (e4m3 × e4m3 → f32):
-// one MMA is exactly one 32-wide scale block of 16 weight rows × 8 tokens, so its result is the
-// block's Σ q_a·q_w and the UE8M0 scales are applied per block in fp32, as the reference does.
+// Both weight formats run through mma.sync m16n8k32 (e4m3 × e4m3 → f32): one MMA is exactly one
+// 32-wide scale block of 16 weight rows × 8 tokens, so its result is the block's Σ q_a·q_w and the
+// UE8M0 scales are applied per block in fp32, as the reference does. (On sm_90 ptxas lowers this MMA
+// to e4m3 → f16 conversions + two f16 HMMAs — exact, since every product fits; FP8 is native only in
+// wgmma on Hopper. docs/cuda.md has the measured cost.)
 //
 // MXFP4 path — Hopper has no FP4 MMA (e2m1 MMA is sm_100+), so the weight is dequantized in
 // registers to e4m3, which is exact: every e2m1 value is an e4m3 value. With the 3 magnitude bits
 // `eem` moved to e4m3 bits 2..4 (`((c & 7) << 2) | ((c & 8) << 4)`, 2 logic ops per 4 values on the
 // packed word), the e4m3 value is e2m1 · 2^-6 for normals and subnormals alike, and the 2^6 is folded
 // into the block scale. This keeps the weight read at 0.53 bytes/parameter (the roofline of a
-// memory-bound GEMV) and the inner loop at ~3 integer ops + 1 MMA per 32 values; the alternatives
+// memory-bound GEMV) and adds ~2 logic ops per 4 values to the FP8 path; the alternatives
 // (dequant to bf16 and a bf16 MMA: 2× the conversion work and bf16 activations that lose the FP8
 // quantization the reference applies; or a CUDA-core FMA loop: compute-bound at ~1/3 of HBM speed)
 // are slower and no more exact. Nibble pairs land in the MMA's K order {0,2,4,6 | 1,3,5,7}; the
@@ -89,11 +91,11 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
   return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);
 }
 
-// Block (x, z): 16 weight rows × the z-th K range; its 8 warps take runs of kUnroll consecutive K
-// blocks (whole 128-byte lines per row for FP8), each accumulating a 16×8 tile in the MMA's
+// Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
+// consecutive K blocks (whole 128-byte lines per row for FP8), each accumulating a 16×8 tile in the MMA's
 // accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
 // ksplit > 1 the K ranges' sums meet in split_partials and the last block of the row tile (atomic
-// ticket) adds them in z order, so the result does not depend on scheduling.
+// ticket) adds them in split order, so the result does not depend on scheduling.
 template <bool kFp4>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
   constexpr int kU = kUnroll<kFp4>;
