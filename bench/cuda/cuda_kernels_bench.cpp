@@ -127,7 +127,7 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
   };
   for (const int64_t n : ns) {
     auto x = random_floats(n * s.in, 3, 1.0f);
-    auto codes = must(DeviceBuffer<uint8_t>::allocate(n * s.in));
+    auto codes = must(DeviceBuffer<uint16_t>::allocate(n * s.in));
     auto ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
     auto y = must(DeviceBuffer<float>::allocate(n * s.out));
     const SplitKSize split = splitk_workspace_size(view(0));
@@ -136,7 +136,7 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
     must(counters.zero());
     const SplitKWorkspace splitk{part.get(), counters.get(), split.partial_floats, split.counters};
     must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
-    const double act_bytes = static_cast<double>(n * s.in) * (1.0 + 4.0 / 32.0);
+    const double act_bytes = static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0);
     const double bytes = static_cast<double>(w_bytes + s_bytes) + act_bytes + 4.0 * n * s.out;
     const double us = time_graph_us(stream, copies, [&](int i) {
       must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk));
@@ -172,7 +172,7 @@ void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, c
   auto w = random_bytes(w_bytes * count * copies, 11, 0, 0, fp4 ? 0xFF : 0x7E);
   auto sc = random_bytes(s_bytes * count * copies, 12, 118, 8);
   auto x = random_floats(n * s.in, 13, 1.0f);
-  auto codes = must(DeviceBuffer<uint8_t>::allocate(n * s.in));
+  auto codes = must(DeviceBuffer<uint16_t>::allocate(n * s.in));
   auto ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
   auto y = must(DeviceBuffer<float>::allocate(n * s.out * count));
   must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
@@ -190,7 +190,7 @@ void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, c
     must(gemv_quantized_grouped(shape, items.data(), count, n, true, stream,
                                 SplitKWorkspace{part.get(), counters.get(), split.partial_floats, split.counters}));
   });
-  const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (1.0 + 4.0 / 32.0) +
+  const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
                        4.0 * n * s.out * count;
   Row r{std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + " x" + std::to_string(count),
         std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes};

@@ -41,9 +41,10 @@ constexpr int kUnroll = kFp4 ? 8 : 4;
 template <bool kFp4>
 constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
 
-// One warp per 32-value block: warp max of |x|, UE8M0 scale, e4m3 codes (cvt.rn.satfinite).
+// One warp per 32-value block: warp max of |x|, UE8M0 scale, e4m3 codes (cvt.rn.satfinite), stored
+// as their exact f16 values (the GEMV's MMA operand).
 __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const float* x, int64_t n_blocks,
-                                                                         uint8_t* codes, float* scales) {
+                                                                         uint16_t* codes, float* scales) {
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (blk >= n_blocks) return;  // whole warps exit together
@@ -51,7 +52,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const f
   const float amax = fmaxf(detail::warp_max(fabsf(v)), 1e-4f);
   const float s = detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
   const float q = fminf(fmaxf(v / s, -448.0f), 448.0f);
-  codes[blk * 32 + lane] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+  codes[blk * 32 + lane] = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
   if (lane == 0) scales[blk] = s;
 }
 
@@ -60,7 +62,7 @@ constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
 struct GemvOperands {
   const uint8_t* w;
   const uint8_t* w_scales;
-  const uint8_t* act;      // [n_tile, in] e4m3 codes
+  const uint16_t* act;     // [n_tile, in] e4m3 codes as f16
   const float* act_scales;  // [n_tile, in/32]
   float* y;                 // [n_tile, out]
 };
@@ -78,17 +80,102 @@ struct GemvParams {
   unsigned* split_counters;       // [group][row tiles], zero between launches
 };
 
-__device__ __forceinline__ void mma_e4m3(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+// d += A·B, m16n8k16, f16 × f16 → f32 (native HMMA on sm_80+; products of e4m3 values are exact).
+__device__ __forceinline__ void mma_f16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
   asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%11,%12,%13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 bytes (low 16 bits) → f16x2 (low byte → low half), exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
 // 4 packed e2m1 codes (one per byte, low nibble) → 4 e4m3 bytes of value e2m1 · 2^-6.
 __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
   return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);
+}
+
+struct ChunkPointers {
+  const uint8_t* w_lo;   // row g, this thread's bytes of K block 0
+  const uint8_t* w_hi;   // row g + 8
+  const uint8_t* s_lo;   // weight scale row of row g (FP8: of the tile)
+  const uint8_t* s_hi;
+  const uint16_t* act;   // token g, this thread's values of K block 0
+  const float* as0;      // activation scales of tokens 2t, 2t+1
+  const float* as1;
+};
+
+// kU consecutive K blocks from kb0 into acc (the MMA accumulator layout). kFull: all inside the range.
+template <bool kFp4, bool kFull>
+__device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
+                                           float (&acc)[4]) {
+  constexpr int kU = kUnroll<kFp4>;
+  // Per K block, thread t holds values 8t..8t+7 of rows g, g+8 (w01: values 0..3, w23: 4..7, e4m3 bytes)
+  // and of token g (act: 8 f16). Two m16n8k16 MMAs: the first takes values 8t+{0,1} in k slots
+  // 2t, 2t+1 and 8t+{2,3} in 2t+8, 2t+9; the second values 8t+{4..7} alike.
+  uint32_t w_lo[kU][2], w_hi[kU][2];
+  uint4 act[kU];
+  float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
+  // Bases at kb0; a full chunk then addresses block u at the constant offset u (immediate offsets).
+  constexpr int kWBytes = kFp4 ? 16 : 32;
+  const uint8_t* wl = c.w_lo + kb0 * kWBytes;
+  const uint8_t* wh = c.w_hi + kb0 * kWBytes;
+  const uint16_t* ap = c.act + kb0 * 32;
+  const float* a0p = c.as0 + kb0;
+  const float* a1p = c.as1 + kb0;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const bool k_ok = kFull || kb0 + u < kb_end;
+    const int off = k_ok ? u : kb_begin - kb0;  // past the range: a valid block, zeroed by sa = 0 below
+    const int kbc = kb0 + off;
+    act[u] = __ldg(reinterpret_cast<const uint4*>(ap + off * 32));
+    if constexpr (kFp4) {
+      // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order.
+      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
+      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
+      const uint32_t lo_even = e2m1x4_to_e4m3x4(lo & 0x0F0F0F0Fu), lo_odd = e2m1x4_to_e4m3x4((lo >> 4) & 0x0F0F0F0Fu);
+      const uint32_t hi_even = e2m1x4_to_e4m3x4(hi & 0x0F0F0F0Fu), hi_odd = e2m1x4_to_e4m3x4((hi >> 4) & 0x0F0F0F0Fu);
+      w_lo[u][0] = __byte_perm(lo_even, lo_odd, 0x5140);  // values 0,1,2,3
+      w_lo[u][1] = __byte_perm(lo_even, lo_odd, 0x7362);  // values 4,5,6,7
+      w_hi[u][0] = __byte_perm(hi_even, hi_odd, 0x5140);
+      w_hi[u][1] = __byte_perm(hi_even, hi_odd, 0x7362);
+      // 2^6 undoes the e2m1 → e4m3 exponent shift.
+      sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + kbc));
+      sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + kbc));
+    } else {
+      const uint2 lo = __ldg(reinterpret_cast<const uint2*>(wl + off * kWBytes));
+      const uint2 hi = __ldg(reinterpret_cast<const uint2*>(wh + off * kWBytes));
+      w_lo[u][0] = lo.x;
+      w_lo[u][1] = lo.y;
+      w_hi[u][0] = hi.x;
+      w_hi[u][1] = hi.y;
+      sw_lo[u] = detail::ue8m0_scale(__ldg(c.s_lo + (kbc >> kb_shift)));
+      sw_hi[u] = sw_lo[u];
+    }
+    sa0[u] = k_ok ? __ldg(a0p + off) : 0.0f;
+    sa1[u] = k_ok ? __ldg(a1p + off) : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t a1[4] = {e4m3x2_to_f16x2(w_lo[u][0]), e4m3x2_to_f16x2(w_hi[u][0]),
+                            e4m3x2_to_f16x2(w_lo[u][0] >> 16), e4m3x2_to_f16x2(w_hi[u][0] >> 16)};
+    mma_f16(a1, act[u].x, act[u].y, d);
+    const uint32_t a2[4] = {e4m3x2_to_f16x2(w_lo[u][1]), e4m3x2_to_f16x2(w_hi[u][1]),
+                            e4m3x2_to_f16x2(w_lo[u][1] >> 16), e4m3x2_to_f16x2(w_hi[u][1] >> 16)};
+    mma_f16(a2, act[u].z, act[u].w, d);
+    // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
+    // A block past the K range has sa = 0 (its finite MMA result vanishes).
+    acc[0] += d[0] * (sw_lo[u] * sa0[u]);
+    acc[1] += d[1] * (sw_lo[u] * sa1[u]);
+    acc[2] += d[2] * (sw_hi[u] * sa0[u]);
+    acc[3] += d[3] * (sw_hi[u] * sa1[u]);
+  }
 }
 
 // Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
@@ -113,66 +200,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const int kb_end = min(n_kb, kb_begin + p.kb_per_split);
   const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
   const GemvOperands& op = p.ops[blockIdx.z];
-  const uint8_t* w_lo = op.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
-  const uint8_t* w_hi = op.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
+  const uint8_t* w_lo_ptr = op.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
+  const uint8_t* w_hi_ptr = op.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
   // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
   const uint8_t* s_lo = op.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
   const uint8_t* s_hi = kFp4 ? op.w_scales + r_hi * n_kb : s_lo;
-  const uint8_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * p.in + t * 8;  // B operand: token g
+  const uint16_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * p.in + t * 8;  // B operand: token g
   const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
   const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
   const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
 
+  ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
+  // chunk reaching past the K range clamps its block indices.
   for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
-    uint32_t wa[kU][4], bb[kU][2];
-    float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int kb = kb0 + u;
-      const bool k_ok = kb < kb_end;
-      const int kbc = k_ok ? kb : kb_begin;  // past the range: a valid block, zeroed by sa = 0 below
-      const uint2 act = __ldg(reinterpret_cast<const uint2*>(a_row + kbc * 32));
-      if constexpr (kFp4) {
-        // 16 bytes per row-block; thread t holds values 8t..8t+7 (one 32-bit word).
-        const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(w_lo + kbc * 16));
-        const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(w_hi + kbc * 16));
-        wa[u][0] = e2m1x4_to_e4m3x4(lo & 0x0F0F0F0Fu);         // values 8t+{0,2,4,6}, row g
-        wa[u][1] = e2m1x4_to_e4m3x4(hi & 0x0F0F0F0Fu);         // row g+8
-        wa[u][2] = e2m1x4_to_e4m3x4((lo >> 4) & 0x0F0F0F0Fu);  // values 8t+{1,3,5,7}
-        wa[u][3] = e2m1x4_to_e4m3x4((hi >> 4) & 0x0F0F0F0Fu);
-        bb[u][0] = __byte_perm(act.x, act.y, 0x6420);
-        bb[u][1] = __byte_perm(act.x, act.y, 0x7531);
-        // 2^6 undoes the e2m1 → e4m3 exponent shift.
-        sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(s_lo + kbc));
-        sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(s_hi + kbc));
-      } else {
-        // 32 bytes per row-block; thread t holds values 8t..8t+7: MMA k t*4+i ← 8t+i, 16+t*4+i ← 8t+4+i.
-        const uint2 lo = __ldg(reinterpret_cast<const uint2*>(w_lo + kbc * 32));
-        const uint2 hi = __ldg(reinterpret_cast<const uint2*>(w_hi + kbc * 32));
-        wa[u][0] = lo.x;
-        wa[u][1] = hi.x;
-        wa[u][2] = lo.y;
-        wa[u][3] = hi.y;
-        bb[u][0] = act.x;
-        bb[u][1] = act.y;
-        sw_lo[u] = detail::ue8m0_scale(__ldg(s_lo + (kbc >> p.kb_shift)));
-        sw_hi[u] = sw_lo[u];
-      }
-      sa0[u] = k_ok ? __ldg(as0 + kbc) : 0.0f;
-      sa1[u] = k_ok ? __ldg(as1 + kbc) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      float d[4];
-      mma_e4m3(wa[u], bb[u][0], bb[u][1], d);
-      // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
-      // A block past the K range has sa = 0 (its finite MMA result vanishes).
-      acc[0] += d[0] * (sw_lo[u] * sa0[u]);
-      acc[1] += d[1] * (sw_lo[u] * sa1[u]);
-      acc[2] += d[2] * (sw_hi[u] * sa0[u]);
-      acc[3] += d[3] * (sw_hi[u] * sa1[u]);
-    }
+    if (kb0 + kU <= kb_end) gemv_chunk<kFp4, true>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
+    else gemv_chunk<kFp4, false>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
   }
   partial[warp][g][tok0] = acc[0];
   partial[warp][g][tok1] = acc[1];
@@ -236,7 +280,7 @@ int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
 
 }  // namespace
 
-Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint8_t* codes, float* scales, cudaStream_t stream) {
+Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream) {
   if (n < 0 || in <= 0 || in % 32 != 0)
     return make_error("cuda::quantize_act_fp8: n=" + std::to_string(n) + ", in=" + std::to_string(in) +
                       " (in must be a positive multiple of 32)");
@@ -308,7 +352,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
   return Status::Ok();
 }
 
-Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const float* act_scales, int64_t n,
+Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
                       float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
   return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk);

@@ -24,9 +24,10 @@ Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, 
 
 // ---- FP8 activation quantization (§3.1) --------------------------------------------------------
 // Per token, per block of 32 channels: amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)) (UE8M0),
-// codes = e4m3_RNE(clamp(x/s, ±448)). x [n, in] (in % 32 == 0) → codes [n, in] (e4m3 bytes),
-// scales [n, in/32] (the power of two s as fp32). Bit-exact with cedar::quantize_act_block32.
-Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint8_t* codes, float* scales, cudaStream_t stream);
+// codes = e4m3_RNE(clamp(x/s, ±448)). x [n, in] (in % 32 == 0) → codes [n, in], each e4m3 code stored
+// as its exact f16 value (bits; the GEMV's MMA operand), scales [n, in/32] (the power of two s as
+// fp32). Bit-exact with cedar::quantize_act_block32.
+Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream);
 
 // ---- block-scaled GEMV / skinny GEMM ----------------------------------------------------------
 // A linear layer's weight in device memory (logical [out, in], in % 32 == 0).
@@ -57,7 +58,7 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
 // y[t, out] = Σ_kblocks (Σ q_a·q_w) · s_a · s_w for n tokens of quantized activations (quantize_act_fp8);
 // bf16_output rounds y to bf16 (what the reference's linear() returns). Any n ≥ 1 (tiles of 8 tokens).
 // Deterministic: split-K partials are added in a fixed order.
-Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const float* act_scales, int64_t n,
+Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
                       float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
 
 // Several matrices of one shape and format in one launch (grid.z): e.g. the w1/w3 of a token's routed
@@ -67,16 +68,16 @@ Status gemv_quantized(const QuantWeightView& w, const uint8_t* act_codes, const 
 struct GemvGroupItem {
   const uint8_t* data = nullptr;
   const uint8_t* scales = nullptr;
-  const uint8_t* act_codes = nullptr;
+  const uint16_t* act_codes = nullptr;  // quantize_act_fp8 output (f16 values of e4m3 codes)
   const float* act_scales = nullptr;
   float* y = nullptr;
 };
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
                               bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
 
-// Workspace for linear_quantized: codes [n·in] bytes + scales [n·in/32] floats (+ optional split-K).
+// Workspace for linear_quantized: codes [n·in] f16 + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {
-  uint8_t* codes = nullptr;
+  uint16_t* codes = nullptr;
   float* scales = nullptr;
   int64_t capacity_values = 0;  // n·in the workspace can hold
   SplitKWorkspace splitk;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -82,6 +83,15 @@ TEST(CudaRmsNorm, MatchesCpu) {
 
 // ---- FP8 activation quantization -----------------------------------------------------------------
 
+// IEEE binary16 bits → float (exact; the GPU stores each e4m3 code as its f16 value).
+float half_bits_to_float(uint16_t h) {
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  const int exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), -24);
+  if (exp == 31) return man ? std::numeric_limits<float>::quiet_NaN() : sign * INFINITY;
+  return sign * std::ldexp(static_cast<float>(man + 1024), exp - 25);
+}
+
 TEST(CudaActQuant, BitExactWithCpuRecipe) {
   CEDAR_REQUIRE_GPU();
   const int64_t n = 5, in = 1024;
@@ -90,7 +100,7 @@ TEST(CudaActQuant, BitExactWithCpuRecipe) {
   x[200] = 448.0f * 3;                               // exact power-of-two ratio: scale without +1
   x[300] = 3.0e-5f;
   auto dx = upload(x);
-  auto dcodes = alloc<uint8_t>(x.size());
+  auto dcodes = alloc<uint16_t>(x.size());
   auto dscales = alloc<float>(x.size() / 32);
   ASSERT_TRUE(quantize_act_fp8(dx.get(), n, in, dcodes.get(), dscales.get(), nullptr).ok());
   const auto codes = download(dcodes);
@@ -101,10 +111,13 @@ TEST(CudaActQuant, BitExactWithCpuRecipe) {
     const uint8_t sb = quantize_act_block32(std::span<const float, 32>(x.data() + 32 * b, 32), want);
     if (scales[b] != ue8m0_to_f32(sb) && bad++ == 0)
       ADD_FAILURE() << "first mismatch: block " << b << " scale gpu " << scales[b] << " cpu " << ue8m0_to_f32(sb);
-    for (int i = 0; i < 32; ++i)
-      if (codes[32 * b + i] != want[i] && bad++ == 0)
+    for (int i = 0; i < 32; ++i) {
+      // The stored f16 must be the e4m3 code's value, sign of zero included.
+      const float got = half_bits_to_float(codes[32 * b + i]), expect = e4m3_to_f32(want[i]);
+      if ((got != expect || std::signbit(got) != std::signbit(expect)) && bad++ == 0)
         ADD_FAILURE() << "first mismatch: value " << 32 * b + i << " (x=" << x[32 * b + i] << ") code gpu "
-                      << int(codes[32 * b + i]) << " cpu " << int(want[i]);
+                      << got << " cpu " << expect << " (e4m3 0x" << std::hex << int(want[i]) << ")";
+    }
   }
   std::printf("PARITY %-40s n=%zu mismatches=%zu (bit-exact required)\n", "quantize_act_fp8", x.size(), bad);
   EXPECT_EQ(bad, 0u);
@@ -168,7 +181,7 @@ void check_gemv(const QuantWeightHost& w, int64_t n, uint32_t seed, const std::s
   auto dw = upload(w.data);
   auto ds = upload(w.scales);
   auto dx = upload(x);
-  auto dcodes = alloc<uint8_t>(x.size());
+  auto dcodes = alloc<uint16_t>(x.size());
   auto dscales = alloc<float>(x.size() / 32);
   auto dy = alloc<float>(n * out);
   QuantWeightView view{.format = w.cpu.format == WeightFormat::MXFP4 ? QuantWeightFormat::MXFP4
@@ -230,14 +243,15 @@ void check_grouped(bool fp4, int64_t count, int64_t out, int64_t in, int64_t n, 
     std::transform(xs[i].begin(), xs[i].end(), ax.begin(), [](float v) { return std::fabs(v); });
     ASSERT_TRUE(cpu::linear(abs_weight(hw[i]).cpu, ax, n, bound[i], {.bf16_output = false}, nullptr).ok());
   }
-  std::vector<DeviceBuffer<uint8_t>> dw, ds, dcodes;
+  std::vector<DeviceBuffer<uint8_t>> dw, ds;
+  std::vector<DeviceBuffer<uint16_t>> dcodes;
   std::vector<DeviceBuffer<float>> dx, dscales, dy;
   std::vector<GemvGroupItem> items;
   for (int64_t i = 0; i < count; ++i) {
     dw.push_back(upload(hw[i].data));
     ds.push_back(upload(hw[i].scales));
     dx.push_back(upload(xs[i]));
-    dcodes.push_back(alloc<uint8_t>(n * in));
+    dcodes.push_back(alloc<uint16_t>(n * in));
     dscales.push_back(alloc<float>(n * in / 32));
     dy.push_back(alloc<float>(n * out));
     ASSERT_TRUE(quantize_act_fp8(dx[i].get(), n, in, dcodes[i].get(), dscales[i].get(), nullptr).ok());
