@@ -22,8 +22,8 @@ struct Entry {
 const Entry kEntries[] = {
     {"rms_norm", "RMSNorm, bf16 output", rms_norm_kernel_ptr},
     {"quantize_act_fp8", "FP8 e4m3 activation quantization, 32-blocks, UE8M0 scales", quantize_act_fp8_kernel_ptr},
-    {"gemv_fp8_block", "FP8 32x32-block-scaled GEMV, <=8 tokens/tile, mma.sync m16n8k32 e4m3", gemv_fp8_kernel_ptr},
-    {"gemv_mxfp4", "MXFP4 expert GEMV: e2m1 dequantized in registers to e4m3, FP8 MMA", gemv_mxfp4_kernel_ptr},
+    {"gemv_fp8_block", "FP8 block-scaled GEMV, <=8 tokens/tile, exact f16 HMMA, split-K, grouped", gemv_fp8_kernel_ptr},
+    {"gemv_mxfp4", "MXFP4 expert GEMV: e2m1 dequantized in registers (exact), f16 HMMA, grouped", gemv_mxfp4_kernel_ptr},
     {"mhc_fused", "fused single-pass mHC: expand + collapse + coefficients + Sinkhorn", mhc_fused_kernel_ptr},
     {"copy", "vectorized device copy (bandwidth reference)", copy_kernel_ptr},
 };

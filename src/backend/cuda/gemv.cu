@@ -1,21 +1,21 @@
 // FP8 activation quantization and the block-scaled FP8 / MXFP4 GEMV (skinny GEMM, ≤ 8 tokens per tile).
 //
-// Both weight formats run through mma.sync m16n8k32 (e4m3 × e4m3 → f32): one MMA is exactly one
-// 32-wide scale block of 16 weight rows × 8 tokens, so its result is the block's Σ q_a·q_w and the
-// UE8M0 scales are applied per block in fp32, as the reference does. (On sm_90 ptxas lowers this MMA
-// to e4m3 → f16 conversions + two f16 HMMAs — exact, since every product fits; FP8 is native only in
-// wgmma on Hopper. docs/cuda.md has the measured cost.)
+// Both weight formats run on the tensor cores through mma.sync m16n8k16 f16 × f16 → f32: the e4m3
+// weight (and the e2m1 weight, via e4m3) is converted in registers to f16 and the activations arrive as
+// the f16 values of their e4m3 codes — all exact, and every product is exact — so two MMAs give one
+// 32-wide scale block's Σ q_a·q_w for 16 weight rows × 8 tokens, and the UE8M0 scales are applied per
+// block in fp32, as the reference does. (mma.sync m16n8k32 e4m3 exists, but on sm_90 ptxas lowers it
+// to the same conversions and HMMAs plus extra adds: FP8 is native only in wgmma on Hopper.)
 //
 // MXFP4 path — Hopper has no FP4 MMA (e2m1 MMA is sm_100+), so the weight is dequantized in
-// registers to e4m3, which is exact: every e2m1 value is an e4m3 value. With the 3 magnitude bits
+// registers, first to e4m3, which is exact: every e2m1 value is an e4m3 value. With the 3 magnitude bits
 // `eem` moved to e4m3 bits 2..4 (`((c & 7) << 2) | ((c & 8) << 4)`, 2 logic ops per 4 values on the
 // packed word), the e4m3 value is e2m1 · 2^-6 for normals and subnormals alike, and the 2^6 is folded
 // into the block scale. This keeps the weight read at 0.53 bytes/parameter (the roofline of a
 // memory-bound GEMV) and adds ~2 logic ops per 4 values to the FP8 path; the alternatives
 // (dequant to bf16 and a bf16 MMA: 2× the conversion work and bf16 activations that lose the FP8
 // quantization the reference applies; or a CUDA-core FMA loop: compute-bound at ~1/3 of HBM speed)
-// are slower and no more exact. Nibble pairs land in the MMA's K order {0,2,4,6 | 1,3,5,7}; the
-// activation bytes are permuted identically (K order inside a block does not change the sum's terms).
+// are slower and no more exact. The even/odd nibble split is undone with two byte permutes.
 #include <cuda_fp8.h>
 
 #include <algorithm>
