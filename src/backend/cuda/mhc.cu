@@ -112,15 +112,25 @@ __global__ void __launch_bounds__(kThreads) mhc_fused_kernel(MhcKernelArgs args)
     }
   }
   // Partial dot products of this block's 128 channels with the 24 rows of fn (loaded at the top), per token.
+  // The warp's 32 lanes reduce their 25 values (24 products + the square, padded to 32) with a
+  // reduce-scatter butterfly: 31 shuffles instead of 25 × 5, and lane i ends with the sum of value i
+  // (a fixed order: deterministic).
   for (int t = 0; t < n; ++t) {
-    const float v = xn[t][k][lane];
+    const float x = xn[t][k][lane];
+    float v[32];
 #pragma unroll
-    for (int i = 0; i < kMix; ++i) {
-      const float s = detail::warp_sum(fw[i] * v);
-      if (lane == 0) red[t][k][i] = s;
+    for (int i = 0; i < 32; ++i) v[i] = i < kMix ? fw[i] * x : (i == kMix ? x * x : 0.0f);
+#pragma unroll
+    for (int half = 16; half >= 1; half >>= 1) {
+      const bool upper = (lane & half) != 0;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float keep = upper ? v[i + half] : v[i];
+        const float send = upper ? v[i] : v[i + half];
+        v[i] = keep + __shfl_xor_sync(detail::kFullMask, send, half);
+      }
     }
-    const float sq = detail::warp_sum(v * v);
-    if (lane == 0) red[t][k][kMix] = sq;
+    if (lane < kSlot) red[t][k][lane] = v[0];
   }
   __syncthreads();
   const int64_t blocks = gridDim.x;
