@@ -22,5 +22,6 @@ int cmd_forward(const Args& args);
 int cmd_run(const Args& args);
 int cmd_chat(const Args& args);
 int cmd_bench(const Args& args);
+int cmd_doctor(const Args& args);
 
 }  // namespace cedar::cli

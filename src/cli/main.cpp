@@ -30,6 +30,7 @@ constexpr Command kCommands[] = {
     {"run", "complete a raw text prompt (streams the text; --stats-json for timings)", cedar::cli::cmd_run},
     {"chat", "interactive chat through the prompt encoder and output parser", cedar::cli::cmd_chat},
     {"bench", "serving benchmark: offered load (TTFT, TPOT, throughput) and CED vs exact prefill", cedar::cli::cmd_bench},
+    {"doctor", "check this machine for cedar: GPU, FP8 support, HBM bandwidth, model memory plan", cedar::cli::cmd_doctor},
 };
 
 void print_help() {

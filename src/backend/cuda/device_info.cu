@@ -21,4 +21,13 @@ Result<RuntimeInfo> query_runtime() {
   return info;
 }
 
+Result<DeviceMemory> device_memory(int device) {
+  DeviceMemory m;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess)
+    return make_error("cudaSetDevice(" + std::to_string(device) + "): " + cudaGetErrorString(err));
+  if (cudaError_t err = cudaMemGetInfo(&m.free_bytes, &m.total_bytes); err != cudaSuccess)
+    return make_error(std::string("cudaMemGetInfo: ") + cudaGetErrorString(err));
+  return m;
+}
+
 }  // namespace cedar::cuda

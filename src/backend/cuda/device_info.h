@@ -22,6 +22,13 @@ struct RuntimeInfo {
   std::vector<DeviceInfo> devices;
 };
 
+struct DeviceMemory {
+  size_t free_bytes = 0, total_bytes = 0;
+};
+
+// Free / total memory of one device (creates its context).
+Result<DeviceMemory> device_memory(int device);
+
 // Never fails hard: with no driver or no GPU it returns an error naming why.
 Result<RuntimeInfo> query_runtime();
 

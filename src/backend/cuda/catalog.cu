@@ -1,0 +1,47 @@
+// The list of CUDA kernels this build carries, and the check that each has device code the current
+// GPU can load (`cedar doctor`, tests).
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/kernels.h"
+
+namespace cedar::cuda {
+
+// Defined next to each kernel (their symbols stay file-local there).
+const void* quantize_act_fp8_kernel_ptr();
+const void* gemv_fp8_kernel_ptr();
+const void* gemv_mxfp4_kernel_ptr();
+const void* mhc_fused_kernel_ptr();
+const void* rms_norm_kernel_ptr();
+const void* copy_kernel_ptr();
+
+namespace {
+struct Entry {
+  const char* name;
+  const char* what;
+  const void* (*ptr)();
+};
+const Entry kEntries[] = {
+    {"rms_norm", "RMSNorm, bf16 output", rms_norm_kernel_ptr},
+    {"quantize_act_fp8", "FP8 e4m3 activation quantization, 32-blocks, UE8M0 scales", quantize_act_fp8_kernel_ptr},
+    {"gemv_fp8_block", "FP8 block-scaled GEMV, <=8 tokens/tile, exact f16 HMMA, split-K, grouped", gemv_fp8_kernel_ptr},
+    {"gemv_mxfp4", "MXFP4 expert GEMV: e2m1 dequantized in registers (exact), f16 HMMA, grouped", gemv_mxfp4_kernel_ptr},
+    {"mhc_fused", "fused single-pass mHC: expand + collapse + coefficients + Sinkhorn", mhc_fused_kernel_ptr},
+    {"copy", "vectorized device copy (bandwidth reference)", copy_kernel_ptr},
+};
+}  // namespace
+
+std::vector<KernelInfo> kernel_catalog() {
+  std::vector<KernelInfo> out;
+  for (const Entry& e : kEntries) out.push_back(KernelInfo{e.name, e.what});
+  return out;
+}
+
+Status check_kernels_loadable() {
+  for (const Entry& e : kEntries) {
+    cudaFuncAttributes attr{};
+    if (cudaError_t err = cudaFuncGetAttributes(&attr, e.ptr()); err != cudaSuccess)
+      return cuda_status(err, (std::string("cudaFuncGetAttributes(") + e.name + ")").c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace cedar::cuda

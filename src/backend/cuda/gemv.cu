@@ -1,0 +1,376 @@
+// FP8 activation quantization and the block-scaled FP8 / MXFP4 GEMV (skinny GEMM, ≤ 8 tokens per tile).
+//
+// Both weight formats run on the tensor cores through mma.sync m16n8k16 f16 × f16 → f32: the e4m3
+// weight (and the e2m1 weight, via e4m3) is converted in registers to f16 and the activations arrive as
+// the f16 values of their e4m3 codes — all exact, and every product is exact — so two MMAs give one
+// 32-wide scale block's Σ q_a·q_w for 16 weight rows × 8 tokens, and the UE8M0 scales are applied per
+// block in fp32, as the reference does. (mma.sync m16n8k32 e4m3 exists, but on sm_90 ptxas lowers it
+// to the same conversions and HMMAs plus extra adds: FP8 is native only in wgmma on Hopper.)
+//
+// MXFP4 path — Hopper has no FP4 MMA (e2m1 MMA is sm_100+), so the weight is dequantized in
+// registers, first to e4m3, which is exact: every e2m1 value is an e4m3 value. With the 3 magnitude bits
+// `eem` moved to e4m3 bits 2..4 (`((c & 7) << 2) | ((c & 8) << 4)`, 2 logic ops per 4 values on the
+// packed word), the e4m3 value is e2m1 · 2^-6 for normals and subnormals alike, and the 2^6 is folded
+// into the block scale. This keeps the weight read at 0.53 bytes/parameter (the roofline of a
+// memory-bound GEMV) and adds ~2 logic ops per 4 values to the FP8 path; the alternatives
+// (dequant to bf16 and a bf16 MMA: 2× the conversion work and bf16 activations that lose the FP8
+// quantization the reference applies; or a CUDA-core FMA loop: compute-bound at ~1/3 of HBM speed)
+// are slower and no more exact. The even/odd nibble split is undone with two byte permutes.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace cedar::cuda {
+namespace {
+
+constexpr int kQuantThreads = 256;
+constexpr int kGemvWarps = 8;       // warps per block, splitting K
+constexpr int kRowsPerBlock = 16;   // the MMA's M
+constexpr int kTokensPerTile = 8;   // the MMA's N
+// Consecutive K blocks in flight per warp, and blocks per SM the register budget must allow. The
+// kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
+// FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 4 K blocks in flight, 80 registers
+// without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 122 registers (ptxas -v; MXFP4 at 3
+// blocks/SM spills).
+template <bool kFp4>
+constexpr int kUnroll = kFp4 ? 8 : 4;
+template <bool kFp4>
+constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
+
+// One warp per 32-value block: warp max of |x|, UE8M0 scale, e4m3 codes (cvt.rn.satfinite), stored
+// as their exact f16 values (the GEMV's MMA operand).
+__global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const float* x, int64_t n_blocks,
+                                                                         uint16_t* codes, float* scales) {
+  const int64_t blk = (static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (blk >= n_blocks) return;  // whole warps exit together
+  const float v = x[blk * 32 + lane];
+  const float amax = fmaxf(detail::warp_max(fabsf(v)), 1e-4f);
+  const float s = detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
+  const float q = fminf(fmaxf(v / s, -448.0f), 448.0f);
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+  codes[blk * 32 + lane] = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
+  if (lane == 0) scales[blk] = s;
+}
+
+constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
+
+struct GemvOperands {
+  const uint8_t* w;
+  const uint8_t* w_scales;
+  const uint16_t* act;     // [n_tile, in] e4m3 codes as f16
+  const float* act_scales;  // [n_tile, in/32]
+  float* y;                 // [n_tile, out]
+};
+
+struct GemvParams {
+  GemvOperands ops[kMaxGroup];
+  int64_t out, in;
+  int64_t block_out, scale_cols;  // FP8Block scale grid
+  int kb_shift;                   // FP8Block: log2(block_in / 32)
+  int n;                          // tokens in this tile (1..8)
+  bool bf16_output;
+  int ksplit;                     // blocks along K (gridDim.y); > 1 needs the two buffers below
+  int kb_per_split;
+  float* split_partials;          // [group][ksplit][8][out]
+  unsigned* split_counters;       // [group][row tiles], zero between launches
+};
+
+// d += A·B, m16n8k16, f16 × f16 → f32 (native HMMA on sm_80+; products of e4m3 values are exact).
+__device__ __forceinline__ void mma_f16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 bytes (low 16 bits) → f16x2 (low byte → low half), exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// 4 packed e2m1 codes (one per byte, low nibble) → 4 e4m3 bytes of value e2m1 · 2^-6.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
+  return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);
+}
+
+struct ChunkPointers {
+  const uint8_t* w_lo;   // row g, this thread's bytes of K block 0
+  const uint8_t* w_hi;   // row g + 8
+  const uint8_t* s_lo;   // weight scale row of row g (FP8: of the tile)
+  const uint8_t* s_hi;
+  const uint16_t* act;   // token g, this thread's values of K block 0
+  const float* as0;      // activation scales of tokens 2t, 2t+1
+  const float* as1;
+};
+
+// kU consecutive K blocks from kb0 into acc (the MMA accumulator layout). kFull: all inside the range.
+template <bool kFp4, bool kFull>
+__device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
+                                           float (&acc)[4]) {
+  constexpr int kU = kUnroll<kFp4>;
+  // Per K block, thread t holds values 8t..8t+7 of rows g, g+8 (w01: values 0..3, w23: 4..7, e4m3 bytes)
+  // and of token g (act: 8 f16). Two m16n8k16 MMAs: the first takes values 8t+{0,1} in k slots
+  // 2t, 2t+1 and 8t+{2,3} in 2t+8, 2t+9; the second values 8t+{4..7} alike.
+  uint32_t w_lo[kU][2], w_hi[kU][2];
+  uint4 act[kU];
+  float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
+  // Bases at kb0; a full chunk then addresses block u at the constant offset u (immediate offsets).
+  constexpr int kWBytes = kFp4 ? 16 : 32;
+  const uint8_t* wl = c.w_lo + kb0 * kWBytes;
+  const uint8_t* wh = c.w_hi + kb0 * kWBytes;
+  const uint16_t* ap = c.act + kb0 * 32;
+  const float* a0p = c.as0 + kb0;
+  const float* a1p = c.as1 + kb0;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const bool k_ok = kFull || kb0 + u < kb_end;
+    const int off = k_ok ? u : kb_begin - kb0;  // past the range: a valid block, zeroed by sa = 0 below
+    const int kbc = kb0 + off;
+    act[u] = __ldg(reinterpret_cast<const uint4*>(ap + off * 32));
+    if constexpr (kFp4) {
+      // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order.
+      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
+      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
+      const uint32_t lo_even = e2m1x4_to_e4m3x4(lo & 0x0F0F0F0Fu), lo_odd = e2m1x4_to_e4m3x4((lo >> 4) & 0x0F0F0F0Fu);
+      const uint32_t hi_even = e2m1x4_to_e4m3x4(hi & 0x0F0F0F0Fu), hi_odd = e2m1x4_to_e4m3x4((hi >> 4) & 0x0F0F0F0Fu);
+      w_lo[u][0] = __byte_perm(lo_even, lo_odd, 0x5140);  // values 0,1,2,3
+      w_lo[u][1] = __byte_perm(lo_even, lo_odd, 0x7362);  // values 4,5,6,7
+      w_hi[u][0] = __byte_perm(hi_even, hi_odd, 0x5140);
+      w_hi[u][1] = __byte_perm(hi_even, hi_odd, 0x7362);
+      // 2^6 undoes the e2m1 → e4m3 exponent shift.
+      sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + kbc));
+      sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + kbc));
+    } else {
+      const uint2 lo = __ldg(reinterpret_cast<const uint2*>(wl + off * kWBytes));
+      const uint2 hi = __ldg(reinterpret_cast<const uint2*>(wh + off * kWBytes));
+      w_lo[u][0] = lo.x;
+      w_lo[u][1] = lo.y;
+      w_hi[u][0] = hi.x;
+      w_hi[u][1] = hi.y;
+      sw_lo[u] = detail::ue8m0_scale(__ldg(c.s_lo + (kbc >> kb_shift)));
+      sw_hi[u] = sw_lo[u];
+    }
+    sa0[u] = k_ok ? __ldg(a0p + off) : 0.0f;
+    sa1[u] = k_ok ? __ldg(a1p + off) : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t a1[4] = {e4m3x2_to_f16x2(w_lo[u][0]), e4m3x2_to_f16x2(w_hi[u][0]),
+                            e4m3x2_to_f16x2(w_lo[u][0] >> 16), e4m3x2_to_f16x2(w_hi[u][0] >> 16)};
+    mma_f16(a1, act[u].x, act[u].y, d);
+    const uint32_t a2[4] = {e4m3x2_to_f16x2(w_lo[u][1]), e4m3x2_to_f16x2(w_hi[u][1]),
+                            e4m3x2_to_f16x2(w_lo[u][1] >> 16), e4m3x2_to_f16x2(w_hi[u][1] >> 16)};
+    mma_f16(a2, act[u].z, act[u].w, d);
+    // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
+    // A block past the K range has sa = 0 (its finite MMA result vanishes).
+    acc[0] += d[0] * (sw_lo[u] * sa0[u]);
+    acc[1] += d[1] * (sw_lo[u] * sa1[u]);
+    acc[2] += d[2] * (sw_hi[u] * sa0[u]);
+    acc[3] += d[3] * (sw_hi[u] * sa1[u]);
+  }
+}
+
+// Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
+// consecutive K blocks (whole 128-byte lines per row for FP8), each accumulating a 16×8 tile in the MMA's
+// accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
+// ksplit > 1 the K ranges' sums meet in split_partials and the last block of the row tile (atomic
+// ticket) adds them in split order, so the result does not depend on scheduling.
+template <bool kFp4>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
+  constexpr int kU = kUnroll<kFp4>;
+  __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
+  __shared__ bool is_last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  // Rows past `out` and tokens past `n` read row 0 / token 0 (valid memory) instead of predicating
+  // every load: an MMA row or column only feeds its own outputs, and those are never written.
+  const int64_t r_lo = row0 + g < p.out ? row0 + g : 0;
+  const int64_t r_hi = row0 + g + 8 < p.out ? row0 + g + 8 : 0;
+  const int n_kb = static_cast<int>(p.in / 32);
+  const int kb_begin = static_cast<int>(blockIdx.y) * p.kb_per_split;
+  const int kb_end = min(n_kb, kb_begin + p.kb_per_split);
+  const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
+  const GemvOperands& op = p.ops[blockIdx.z];
+  const uint8_t* w_lo_ptr = op.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
+  const uint8_t* w_hi_ptr = op.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
+  // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
+  const uint8_t* s_lo = op.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
+  const uint8_t* s_hi = kFp4 ? op.w_scales + r_hi * n_kb : s_lo;
+  const uint16_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * p.in + t * 8;  // B operand: token g
+  const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
+  const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
+  const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
+
+  ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
+  // chunk reaching past the K range clamps its block indices.
+  for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
+    if (kb0 + kU <= kb_end) gemv_chunk<kFp4, true>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
+    else gemv_chunk<kFp4, false>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
+  }
+  partial[warp][g][tok0] = acc[0];
+  partial[warp][g][tok1] = acc[1];
+  partial[warp][g + 8][tok0] = acc[2];
+  partial[warp][g + 8][tok1] = acc[3];
+  __syncthreads();
+  const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
+  const bool writer = threadIdx.x < kRowsPerBlock * kTokensPerTile && tok < p.n && row0 + row < p.out;
+  float sum = 0.0f;
+  if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
+#pragma unroll
+    for (int w = 0; w < kGemvWarps; ++w) sum += partial[w][row][tok];
+  }
+  if (p.ksplit > 1) {
+    float* split_partials = p.split_partials + static_cast<int64_t>(blockIdx.z) * p.ksplit * kTokensPerTile * p.out;
+    unsigned* split_counters = p.split_counters + static_cast<int64_t>(blockIdx.z) * gridDim.x;
+    if (writer) split_partials[(static_cast<int64_t>(blockIdx.y) * kTokensPerTile + tok) * p.out + row0 + row] = sum;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(split_counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    sum = 0.0f;
+    if (writer)
+      for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
+    if (threadIdx.x == 0) split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
+  }
+  if (writer) op.y[tok * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
+}
+
+Status check_weight(const QuantWeightView& w) {
+  if (w.out <= 0 || w.in <= 0 || w.data == nullptr || w.scales == nullptr)
+    return make_error("cuda::gemv_quantized: empty weight (out=" + std::to_string(w.out) + ", in=" +
+                      std::to_string(w.in) + ")");
+  if (w.in % 32 != 0)
+    return make_error("cuda::gemv_quantized: in=" + std::to_string(w.in) + " is not a multiple of 32");
+  const int64_t kb_per_scale = w.block_in / 32;
+  if (w.format == QuantWeightFormat::FP8Block &&
+      (w.block_out <= 0 || w.block_out % kRowsPerBlock != 0 || w.block_in <= 0 || w.block_in % 32 != 0 ||
+       (kb_per_scale & (kb_per_scale - 1)) != 0))
+    return make_error("cuda::gemv_quantized: FP8 weight block " + std::to_string(w.block_out) + "×" +
+                      std::to_string(w.block_in) +
+                      " (block_out must be a multiple of 16, block_in 32 times a power of two)");
+  if (w.in / 32 > 0x3FFFFFF)
+    return make_error("cuda::gemv_quantized: in=" + std::to_string(w.in) + " is too large");
+  if ((w.out + kRowsPerBlock - 1) / kRowsPerBlock > 0x7FFFFFFF)
+    return make_error("cuda::gemv_quantized: out=" + std::to_string(w.out) + " is too large");
+  return Status::Ok();
+}
+
+// K splits: when the row tiles of all matrices of a launch fill less than one wave (the blocks one
+// wave holds on a 132-SM H200), K is split so the whole GPU streams the weights; whole waves only
+// (floor), each split keeping >= 32 K blocks (1 KiB per FP8 row) so the partial traffic stays small.
+int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
+  const int64_t tiles = (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count;
+  const int64_t wave = (w.format == QuantWeightFormat::MXFP4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * 132;
+  const int64_t most = std::max<int64_t>(1, (w.in / 32) / 32);
+  return std::max<int64_t>(1, std::min(wave / tiles, most));
+}
+
+}  // namespace
+
+Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream) {
+  if (n < 0 || in <= 0 || in % 32 != 0)
+    return make_error("cuda::quantize_act_fp8: n=" + std::to_string(n) + ", in=" + std::to_string(in) +
+                      " (in must be a positive multiple of 32)");
+  const int64_t n_blocks = n * in / 32;
+  if (n_blocks == 0) return Status::Ok();
+  const int64_t grid = (n_blocks * 32 + kQuantThreads - 1) / kQuantThreads;
+  quantize_act_fp8_kernel<<<static_cast<unsigned>(grid), kQuantThreads, 0, stream>>>(x, n_blocks, codes, scales);
+  return launch_status("quantize_act_fp8_kernel");
+}
+
+SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
+  count = std::min<int64_t>(std::max<int64_t>(count, 1), kMaxGroup);
+  const int64_t ksplit = choose_ksplit(w, count);
+  if (ksplit <= 1) return {};
+  return SplitKSize{count * ksplit * kTokensPerTile * w.out, count * ((w.out + kRowsPerBlock - 1) / kRowsPerBlock)};
+}
+
+Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
+                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
+  if (count < 0 || (count > 0 && items == nullptr))
+    return make_error("cuda::gemv_quantized_grouped: count=" + std::to_string(count));
+  if (n < 0) return make_error("cuda::gemv_quantized: n=" + std::to_string(n));
+  for (int64_t i = 0; i < count; ++i) {
+    QuantWeightView w = shape;
+    w.data = items[i].data;
+    w.scales = items[i].scales;
+    CEDAR_RETURN_IF_ERROR(check_weight(w));
+  }
+  const int64_t n_kb = shape.in / 32;
+  int kb_shift = 0;
+  while ((int64_t{32} << kb_shift) < shape.block_in) ++kb_shift;
+  for (int64_t g0 = 0; g0 < count; g0 += kMaxGroup) {
+    const int64_t group = std::min<int64_t>(kMaxGroup, count - g0);
+    int64_t ksplit = choose_ksplit(shape, group);
+    const SplitKSize need = splitk_workspace_size(shape, group);
+    if (ksplit > 1 && (splitk.partials == nullptr || splitk.counters == nullptr ||
+                       splitk.partial_floats < need.partial_floats || splitk.counter_count < need.counters))
+      ksplit = 1;  // no (or too small a) workspace: one block per row tile
+    const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
+    const dim3 grid(static_cast<unsigned>((shape.out + kRowsPerBlock - 1) / kRowsPerBlock),
+                    static_cast<unsigned>(ksplit), static_cast<unsigned>(group));
+    for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+      GemvParams p{};
+      for (int64_t i = 0; i < group; ++i) {
+        const GemvGroupItem& it = items[g0 + i];
+        p.ops[i] = GemvOperands{it.data, it.scales, it.act_codes + t0 * shape.in, it.act_scales + t0 * n_kb,
+                                it.y + t0 * shape.out};
+      }
+      p.out = shape.out;
+      p.in = shape.in;
+      p.block_out = shape.block_out;
+      p.scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
+      p.kb_shift = kb_shift;
+      p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+      p.bf16_output = bf16_output;
+      p.ksplit = static_cast<int>(ksplit);
+      p.kb_per_split = static_cast<int>(kb_per_split);
+      p.split_partials = splitk.partials;
+      p.split_counters = splitk.counters;
+      if (shape.format == QuantWeightFormat::MXFP4) {
+        gemv_quantized_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+        CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<MXFP4>"));
+      } else {
+        gemv_quantized_kernel<false><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+        CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<FP8Block>"));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
+  const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
+  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk);
+}
+
+Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
+                        bool bf16_output, cudaStream_t stream) {
+  CEDAR_RETURN_IF_ERROR(check_weight(w));
+  if (n * w.in > ws.capacity_values)
+    return make_error("cuda::linear_quantized: workspace holds " + std::to_string(ws.capacity_values) +
+                      " activation values, need " + std::to_string(n * w.in));
+  CEDAR_RETURN_IF_ERROR(quantize_act_fp8(x, n, w.in, ws.codes, ws.scales, stream));
+  return gemv_quantized(w, ws.codes, ws.scales, n, y, bf16_output, stream, ws.splitk);
+}
+
+// Exposed to catalog.cu for the loadability check.
+const void* quantize_act_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&quantize_act_fp8_kernel); }
+const void* gemv_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<false>); }
+const void* gemv_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<true>); }
+
+}  // namespace cedar::cuda

@@ -1,0 +1,144 @@
+// Host entry points of the CUDA decode kernels. Every pointer argument is DEVICE memory; every call is
+// asynchronous on `stream` and returns the launch status (argument errors are reported before any
+// launch). Numerics follow the CPU oracle (backend/cpu/ops.h, model/mhc.h); tests/backend/cuda/ checks
+// each kernel against it. C++17 (included from .cu files).
+//
+// Activations are fp32 arrays holding bf16-exact values, as in the CPU backend.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cedar::cuda {
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+// y[r] = bf16(weight ⊙ (x[r] · rsqrt(mean(x[r]²) + eps))) for `rows` rows of `dim`; weight may be null
+// (unweighted). y may alias x.
+Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* y,
+                cudaStream_t stream);
+
+// ---- FP8 activation quantization (§3.1) --------------------------------------------------------
+// Per token, per block of 32 channels: amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)) (UE8M0),
+// codes = e4m3_RNE(clamp(x/s, ±448)). x [n, in] (in % 32 == 0) → codes [n, in], each e4m3 code stored
+// as its exact f16 value (bits; the GEMV's MMA operand), scales [n, in/32] (the power of two s as
+// fp32). Bit-exact with cedar::quantize_act_block32.
+Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream);
+
+// ---- block-scaled GEMV / skinny GEMM ----------------------------------------------------------
+// A linear layer's weight in device memory (logical [out, in], in % 32 == 0).
+enum class QuantWeightFormat { FP8Block, MXFP4 };
+struct QuantWeightView {
+  QuantWeightFormat format = QuantWeightFormat::FP8Block;
+  int64_t out = 0, in = 0;
+  const uint8_t* data = nullptr;    // FP8Block: e4m3 [out, in]; MXFP4: packed e2m1 [out, in/2] (low nibble first)
+  const uint8_t* scales = nullptr;  // FP8Block: ue8m0 [ceil(out/block_out), ceil(in/block_in)]; MXFP4: ue8m0 [out, in/32]
+  int64_t block_out = 32, block_in = 32;  // FP8Block only; block_in % 32 == 0 (V4.1: 32×32; V4: 128×128)
+};
+
+// Split-K scratch: for weights with few row tiles (e.g. wq_a 1280×5120, the shared expert) the
+// kernel splits K over several blocks so the whole GPU streams the weight; their sums meet here.
+// Counters must be zero before the first call (the kernel re-arms them: graph-replayable). Without
+// it (or when too small) the GEMV runs unsplit — same result, fewer blocks.
+struct SplitKWorkspace {
+  float* partials = nullptr;
+  unsigned* counters = nullptr;
+  int64_t partial_floats = 0, counter_count = 0;
+};
+struct SplitKSize {
+  int64_t partial_floats = 0, counters = 0;  // zeros: this weight is never split
+};
+// For `count` matrices of w's shape launched together (gemv_quantized_grouped).
+SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
+
+// y[t, out] = Σ_kblocks (Σ q_a·q_w) · s_a · s_w for n tokens of quantized activations (quantize_act_fp8);
+// bf16_output rounds y to bf16 (what the reference's linear() returns). Any n ≥ 1 (tiles of 8 tokens).
+// Deterministic: split-K partials are added in a fixed order.
+Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
+
+// Several matrices of one shape and format in one launch (grid.z): e.g. the w1/w3 of a token's routed
+// experts (12 × 2304×5120 MXFP4 for top-6), whose per-matrix launches would each pay the fixed
+// latency of a small kernel. Item i computes y_i = W_i · act_i as gemv_quantized does; `shape` gives
+// out, in, format and the FP8 block (its data/scales are ignored).
+struct GemvGroupItem {
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  const uint16_t* act_codes = nullptr;  // quantize_act_fp8 output (f16 values of e4m3 codes)
+  const float* act_scales = nullptr;
+  float* y = nullptr;
+};
+Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
+                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
+
+// Workspace for linear_quantized: codes [n·in] f16 + scales [n·in/32] floats (+ optional split-K).
+struct ActWorkspace {
+  uint16_t* codes = nullptr;
+  float* scales = nullptr;
+  int64_t capacity_values = 0;  // n·in the workspace can hold
+  SplitKWorkspace splitk;
+};
+// quantize_act_fp8 + gemv_quantized: the FP8 / MXFP4 `linear()` of the reference (cpu::linear).
+Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
+                        bool bf16_output, cudaStream_t stream);
+
+// ---- fused single-pass mHC (§3.3) -------------------------------------------------------------
+// One kernel per mHC site and step, for n tokens with hc = 4 streams of width d (d % 32 == 0):
+//   1. X_new = expand(y, X, post, comb)      (skipped when y is null: X_new = X)
+//   2. collapsed = collapse(X_new, collapse_w) (skipped when collapse_w is null)
+//   3. mix_out = H(X_new; fn, base, scale)    (coefficients + Sinkhorn of the next site)
+// i.e. the expand of one sublayer, the input of the next sublayer (single pass: it uses the previous
+// site's pre) and the next site's coefficients, in one pass over the streams and fn. Expand and
+// collapse reproduce model/mhc.h bit-exactly (same products and sums in the same order, no FMA
+// contraction); H sums in a different (blocked, deterministic) order.
+struct MhcFusedArgs {
+  int64_t n = 1, hc = 4, d = 0;
+  const float* X = nullptr;           // [n, hc, d]
+  const float* y = nullptr;           // [n, d] sublayer output, or null
+  const float* post = nullptr;        // [n, hc]   of the site that produced y
+  const float* comb = nullptr;        // [n, hc*hc] comb[j*hc + k]: stream j → stream k
+  float* X_out = nullptr;             // [n, hc, d] (may alias X)
+  const float* collapse_w = nullptr;  // [n, hc] or null
+  float* collapsed = nullptr;         // [n, d]
+  const float* fn = nullptr;          // [(2+hc)*hc, hc*d]
+  const float* base = nullptr;        // [(2+hc)*hc]
+  const float* scale = nullptr;       // [3]
+  int64_t sinkhorn_iters = 20;
+  float hc_eps = 1e-6f, norm_eps = 1e-20f;
+  float* mix_out = nullptr;           // [n, 2hc + hc*hc]: pre[hc], post[hc], comb[hc*hc]
+};
+// Device scratch of the cross-block reduction; counter must be zero before the first call (the
+// kernel resets it, so the same workspace can be replayed in a CUDA graph).
+struct MhcWorkspace {
+  float* partials = nullptr;     // mhc_workspace_floats(n, d) floats
+  unsigned* counter = nullptr;   // one zero-initialized unsigned
+};
+int64_t mhc_workspace_floats(int64_t n, int64_t d);
+Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream);
+
+// ---- device copy bandwidth (the roofline reference) --------------------------------------------
+struct CopyBandwidth {
+  size_t bytes = 0;          // size of the copied buffer
+  double memcpy_gbps = 0;    // cudaMemcpyAsync D2D, (read + write) bytes / s / 1e9
+  double kernel_gbps = 0;    // a vectorized grid-stride copy kernel, same accounting
+};
+Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iterations);
+// Mean time of one empty kernel node in a CUDA graph of `nodes` nodes (µs): the floor every small
+// decode kernel pays even inside a graph.
+Result<double> measure_launch_floor_us(int nodes, int replays);
+
+// ---- catalog -----------------------------------------------------------------------------------
+struct KernelInfo {
+  std::string name;
+  std::string what;
+};
+std::vector<KernelInfo> kernel_catalog();
+// Checks that every catalogued kernel has code loadable on the current device (fails, naming the
+// kernel, when the binary lacks code for its compute capability).
+Status check_kernels_loadable();
+
+}  // namespace cedar::cuda

@@ -1,0 +1,50 @@
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace cedar::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One block per row: a block-wide sum of squares, then the scaled, weighted, bf16-rounded output.
+__global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, int64_t dim, const float* weight,
+                                                            float eps, float* y) {
+  __shared__ float warp_sums[kThreads / 32];
+  __shared__ float rstd_s;
+  const float* xr = x + blockIdx.x * dim;
+  float* yr = y + blockIdx.x * dim;
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) ss = fmaf(xr[c], xr[c], ss);
+  ss = detail::warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+    rstd_s = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);  // IEEE div/sqrt (no fast-math)
+  }
+  __syncthreads();
+  const float r = rstd_s;
+  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+    const float v = __fmul_rn(xr[c], r);
+    yr[c] = detail::round_bf16(weight ? __fmul_rn(weight[c], v) : v);
+  }
+}
+
+}  // namespace
+
+Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* y,
+                cudaStream_t stream) {
+  if (rows < 0 || dim <= 0 || rows > 0x7FFFFFFF)
+    return make_error("cuda::rms_norm: rows=" + std::to_string(rows) + ", dim=" + std::to_string(dim));
+  if (rows == 0) return Status::Ok();
+  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, dim, weight, eps, y);
+  return launch_status("rms_norm_kernel");
+}
+
+}  // namespace cedar::cuda
+
+namespace cedar::cuda {
+const void* rms_norm_kernel_ptr() { return reinterpret_cast<const void*>(&rms_norm_kernel); }
+}  // namespace cedar::cuda

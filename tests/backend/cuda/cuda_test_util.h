@@ -1,0 +1,87 @@
+// Shared helpers of the CUDA tests: a GPU gate that skips (printing why) when no usable device is
+// present, and a parity report against the CPU oracle (NMSE, cosine, worst element, first mismatch).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_info.h"
+#include "backend/cuda/kernels.h"
+
+namespace cedar::cuda::testing {
+
+// Empty when the kernels can run here; otherwise the reason they cannot.
+inline std::string gpu_unavailable_reason() {
+  static const std::string reason = [] {
+    auto rt = query_runtime();
+    if (!rt.ok()) return rt.error().message;
+    if (rt->devices.empty()) return std::string("no CUDA device visible");
+    if (Status s = check_kernels_loadable(); !s.ok())
+      return "kernels cannot load on " + rt->devices[0].name + ": " + s.error().message;
+    return std::string();
+  }();
+  return reason;
+}
+
+#define CEDAR_REQUIRE_GPU()                                                          \
+  do {                                                                               \
+    const std::string cedar_reason_ = ::cedar::cuda::testing::gpu_unavailable_reason(); \
+    if (!cedar_reason_.empty()) {                                                    \
+      std::printf("[  SKIP    ] no usable GPU: %s\n", cedar_reason_.c_str());        \
+      GTEST_SKIP() << "no usable GPU: " << cedar_reason_;                            \
+    }                                                                                \
+  } while (0)
+
+struct Tolerance {
+  double max_nmse = 1e-5;     // Σ(g−w)² / Σw²
+  double min_cosine = 0.99999;
+  double rel = 0.0;           // per element: |g − w| <= abs + rel·|w| + bound_scale·bound[i]
+  double abs = 0.0;
+  double bound_scale = 0.0;   // with a per-element error bound (e.g. Σ|terms| of a dot product)
+};
+
+// Compares got (GPU) with want (CPU oracle); prints one PARITY line (the numbers docs/cuda.md quotes).
+inline ::testing::AssertionResult parity(const std::string& what, const std::vector<float>& got,
+                                         const std::vector<float>& want, const Tolerance& tol,
+                                         const std::vector<float>& bound = {}) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " values vs " << want.size();
+  double err2 = 0, ref2 = 0, dot = 0, got2 = 0, max_abs = 0;
+  size_t mismatches = 0, first = got.size(), worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i], e = std::fabs(g - w);
+    err2 += (g - w) * (g - w);
+    ref2 += w * w;
+    got2 += g * g;
+    dot += g * w;
+    if (e > max_abs || std::isnan(e)) {
+      max_abs = e;
+      worst = i;
+    }
+    const double allowed = tol.abs + tol.rel * std::fabs(w) + (bound.empty() ? 0.0 : tol.bound_scale * bound[i]);
+    if (!(e <= allowed)) {
+      if (mismatches == 0) first = i;
+      ++mismatches;
+    }
+  }
+  const double nmse = ref2 > 0 ? err2 / ref2 : err2;
+  const double cosine = (ref2 > 0 && got2 > 0) ? dot / std::sqrt(ref2 * got2) : (err2 == 0 ? 1.0 : 0.0);
+  std::printf("PARITY %-40s n=%zu nmse=%.3e cosine=%.9f max_abs=%.3e (at %zu: gpu %.9g cpu %.9g) mismatches=%zu\n",
+              what.c_str(), got.size(), nmse, cosine, max_abs, worst, got.empty() ? 0.0 : got[worst],
+              want.empty() ? 0.0 : want[worst], mismatches);
+  if (mismatches > 0 || !(nmse <= tol.max_nmse) || !(cosine >= tol.min_cosine)) {
+    auto f = ::testing::AssertionFailure();
+    f << what << ": nmse " << nmse << " (max " << tol.max_nmse << "), cosine " << cosine << " (min "
+      << tol.min_cosine << "), " << mismatches << " elements out of tolerance";
+    if (first < got.size())
+      f << "; first mismatch at " << first << ": gpu " << got[first] << " cpu " << want[first];
+    return f;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace cedar::cuda::testing
