@@ -1,0 +1,440 @@
+"""Runs a released-format DeepSeek-V4.1 checkpoint through the Hugging Face port `deepseek_v41`
+(huggingface/transformers src/transformers/models/deepseek_v41/, commit 0a2080b4) for parity tests.
+
+The port is not in any transformers release on PyPI. It is imported from
+  1. the installed transformers, if a future release ships `transformers.models.deepseek_v41`; else
+  2. env CEDAR_HF_V41_DIR: a directory containing the `deepseek_v41` package (the upstream files with
+     their relative `from ...x import` lines rewritten to `from transformers.x import`), imported on top of
+     the installed transformers.
+`import_hf_port()` says why when neither works; callers skip with that reason.
+
+Loading: the port has no loader for the released format (its `from_pretrained` expects `model.`-prefixed
+names, `lm_head`, and a float or FP8-quantizer weight layout), so `load_hf_model` builds the model from
+`config.json` and fills it from the shards itself:
+  * names: `embed/norm/layers.*` -> `model.*`, `head.weight` -> `lm_head.weight`; `mtp.*` (DSpark) is not in
+    the port and is skipped;
+  * block FP8 weights: e4m3 · 2^(scale − 127) per weight_block_size block; MXFP4 experts: e2m1 (low nibble =
+    even element) · 2^(scale − 127) per 32 inputs; FP8 Engram rows: e4m3 · 2^(scale − 127) per 32 channels.
+    All of these are exact in bf16, so the bf16 model holds exactly the checkpoint's values (the port's
+    `engram.embed.scale` is then unused: it only applies to float8 tables; it is set to 1);
+  * dtypes: bf16 model, except the parameters the port keeps in fp32 (`_keep_in_fp32_modules_strict`).
+Decoding uses tests/python/safetensors_dir_reader.py (independent of cedar's reader).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from safetensors_dir_reader import read_checkpoint, unpack_e2m1
+
+ENV_DIR = "CEDAR_HF_V41_DIR"
+HF_COMMIT = "0a2080b43eb64e6d448186a4f3f0bc9c618f4797"
+
+
+def import_hf_port():
+    """(module with DeepseekV41ForCausalLM & co., description) or (None, reason it is unavailable)."""
+    try:
+        import torch  # noqa: F401
+        import transformers
+    except ImportError as e:
+        return None, f"torch/transformers are not installed ({e}); pip install torch transformers"
+    try:
+        return importlib.import_module("transformers.models.deepseek_v41.modeling_deepseek_v41"), \
+            f"transformers {transformers.__version__} (built in)"
+    except ImportError:
+        pass
+    how = (f"transformers {transformers.__version__} (PyPI) has no deepseek_v41 model; the HF port exists only in "
+           f"huggingface/transformers@{HF_COMMIT[:8]} (src/transformers/models/deepseek_v41). To run: copy that "
+           f"package to DIR/deepseek_v41 (relative imports made absolute) and set {ENV_DIR}=DIR, e.g. "
+           f"{ENV_DIR}=DIR pytest tests/python/test_v41_hf_parity.py (see docs/forward.md)")
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        return None, how + f"; {ENV_DIR} is not set"
+    if not (pathlib.Path(root) / "deepseek_v41" / "modeling_deepseek_v41.py").is_file():
+        return None, how + f"; {ENV_DIR}={root} has no deepseek_v41/modeling_deepseek_v41.py"
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        module = importlib.import_module("deepseek_v41.modeling_deepseek_v41")
+    except Exception as e:  # noqa: BLE001 - any import failure means "cannot run", with the reason
+        return None, how + f"; importing it from {root} failed: {type(e).__name__}: {e}"
+    return module, f"deepseek_v41 from {root} on transformers {transformers.__version__}"
+
+
+# ---- checkpoint -> HF state dict ----------------------------------------------------------------
+
+
+def _dequant_block_fp8(w, scale, block):
+    br, bc = block
+    s = np.repeat(np.repeat(scale.decode(), br, 0), bc, 1)[: w.shape[0], : w.shape[1]]
+    return w.decode() * s
+
+
+def _dequant_mxfp4(w, scale):
+    return unpack_e2m1(w) * np.repeat(scale.decode(), 32, axis=1)
+
+
+def _dequant_rows(w, scale):
+    return w.decode() * np.repeat(scale.decode(), 32, axis=1)
+
+
+@dataclass
+class LoadedCheckpoint:
+    config: dict                 # config.json
+    text: dict                   # its text_config
+    values: dict                 # HF parameter name -> float64/float32 numpy array (exact values)
+    quantized_linears: set       # HF module names whose checkpoint weight is FP8/MXFP4 (reference: act-quant)
+
+
+def read_as_hf(directory: pathlib.Path) -> LoadedCheckpoint:
+    config = json.loads((directory / "config.json").read_text())
+    text = config.get("text_config", config)
+    block = tuple((config.get("quantization_config") or {}).get("weight_block_size", (32, 32)))
+    _, tensors = read_checkpoint(directory)
+    values, quantized = {}, set()
+    for name, t in tensors.items():
+        if name.endswith(".scale") or name.startswith("mtp."):
+            continue
+        scale = tensors.get(name[: -len(".weight")] + ".scale") if name.endswith(".weight") else None
+        if scale is None:
+            v = t.decode()
+        elif ".engram.embed." in name:
+            v = _dequant_rows(t, scale)
+        elif t.dtype == "I8":
+            v = _dequant_mxfp4(t, scale)
+        else:
+            v = _dequant_block_fp8(t, scale, block)
+        hf = "lm_head.weight" if name == "head.weight" else "model." + name
+        if scale is not None and ".engram.embed." not in name and not name.endswith("attn.wo_a.weight"):
+            # R-model: every FP8/MXFP4 linear quantizes its activations; wo_a is converted to BF16 at load
+            # (spec §2.3) and runs as a plain bf16 einsum.
+            quantized.add(hf[: -len(".weight")])
+        values[hf] = v
+    return LoadedCheckpoint(config, text, values, quantized)
+
+
+def load_hf_model(port, directory: pathlib.Path):
+    """DeepseekV41ForCausalLM (bf16, eager, eval) holding exactly the checkpoint's values, plus the
+    LoadedCheckpoint it came from. Engram models get their hash state bound to the checkpoint's tokenizer."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    ck = read_as_hf(directory)
+    config_module = importlib.import_module(port.__name__.rsplit(".", 1)[0] + ".configuration_deepseek_v41")
+    text = dict(ck.text)
+    # The released HF config.json spells the Engram pad id `engram_pad_token_id`; the port's config class
+    # field is `engram_pad_id` (spec §6 item 1). Same value either way.
+    if "engram_pad_token_id" in text:
+        text.setdefault("engram_pad_id", text.pop("engram_pad_token_id"))
+    text.pop("model_type", None)
+    config = config_module.DeepseekV41TextConfig(**text)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = port.DeepseekV41ForCausalLM(config)
+    # Only the parameters become bf16: the RoPE inverse-frequency buffers stay fp32 as the port computes
+    # them (Module.to(bf16) would round them, e.g. 0.1 -> 0.10009766, and shift every rotation).
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    model.to(torch.bfloat16)
+    for name, b in model.named_buffers():
+        b.data = buffers[name]
+    keep_fp32 = set(port.DeepseekV41PreTrainedModel._keep_in_fp32_modules_strict)
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(ck.values) - {n for n in params if n.endswith("engram.embed.scale")})
+    unexpected = sorted(set(ck.values) - set(params))
+    if missing or unexpected:
+        raise ValueError(f"{directory}: checkpoint/HF name mismatch: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            dtype = torch.float32 if name.rsplit(".", 1)[-1] in keep_fp32 else torch.bfloat16
+            if name.endswith("engram.embed.scale"):
+                v = torch.ones(p.shape, dtype=dtype)
+            else:
+                v = torch.from_numpy(np.ascontiguousarray(ck.values[name], dtype=np.float32)).to(dtype)
+                if dtype == torch.bfloat16 and not torch.equal(v.float(), torch.from_numpy(
+                        np.ascontiguousarray(ck.values[name], dtype=np.float32))):
+                    raise ValueError(f"{name}: checkpoint values are not bf16-exact")
+            if tuple(v.shape) != tuple(p.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(v.shape)}, HF parameter {tuple(p.shape)}")
+            p.data = v
+    model.eval()
+    if config.engram_layer_ids:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+        model.model.bind_tokenizer(tokenizer)
+    return model, ck
+
+
+def fake_quant_act_fp8(port, x):
+    """R-model `act_quant` of a linear's bf16 input (spec §3.1: blocks of 32, amax clamp 1e-4, UE8M0
+    scale 2^ceil(log2(amax/448)), e4m3 RNE) = the port's `_fake_quant_fp8_block` (the same recipe the port
+    applies to the window KV)."""
+    return port._fake_quant_fp8_block(x, block_size=32)
+
+
+def enable_reference_activation_quant(port, model, module_names):
+    """Makes every FP8/MXFP4 linear of the port compute like R-model's `linear()`: the bf16 input is
+    FP8-quantized per token in blocks of 32, the product of the dequantized operands is accumulated in
+    fp32 and stored as bf16. The port itself feeds the unquantized bf16 input (spec §6: FP8 activation
+    quant). Returns the number of patched modules."""
+    import torch
+    import torch.nn.functional as F
+
+    modules = dict(model.named_modules())
+    for name in module_names:
+        lin = modules[name]
+
+        def forward(x, lin=lin):
+            xq = fake_quant_act_fp8(port, x)
+            return F.linear(xq.float(), lin.weight.float()).to(x.dtype)
+
+        lin.forward = forward
+    return len(module_names)
+
+
+def new_cache(port, model):
+    """A DynamicCache with the port's DeepseekV41CSACache on the KV-source layers.
+
+    Why not `use_cache=False`: on the port's no-cache path every KV source *appends* its compressed KV and
+    indexer keys to the previous source's (`shared["compress_kv"]` / `shared["index_k"]` are concatenated,
+    never reset), so from the second KV source on the layers attend and index over the wrong entries. With
+    a cache (the path `generate()` takes) each source publishes its own running cache.
+    Why the explicit build: transformers 5.24 constructs cache layers from `config.layer_types` but passes
+    `config` only to the layer types it knows, and DeepseekV41CSACache needs it."""
+    from transformers import cache_utils
+
+    kind = "shared_compressed_attention"
+    saved = cache_utils.DYNAMIC_LAYER_TYPE_MAPPING.get(kind)
+    cache_utils.DYNAMIC_LAYER_TYPE_MAPPING[kind] = lambda **_: port.DeepseekV41CSACache(model.config)
+    try:
+        return cache_utils.DynamicCache(config=model.config)
+    finally:
+        if saved is None:
+            del cache_utils.DYNAMIC_LAYER_TYPE_MAPPING[kind]
+        else:
+            cache_utils.DYNAMIC_LAYER_TYPE_MAPPING[kind] = saved
+
+
+def run_with_dumps(port, model, ids):
+    """One no-cache forward over `ids`; returns {name: float32 [rows, width]} named like cedar's
+    --dump-tensors (docs/forward.md): layers.L.{engram_out, attn_in, attn_out, ffn_in, ffn_out, out},
+    final_norm, logits."""
+    import torch
+
+    got, hooks = {}, []
+
+    def keep(name, index=None):
+        def hook(_module, _inputs, output):
+            t = output[index] if index is not None else output
+            got[name] = t.detach().float().reshape(t.shape[1], -1).numpy()
+        return hook
+
+    for i, layer in enumerate(model.model.layers):
+        hooks.append(layer.register_forward_hook(keep(f"layers.{i}.out", 0)))
+        hooks.append(layer.attn_norm.register_forward_hook(keep(f"layers.{i}.attn_in")))
+        hooks.append(layer.attn.register_forward_hook(keep(f"layers.{i}.attn_out", 0)))
+        hooks.append(layer.ffn_norm.register_forward_hook(keep(f"layers.{i}.ffn_in")))
+        hooks.append(layer.ffn.register_forward_hook(keep(f"layers.{i}.ffn_out")))
+        if layer.engram is not None:
+            hooks.append(layer.engram.register_forward_hook(keep(f"layers.{i}.engram_out")))
+    hooks.append(model.model.norm.register_forward_hook(keep("final_norm")))
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), past_key_values=new_cache(port, model), use_cache=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    got["logits"] = out.logits[0].float().numpy()
+    return got
+
+
+# ---- aligning the port's rounding to the official reference -------------------------------------------
+# Each function below replaces one piece of the port whose numerics differ from R-model (the official
+# reference, which cedar's exact mode follows; spec §0 / §6). The math is unchanged; only where values are
+# rounded (or how ties are broken) moves to the reference's choice, so cedar can be compared tightly.
+
+
+def reference_rms_norm(norm, x):
+    """R-model RMSNorm: y = bf16(w ⊙ (x·rsqrt(mean x² + eps))) with the product in fp32 (spec §3.1). The
+    port rounds the normalized x to bf16 first and multiplies in bf16 (two roundings)."""
+    import torch
+
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return (norm.weight.float() * y).to(x.dtype)
+
+
+def reference_rope_tables(rotary, original_forward, x, position_ids, layer_type=None):
+    """R-model keeps freqs_cis in complex64: fp32 cos/sin (spec §3.1). The port casts them to the
+    activation dtype (bf16)."""
+    return original_forward(x.float(), position_ids, layer_type=layer_type)
+
+
+def reference_sparse_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """R-kernel `sparse_attn` (spec §3.4): fp32 scores, M = max over the real keys (the sink is not in the
+    max), numerators exp(s − M) rounded to bf16 for the P·V product, fp32 denominator Σ exp(s − M) +
+    exp(sink − M), output bf16. The port computes the scores with a bf16 matmul, puts the sink into the max
+    and rounds the normalized probabilities to bf16."""
+    import torch
+
+    s = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling
+    if attention_mask is None:
+        raise ValueError("reference_sparse_attention needs the port's additive (eager) mask")
+    s = s + attention_mask.float()
+    m = s.max(dim=-1, keepdim=True).values
+    e = torch.exp(s - m)
+    sink = module.attn_sink.float().reshape(1, -1, 1, 1)
+    denominator = e.sum(-1, keepdim=True) + torch.exp(sink - m)
+    out = torch.matmul(e.to(torch.bfloat16).float(), value.float()) / denominator
+    return out.to(value.dtype).transpose(1, 2).contiguous(), e
+
+
+def stable_topk_indices(scores, k):
+    """Top-k by score, ties to the lower index (cedar's documented rule; torch.topk leaves tie order
+    unspecified, so the port's choice among equal scores is arbitrary)."""
+    import torch
+
+    order = torch.sort(-scores, dim=-1, stable=True).indices[..., :k]
+    return torch.gather(scores, -1, order), order
+
+
+def reference_candidate_blocks(logits, compress_lens, topk_blocks, block_size):
+    """The port's select_candidate_blocks with stable_topk_indices for the block choice."""
+    import torch
+    import torch.nn.functional as F
+
+    width = logits.size(-1)
+    scores = F.pad(logits, (0, -width % block_size), value=float("-inf"))
+    scores = scores.unflatten(-1, (-1, block_size)).amax(dim=-1)
+    num_blocks = scores.size(-1)
+    last = (compress_lens - 1) // block_size
+    scores = scores.masked_fill(torch.arange(num_blocks, device=logits.device).view(-1) == last, torch.inf)
+    values, indices = stable_topk_indices(scores, min(topk_blocks, num_blocks))
+    keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, indices, values > float("-inf"))
+    return keep.repeat_interleave(block_size, dim=-1)[..., :width]
+
+
+def reference_indexer_forward(port, ix, hidden_states, q_residual, latent, first_group_position, position_ids,
+                              cache_layer, shared):
+    """The port's DeepseekV41Indexer.forward (steps 1–5 unchanged) with R-model's score precision (spec
+    §3.6 / §6 item 4): the q·k einsum, the ReLU, the product with w = bf16(bf16(weights_proj·x) ·
+    index_head_dim^-0.5 · index_heads^-0.5) and the head sum are bf16 tensors; the port does all of it in
+    fp32. Top-k and candidate blocks break ties to the lower index (stable_topk_indices)."""
+    import torch
+
+    batch, seq_len, _ = hidden_states.shape
+    ratio = ix.compress_ratio
+    if ix.owns_k:
+        if latent is not None:
+            k = ix.k_norm(ix.wk(latent))
+            positions = first_group_position + ratio * torch.arange(latent.shape[1], device=k.device)
+            cos, sin = ix.rotary_emb(k, position_ids=positions.unsqueeze(0).expand(batch, -1), layer_type="compress")
+            k = port._fake_quant_fp4_block(port.apply_rotary_pos_emb(k, cos, sin), block_size=32).unsqueeze(1)
+            cache_layer.update_compressor_states("indexer", k)
+        shared["index_k"] = cache_layer.compressed_kv["indexer"]
+    index_k = shared.get("index_k")
+    compressed_len = 0 if index_k is None else index_k.shape[2]
+    if compressed_len == 0:
+        return
+    cos_q, sin_q = ix.rotary_emb(hidden_states, position_ids=position_ids, layer_type="compress")
+    q = ix.wq_b(q_residual).view(batch, seq_len, ix.num_heads, ix.head_dim)
+    q = port._fake_quant_fp4_block(port.apply_rotary_pos_emb(q, cos_q, sin_q), block_size=32)
+    bf16 = torch.bfloat16
+    scores = torch.einsum("bshd,btd->bsht", q.float(), index_k[:, 0].float()).to(bf16).relu()
+    c = torch.tensor(ix.softmax_scale * ix.heads_scaling, dtype=torch.float32)  # one fp32 scalar, as R-model
+    weights = (ix.weights_proj(hidden_states).float() * c).to(bf16)
+    index_scores = (scores.float() * weights.float().unsqueeze(-1)).to(bf16).float().sum(dim=2).to(bf16).float()
+    entry_indices = torch.arange(compressed_len, device=index_scores.device).view(1, 1, -1)
+    compress_lens = (position_ids.long().unsqueeze(-1) + 1) // ratio
+    index_scores = index_scores.masked_fill(entry_indices >= compress_lens, float("-inf"))
+    if ix.is_candidate_source:
+        shared["candidates"] = reference_candidate_blocks(index_scores, compress_lens, ix.candidate_topk_blocks,
+                                                          ix.candidate_block_size)
+    elif ix.uses_candidates and shared.get("candidates") is not None:
+        index_scores = index_scores.masked_fill(~shared["candidates"], float("-inf"))
+    top_k = min(ix.index_topk, compressed_len)
+    block_bias = index_scores.new_full((batch, 1, seq_len, compressed_len + 1), float("-inf"))
+    values, indices = stable_topk_indices(index_scores, top_k)
+    safe = torch.where(values > float("-inf"), indices, torch.full_like(indices, compressed_len))
+    ix.cedar_last_scores = index_scores  # for DecisionForcing.check_selection
+    forced = getattr(ix, "cedar_forced_topk", None)
+    if forced is not None:  # [S, k] compressed-entry ids, -1 = empty (cedar's layers.L.topk)
+        f = torch.as_tensor(forced, dtype=torch.long)[None]
+        safe = torch.where(f >= 0, f, torch.full_like(f, compressed_len))
+    block_bias.scatter_(-1, safe.unsqueeze(1), 0.0)
+    shared["topk_bias"] = block_bias[..., :compressed_len]
+
+
+def _with_reference_attention(port, attn, args, kwargs):
+    saved = port.eager_attention_forward
+    port.eager_attention_forward = reference_sparse_attention
+    try:
+        return type(attn).forward(attn, *args, **kwargs)
+    finally:
+        port.eager_attention_forward = saved
+
+
+def align_to_reference(port, model, quantized_linears):
+    """Applies every alignment above to this model instance (other instances are untouched). Returns the
+    list of what was changed, for the test's printout."""
+    changed = []
+    n = 0
+    for module in model.modules():
+        if isinstance(module, port.DeepseekV41RMSNorm):
+            module.forward = lambda x, norm=module: reference_rms_norm(norm, x)
+            n += 1
+    changed.append(f"RMSNorm fp32 weight product ({n} norms)")
+    n = 0
+    for module in model.modules():
+        if isinstance(module, port.DeepseekV41RotaryEmbedding):
+            module.forward = (lambda x, position_ids, layer_type=None, r=module, f=module.forward:
+                              reference_rope_tables(r, f, x, position_ids, layer_type))
+            n += 1
+    changed.append(f"fp32 RoPE cos/sin ({n} rotary tables)")
+    # The port looks its attention function up by name (falling back to its own eager one); keeping the
+    # name "eager" keeps the port's additive sliding-window mask, so the function is swapped per instance.
+    for module in model.modules():
+        if isinstance(module, port.DeepseekV41Attention):
+            module.forward = (lambda *a, attn=module, **kw: _with_reference_attention(port, attn, a, kw))
+    changed.append("sparse_attn numerics (fp32 scores, bf16 numerators, sink outside the max)")
+    n = 0
+    for module in model.modules():
+        if isinstance(module, port.DeepseekV41Indexer):
+            module.forward = (lambda *a, ix=module: reference_indexer_forward(port, ix, *a))
+            n += 1
+    changed.append(f"bf16 indexer scores + lower-index tie rule ({n} indexers)")
+    head = model.lm_head
+    head.forward = lambda x, w=head.weight: __import__("torch").nn.functional.linear(x.float(), w.float())
+    changed.append("fp32 LM head (R-model ParallelHead; the port's bf16 linear rounds the logits to bf16)")
+    force_router(port, model)
+    if quantized_linears:
+        enable_reference_activation_quant(port, model, quantized_linears)
+        changed.append(f"FP8 activation quantization ({len(quantized_linears)} FP8/MXFP4 linears)")
+    return changed
+
+
+def force_router(port, model):
+    """Lets a test fix each router's expert choice (router.cedar_forced_experts = [S, top_k] ids) while the
+    routing weights still come from the router's own scores on its own input (R-model `Gate`: selection
+    by biased scores, weights from the unbiased ones, renormalized, · route_scale)."""
+    import torch
+
+    def forward(hidden_states, image_mask=None, g=None):
+        forced = getattr(g, "cedar_forced_experts", None)
+        if forced is None:
+            return type(g).forward(g, hidden_states, image_mask)
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1]).float()
+        scores = g.score_fn(torch.nn.functional.linear(flat, g.weight.float()) / g.gate_temp)
+        indices = torch.as_tensor(forced, dtype=torch.long)
+        weights = scores.gather(1, indices)
+        if g.norm_topk_prob and g.top_k > 1:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * g.routed_scaling_factor, indices
+
+    for module in model.modules():
+        if isinstance(module, port.DeepseekV41TopKRouter):
+            module.forward = lambda x, image_mask=None, g=module: forward(x, image_mask, g)
