@@ -165,8 +165,20 @@ def load_hf_model(port, directory: pathlib.Path):
     model.eval()
     if config.engram_layer_ids:
         tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
-        model.model.bind_tokenizer(tokenizer)
+        # The port's own normalization map, built once per tokenizer file (it decodes all 129 280 ids).
+        key = (directory / "tokenizer.json").read_bytes()
+        if key not in _TOKEN_MAPS:
+            _TOKEN_MAPS[key] = port.build_compressed_token_map(tokenizer)
+        saved = port.build_compressed_token_map
+        port.build_compressed_token_map = lambda _tokenizer: _TOKEN_MAPS[key]
+        try:
+            model.model.bind_tokenizer(tokenizer)
+        finally:
+            port.build_compressed_token_map = saved
     return model, ck
+
+
+_TOKEN_MAPS: dict = {}
 
 
 def fake_quant_act_fp8(port, x):
