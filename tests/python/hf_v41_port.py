@@ -38,33 +38,37 @@ HF_COMMIT = "0a2080b43eb64e6d448186a4f3f0bc9c618f4797"
 
 
 def import_hf_port():
-    """(module with DeepseekV41ForCausalLM & co., description) or (None, reason it is unavailable)."""
-    try:
-        import torch  # noqa: F401
-        import transformers
-    except ImportError as e:
-        return None, f"torch/transformers are not installed ({e}); pip install torch transformers"
-    try:
-        return importlib.import_module("transformers.models.deepseek_v41.modeling_deepseek_v41"), \
-            f"transformers {transformers.__version__} (built in)"
-    except ImportError:
-        pass
-    how = (f"transformers {transformers.__version__} (PyPI) has no deepseek_v41 model; the HF port exists only in "
-           f"huggingface/transformers@{HF_COMMIT[:8]} (src/transformers/models/deepseek_v41). To run: copy that "
-           f"package to DIR/deepseek_v41 (relative imports made absolute) and set {ENV_DIR}=DIR, e.g. "
-           f"{ENV_DIR}=DIR pytest tests/python/test_v41_hf_parity.py (see docs/forward.md)")
+    """(module with DeepseekV41ForCausalLM & co., description) or (None, reason it is unavailable). Decides
+    from package metadata before importing torch (slow) when the port cannot be found anyway."""
+    import importlib.metadata
+    import importlib.util
+
+    how = (f"the HF port exists only in huggingface/transformers@{HF_COMMIT[:8]} "
+           f"(src/transformers/models/deepseek_v41). To run: copy that package to DIR/deepseek_v41 (relative "
+           f"imports made absolute) and set {ENV_DIR}=DIR, e.g. {ENV_DIR}=DIR pytest -s "
+           f"tests/python/test_v41_hf_parity.py (see docs/forward.md, Parity with the HF port)")
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        return None, ("torch/transformers are not installed (pip install -r requirements-parity.txt); "
+                      "transformers on PyPI (5.24.0) has no deepseek_v41 model either: " + how)
+    version = importlib.metadata.version("transformers")
+    builtin = importlib.util.find_spec("transformers.models.deepseek_v41") is not None
     root = os.environ.get(ENV_DIR)
-    if not root:
-        return None, how + f"; {ENV_DIR} is not set"
-    if not (pathlib.Path(root) / "deepseek_v41" / "modeling_deepseek_v41.py").is_file():
-        return None, how + f"; {ENV_DIR}={root} has no deepseek_v41/modeling_deepseek_v41.py"
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    if not builtin:
+        how = f"transformers {version} (PyPI) has no deepseek_v41 model; " + how
+        if not root:
+            return None, how + f"; {ENV_DIR} is not set"
+        if not (pathlib.Path(root) / "deepseek_v41" / "modeling_deepseek_v41.py").is_file():
+            return None, how + f"; {ENV_DIR}={root} has no deepseek_v41/modeling_deepseek_v41.py"
     try:
+        if builtin:
+            return importlib.import_module("transformers.models.deepseek_v41.modeling_deepseek_v41"), \
+                f"transformers {version} (built in)"
+        if root not in sys.path:
+            sys.path.insert(0, root)
         module = importlib.import_module("deepseek_v41.modeling_deepseek_v41")
     except Exception as e:  # noqa: BLE001 - any import failure means "cannot run", with the reason
-        return None, how + f"; importing it from {root} failed: {type(e).__name__}: {e}"
-    return module, f"deepseek_v41 from {root} on transformers {transformers.__version__}"
+        return None, how + f"; importing it failed: {type(e).__name__}: {e}"
+    return module, f"deepseek_v41 from {root} on transformers {version}"
 
 
 # ---- checkpoint -> HF state dict ----------------------------------------------------------------
