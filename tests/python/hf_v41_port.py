@@ -309,80 +309,69 @@ def reference_sparse_attention(module, query, key, value, attention_mask, scalin
     return out.to(value.dtype).transpose(1, 2).contiguous(), e
 
 
-def stable_topk_indices(scores, k):
-    """Top-k by score, ties to the lower index (cedar's documented rule; torch.topk leaves tie order
-    unspecified, so the port's choice among equal scores is arbitrary)."""
+def force_indexer_selection(port, model):
+    """Lets a test fix an index source's top-k (indexer.cedar_forced_topk = [S, k] compressed-entry ids, −1 =
+    empty): the port's indexer still runs (it appends the indexer keys and publishes the candidate pool),
+    then the published per-query selection is replaced. The port's own scores stay fp32 (R-model: bf16,
+    spec §6 item 4); check_selection() below tolerates that difference."""
     import torch
 
-    order = torch.sort(-scores, dim=-1, stable=True).indices[..., :k]
-    return torch.gather(scores, -1, order), order
+    def forward(args, ix):
+        result = type(ix).forward(ix, *args)
+        forced = getattr(ix, "cedar_forced_topk", None)
+        shared = args[-1]
+        if forced is not None and "topk_bias" in shared:
+            bias = shared["topk_bias"]
+            n_entries = bias.shape[-1]
+            ids = torch.as_tensor(forced, dtype=torch.long)
+            full = torch.full((*bias.shape[:-1], n_entries + 1), float("-inf"), dtype=bias.dtype)
+            ids = torch.where(ids >= 0, ids, torch.full_like(ids, n_entries))
+            full[0, 0].scatter_(-1, ids, 0.0)
+            shared["topk_bias"] = full[..., :n_entries]
+        return result
+
+    for module in model.modules():
+        if isinstance(module, port.DeepseekV41Indexer):
+            module.forward = lambda *args, ix=module: forward(args, ix)
 
 
-def reference_candidate_blocks(logits, compress_lens, topk_blocks, block_size):
-    """The port's select_candidate_blocks with stable_topk_indices for the block choice."""
-    import torch
-    import torch.nn.functional as F
-
-    width = logits.size(-1)
-    scores = F.pad(logits, (0, -width % block_size), value=float("-inf"))
-    scores = scores.unflatten(-1, (-1, block_size)).amax(dim=-1)
-    num_blocks = scores.size(-1)
-    last = (compress_lens - 1) // block_size
-    scores = scores.masked_fill(torch.arange(num_blocks, device=logits.device).view(-1) == last, torch.inf)
-    values, indices = stable_topk_indices(scores, min(topk_blocks, num_blocks))
-    keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, indices, values > float("-inf"))
-    return keep.repeat_interleave(block_size, dim=-1)[..., :width]
-
-
-def reference_indexer_forward(port, ix, hidden_states, q_residual, latent, first_group_position, position_ids,
-                              cache_layer, shared):
-    """The port's DeepseekV41Indexer.forward (steps 1–5 unchanged) with R-model's score precision (spec
-    §3.6 / §6 item 4): the q·k einsum, the ReLU, the product with w = bf16(bf16(weights_proj·x) ·
-    index_head_dim^-0.5 · index_heads^-0.5) and the head sum are bf16 tensors; the port does all of it in
-    fp32. Top-k and candidate blocks break ties to the lower index (stable_topk_indices)."""
+def index_scores(port, layer, x, cache, kv_source, position_ids):
+    """Spec §3.6 index scores I[p, t] = Σ_h w_h·ReLU(qi_h·k_t) in fp32 for one layer on its attention input
+    x [1, S, d], against the indexer keys that the KV source `kv_source` holds in `cache` (after the layer
+    ran); entries not yet visible are −inf. Built from the port's modules (projections, RoPE, FP4 QDQ)."""
     import torch
 
-    batch, seq_len, _ = hidden_states.shape
-    ratio = ix.compress_ratio
-    if ix.owns_k:
-        if latent is not None:
-            k = ix.k_norm(ix.wk(latent))
-            positions = first_group_position + ratio * torch.arange(latent.shape[1], device=k.device)
-            cos, sin = ix.rotary_emb(k, position_ids=positions.unsqueeze(0).expand(batch, -1), layer_type="compress")
-            k = port._fake_quant_fp4_block(port.apply_rotary_pos_emb(k, cos, sin), block_size=32).unsqueeze(1)
-            cache_layer.update_compressor_states("indexer", k)
-        shared["index_k"] = cache_layer.compressed_kv["indexer"]
-    index_k = shared.get("index_k")
-    compressed_len = 0 if index_k is None else index_k.shape[2]
-    if compressed_len == 0:
-        return
-    cos_q, sin_q = ix.rotary_emb(hidden_states, position_ids=position_ids, layer_type="compress")
-    q = ix.wq_b(q_residual).view(batch, seq_len, ix.num_heads, ix.head_dim)
-    q = port._fake_quant_fp4_block(port.apply_rotary_pos_emb(q, cos_q, sin_q), block_size=32)
-    bf16 = torch.bfloat16
-    scores = torch.einsum("bshd,btd->bsht", q.float(), index_k[:, 0].float()).to(bf16).relu()
-    c = torch.tensor(ix.softmax_scale * ix.heads_scaling, dtype=torch.float32)  # one fp32 scalar, as R-model
-    weights = (ix.weights_proj(hidden_states).float() * c).to(bf16)
-    index_scores = (scores.float() * weights.float().unsqueeze(-1)).to(bf16).float().sum(dim=2).to(bf16).float()
-    entry_indices = torch.arange(compressed_len, device=index_scores.device).view(1, 1, -1)
-    compress_lens = (position_ids.long().unsqueeze(-1) + 1) // ratio
-    index_scores = index_scores.masked_fill(entry_indices >= compress_lens, float("-inf"))
-    if ix.is_candidate_source:
-        shared["candidates"] = reference_candidate_blocks(index_scores, compress_lens, ix.candidate_topk_blocks,
-                                                          ix.candidate_block_size)
-    elif ix.uses_candidates and shared.get("candidates") is not None:
-        index_scores = index_scores.masked_fill(~shared["candidates"], float("-inf"))
-    top_k = min(ix.index_topk, compressed_len)
-    block_bias = index_scores.new_full((batch, 1, seq_len, compressed_len + 1), float("-inf"))
-    values, indices = stable_topk_indices(index_scores, top_k)
-    safe = torch.where(values > float("-inf"), indices, torch.full_like(indices, compressed_len))
-    ix.cedar_last_scores = index_scores  # for DecisionForcing.check_selection
-    forced = getattr(ix, "cedar_forced_topk", None)
-    if forced is not None:  # [S, k] compressed-entry ids, -1 = empty (cedar's layers.L.topk)
-        f = torch.as_tensor(forced, dtype=torch.long)[None]
-        safe = torch.where(f >= 0, f, torch.full_like(f, compressed_len))
-    block_bias.scatter_(-1, safe.unsqueeze(1), 0.0)
-    shared["topk_bias"] = block_bias[..., :compressed_len]
+    attn, ix = layer.attn, layer.attn.indexer
+    with torch.no_grad():
+        qr = attn.q_norm(attn.wq_a(x))
+        n = x.shape[1]
+        q = ix.wq_b(qr).view(1, n, ix.num_heads, ix.head_dim)
+        cos, sin = ix.rotary_emb(x, position_ids=position_ids, layer_type="compress")
+        q = port._fake_quant_fp4_block(port.apply_rotary_pos_emb(q, cos, sin), block_size=32)[0].float()
+        keys = cache.layers[kv_source].compressed_kv["indexer"][0, 0].float()
+        w = ix.weights_proj(x)[0].float() * (ix.num_heads ** -0.5 * ix.head_dim ** -0.5)
+        scores = torch.einsum("shd,td->sht", q, keys).relu()
+        total = (scores * w.unsqueeze(-1)).sum(1).numpy().astype(np.float64)
+    visible = (np.arange(n)[:, None] + 1) // ix.compress_ratio
+    total[np.arange(total.shape[1])[None, :] >= visible] = -np.inf
+    return total
+
+
+def candidate_pool(scores, block_size, topk_blocks):
+    """Spec §3.6 level 1 per query: block score = max over its entries, the block of the newest visible
+    entry pinned, the top blocks with a finite score kept (ties: lower block). Returns a bool mask."""
+    pool = np.zeros(scores.shape, dtype=bool)
+    for p, row in enumerate(scores):
+        visible = int(np.isfinite(row).sum())
+        if visible == 0:
+            continue
+        n_blocks = -(-visible // block_size)
+        best = np.array([row[b * block_size:(b + 1) * block_size].max() for b in range(n_blocks)])
+        best[(visible - 1) // block_size] = np.inf
+        order = sorted(range(n_blocks), key=lambda b: (-best[b], b))[:topk_blocks]
+        for b in order:
+            pool[p, b * block_size:min((b + 1) * block_size, visible)] = True
+    return pool
 
 
 def _with_reference_attention(port, attn, args, kwargs):
@@ -417,16 +406,11 @@ def align_to_reference(port, model, quantized_linears):
         if isinstance(module, port.DeepseekV41Attention):
             module.forward = (lambda *a, attn=module, **kw: _with_reference_attention(port, attn, a, kw))
     changed.append("sparse_attn numerics (fp32 scores, bf16 numerators, sink outside the max)")
-    n = 0
-    for module in model.modules():
-        if isinstance(module, port.DeepseekV41Indexer):
-            module.forward = (lambda *a, ix=module: reference_indexer_forward(port, ix, *a))
-            n += 1
-    changed.append(f"bf16 indexer scores + lower-index tie rule ({n} indexers)")
     head = model.lm_head
     head.forward = lambda x, w=head.weight: __import__("torch").nn.functional.linear(x.float(), w.float())
     changed.append("fp32 LM head (R-model ParallelHead; the port's bf16 linear rounds the logits to bf16)")
     force_router(port, model)
+    force_indexer_selection(port, model)
     if quantized_linears:
         enable_reference_activation_quant(port, model, quantized_linears)
         changed.append(f"FP8 activation quantization ({len(quantized_linears)} FP8/MXFP4 linears)")

@@ -12,8 +12,9 @@ and how each is accounted for (hf_v41_port.align_to_reference changes only where
 ties, never its math):
   * FP8 activation quantization (§3.1, §6 item 5 for the clamp): the port runs FP8/MXFP4 linears on the
     unquantized bf16 input; R-model quantizes it per 32 channels (amax clamp 1e-4, UE8M0 scale). Aligned.
-  * indexer score precision (§6 item 4): port fp32, R-model bf16 tensors. Aligned. Top-k ties (torch.topk
-    leaves the order open): lower index wins in the aligned port, as in cedar.
+  * indexer score precision (§6 item 4): port fp32, R-model bf16 tensors, and torch.topk leaves the order
+    of ties open. Not aligned: the checks below use cedar's dumped selection (layers.L.topk) after verifying
+    that it is a top-k of fp32 scores up to near-ties of 4 bf16 ulps (hf_v41_port.index_scores).
   * sink in the softmax max (§6 item 15): same value in exact arithmetic; the aligned attention keeps it out
     of the max like R-kernel, together with fp32 scores and bf16 numerators (the port: bf16 score matmul,
     bf16 normalized probabilities).
@@ -187,7 +188,7 @@ class TeacherForced:
         import torch
 
         bf = lambda name: torch.from_numpy(self.dumps[name]).to(torch.bfloat16)[None]  # noqa: E731
-        cache, shared = hfp.new_cache(PORT, self.model), {}
+        cache, shared, pool = hfp.new_cache(PORT, self.model), {}, None
         modules, experts, selections = {}, {}, {"rows": 0, "tie_flips": 0, "bad": []}
         for L, layer in enumerate(self.model.model.layers):
             ix = layer.attn.indexer
@@ -201,15 +202,22 @@ class TeacherForced:
                 experts[L] = layer.ffn.gate(x_ffn)[1].numpy()
             if ix is not None:
                 ix.cedar_forced_topk = None
-                self.check_selection(L, ix.cedar_last_scores[0].numpy(), self.dumps[f"layers.{L}.topk"], selections)
+                cfg = self.model.config
+                source = max(s for s in cfg.kv_source_layer_ids if s <= L)
+                scores = hfp.index_scores(PORT, layer, bf(f"layers.{L}.attn_in"), cache, source, self.pos)
+                if L == cfg.candidate_source_layer_id:
+                    pool = hfp.candidate_pool(scores, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+                elif 0 <= cfg.candidate_source_layer_id < L:
+                    scores = np.where(pool, scores, -np.inf)
+                self.check_selection(L, scores, self.dumps[f"layers.{L}.topk"], selections)
             modules[f"layers.{L}.attn_out"] = out[0].float().numpy()
             modules[f"layers.{L}.ffn_out"] = ffn[0].float().numpy()
         return modules, experts, selections
 
     @staticmethod
     def check_selection(L, scores, picks, tally):
-        """cedar's picks must be a top-k of the port's scores (−inf = not visible / outside the candidate
-        pool), allowing near-ties at the boundary."""
+        """cedar's picks must be a top-k of the fp32 scores (−inf = not visible / outside the candidate pool),
+        allowing near-ties at the boundary: cedar scores in bf16 like R-model (spec §6 item 4)."""
         for t, row in enumerate(picks.astype(np.int64)):
             chosen = row[row >= 0]
             tally["rows"] += 1
