@@ -158,7 +158,7 @@ Result<ForwardOutput> DeepseekV4Model::forward(std::span<const int64_t> tokens, 
     if (options.sink && role.mode == AttnMode::V4Csa) {  // the indexer's picks (compressed-entry ids, then −1)
       const AttentionScratch::TopK& tk = scratch.topk_of(l);
       const std::vector<float> ids(tk.idx.begin(), tk.idx.end());
-      emit(options, prefix + "index_topk", pos0, n, tk.width, ids);
+      emit(options, prefix + "topk", pos0, n, tk.width, ids);
     }
     st = site(b.X_mid, W.hc_ffn, W.ffn_norm, b.X, prefix + "ffn_in", prefix + "ffn_out",
               [&] { return moe_forward(b.xn, n, W.ffn, moe_, tokens, {}, b.y, pool); });

@@ -13,7 +13,7 @@
 //     in blocks of the weight block width (128);
 //   * no Engram and no CED: exact mode only (new_sequence with ced is an error).
 // Dump names are those of TensorRecord plus "hc_head" (the collapsed streams before the final norm) and,
-// on CSA layers, "layers.{L}.index_topk" [index_topk] (the indexer's compressed-entry ids as floats,
+// on CSA layers, "layers.{L}.topk" [index_topk] (the indexer's compressed-entry ids as floats,
 // ascending, −1 padded).
 #pragma once
 

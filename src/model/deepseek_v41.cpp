@@ -106,13 +106,7 @@ Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& pat
       Status st = check_hc_weights(*hc, m.hc_);
       if (!st.ok()) return st.error().with_context("layer " + str(role.layer) + " mHC");
     }
-    int64_t slot = -1;
-    if (w.engram) {
-      if (w.engram_table_format != WeightFormat::FP8Rows)  // engram_forward reads e4m3 rows + e8m0 scales
-        return make_error(c.source + ": layer " + str(role.layer) +
-                          ": BF16 Engram tables (bf16-weight checkpoint) are not supported by the Engram module");
-      slot = m.hasher_->layout().slot_of_layer(role.layer);
-    }
+    const int64_t slot = w.engram ? m.hasher_->layout().slot_of_layer(role.layer) : -1;
     m.engram_slot_.push_back(slot);
   }
   return m;
@@ -251,6 +245,11 @@ Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, Sequ
                                 pool);
   if (!st.ok()) return fail(st, "attention");
   if (!rows.tail && boundary) return Status::Ok();  // pre-tail rows stop after the boundary's global KV
+  if (options.sink && role.owns_indexer) {  // the selection, so tests can tell tie flips from errors
+    const AttentionScratch::TopK& tk = scratch.topk_of(l);
+    const std::vector<float> ids(tk.idx.begin(), tk.idx.end());
+    emit(options, prefix + "topk", pos0, n, tk.width, ids);
+  }
   emit(options, prefix + "attn_out", pos0, n, d, b.y);
 
   // FFN site: expand the attention output, then collapse with the attention site's pre.

@@ -27,7 +27,11 @@ Status check_forward_args(std::span<float> X, int64_t n, std::span<const int64_t
                 " n_cols=" + std::to_string(p.n_cols) + " token_block=" + std::to_string(p.token_block));
   if (w.head_dim <= 0 || w.head_dim % kScaleBlock != 0)
     return fail("head_dim " + std::to_string(w.head_dim) + " is not a positive multiple of 32");
-  if (w.rows <= 0 || w.table == nullptr || w.table_scale == nullptr) return fail("no table");
+  if (w.rows <= 0 || w.table == nullptr) return fail("no table");
+  if (w.table_format != WeightFormat::FP8Rows && w.table_format != WeightFormat::BF16)
+    return fail(std::string("table format ") + std::string(weight_format_name(w.table_format)) +
+                " is not fp8_rows or bf16");
+  if (w.table_format == WeightFormat::FP8Rows && w.table_scale == nullptr) return fail("FP8 table without scales");
   if (n < 0 || static_cast<int64_t>(X.size()) != n * p.hc * p.dim)
     return fail("X has " + std::to_string(X.size()) + " values for " + std::to_string(n) + " tokens × " +
                 std::to_string(p.hc) + " × " + std::to_string(p.dim));
@@ -62,9 +66,16 @@ Status engram_gather(std::span<const int64_t> rows, const EngramWeights& w, std:
     if (r < 0 || r >= w.rows)
       return make_error("Engram gather: row " + std::to_string(r) + " (column " + std::to_string(col) +
                         ") is outside the table of " + std::to_string(w.rows) + " rows");
+    float* out = E.data() + static_cast<int64_t>(col) * hd;
+    if (w.table_format == WeightFormat::BF16) {
+      const uint8_t* bytes = w.table + r * hd * 2;
+      for (int64_t c = 0; c < hd; ++c)
+        out[c] = bf16_to_f32(static_cast<uint16_t>(bytes[2 * c] | (bytes[2 * c + 1] << 8)));  // little-endian
+      continue;
+    }
+    if (w.table_scale == nullptr) return make_error("Engram gather: FP8 table without scales");
     const uint8_t* codes = w.table + r * hd;
     const uint8_t* scales = w.table_scale + r * n_scales;
-    float* out = E.data() + static_cast<int64_t>(col) * hd;
     for (int64_t c = 0; c < hd; ++c) out[c] = round_to_bf16(e4m3_to_f32(codes[c]) * ue8m0_to_f32(scales[c / kScaleBlock]));
   }
   return Status::Ok();

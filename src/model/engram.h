@@ -23,6 +23,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 #include "io/config.h"
+#include "model/weights.h"
 
 namespace cedar {
 
@@ -100,8 +101,11 @@ class EngramHasher {
 
 // One Engram layer's weights (borrowed views).
 struct EngramWeights {
-  const uint8_t* table = nullptr;        // F8_E4M3 [rows, head_dim]
-  const uint8_t* table_scale = nullptr;  // F8_E8M0 [rows, head_dim/32]
+  // FP8Rows (released format): F8_E4M3 [rows, head_dim] + table_scale F8_E8M0 [rows, head_dim/32].
+  // BF16 (bf16-weight checkpoints): bf16 bits [rows, head_dim], no table_scale.
+  WeightFormat table_format = WeightFormat::FP8Rows;
+  const uint8_t* table = nullptr;
+  const uint8_t* table_scale = nullptr;
   int64_t rows = 0;
   int64_t head_dim = 0;
   cpu::LinearWeight wkv{};               // [(hc+1)*d, cols*head_dim], FP8 block (act-quant block 32)
@@ -121,7 +125,8 @@ struct EngramParams {
 float engram_gate(float dot);
 
 // Gathers one token's rows and dequantizes them: E[col*head_dim + c] = bf16(e4m3(row) · 2^(s−127)),
-// s = the row's scale byte of channel block c/32. E: [rows.size() * head_dim]. Rows must be < w.rows.
+// s = the row's scale byte of channel block c/32 (BF16 tables: the stored bf16 value).
+// E: [rows.size() * head_dim]. Rows must be < w.rows.
 Status engram_gather(std::span<const int64_t> rows, const EngramWeights& w, std::span<float> E);
 
 // X: [n, hc*d] streams before the block (bf16 values), updated in place (§3.9 module):

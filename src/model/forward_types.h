@@ -26,8 +26,10 @@ enum class CedBoundary { ExactSource, GlobalKvOnly };
 // A named intermediate tensor of one forward call: `rows` rows of `width` floats for the absolute
 // positions [pos0, pos0 + rows). Names: "embed", "layers.{L}.engram_out" [hc·d], "layers.{L}.attn_in"
 // (normed collapsed attention input) [d], "layers.{L}.attn_out" [d], "layers.{L}.ffn_in" [d],
-// "layers.{L}.ffn_out" [d], "layers.{L}.out" (streams after the block) [hc·d], "hc_head" (V4: streams
-// collapsed by the learned hc_head) [d], "final_norm" [d], "logits" [vocab] (only the requested rows: pos0 = their first position).
+// "layers.{L}.ffn_out" [d], "layers.{L}.out" (streams after the block) [hc·d], "layers.{L}.topk" (index
+// sources: the selected compressed-entry ids, ascending, -1 = empty) [index_topk], "hc_head" (V4: streams
+// collapsed by the learned hc_head) [d], "final_norm" [d], "logits" [vocab] (only the requested rows: pos0 =
+// their first position).
 struct TensorRecord {
   std::string_view name;
   int64_t pos0 = 0, rows = 0, width = 0;

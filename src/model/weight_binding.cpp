@@ -223,6 +223,7 @@ class WeightBinder {
     EngramWeights& e = *L.engram;
     if (local == "engram.embed.weight") {
       L.engram_table_format = s.format == WeightFormat::FP8Rows ? WeightFormat::FP8Rows : WeightFormat::BF16;
+      e.table_format = L.engram_table_format;
       e.table = bytes(s);
       if (s.format == WeightFormat::FP8Rows) e.table_scale = scale_bytes(s);
       e.rows = s.shape.size() == 2 ? s.shape[0] : 0;

@@ -49,7 +49,7 @@ struct LayerWeights {
   MoeWeights ffn;
   std::optional<EngramWeights> engram;  // Engram layers only
   // Storage of the Engram table: FP8Rows (e4m3 + e8m0 per 32), or BF16 in bf16-weight checkpoints
-  // (then engram->table_scale is null; EngramWeights reads FP8 rows only).
+  // (then engram->table_scale is null; engram->table_format says the same).
   WeightFormat engram_table_format = WeightFormat::FP8Rows;
 };
 

@@ -287,6 +287,9 @@ TEST_F(DeepseekV41Test, SinkNamesEveryIntermediate) {
   for (int l = 0; l < 10; ++l)
     for (const char* t : {"attn_in", "attn_out", "ffn_in", "ffn_out", "out"})
       EXPECT_EQ(seen.count("layers." + std::to_string(l) + "." + t), 1u) << l << t;
+  for (int l = 0; l < 10; ++l)  // index sources 2, 4, 6, 8 publish their selection (index_topk 4)
+    EXPECT_EQ(seen.count("layers." + std::to_string(l) + ".topk"), l >= 2 && l % 2 == 0 ? 1u : 0u) << l;
+  EXPECT_EQ(seen["layers.8.topk"], Shape(5, 4));
   EXPECT_EQ(seen["final_norm"], Shape(5, 64));
   EXPECT_EQ(seen["logits"], Shape(1, 129280));
 }

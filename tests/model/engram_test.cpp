@@ -441,6 +441,47 @@ TEST(EngramForward, MatchesDoublePrecisionFormulasAndLeavesImageTokensAlone) {
   for (int64_t c = 0; c < e.hc * e.d; ++c) EXPECT_EQ(got[2 * e.hc * e.d + c], X[2 * e.hc * e.d + c]);
 }
 
+// bf16-weight checkpoints store the table as BF16 rows (no scales). The rows are fed to wkv as stored,
+// so a BF16 table holding the dequantized FP8 values must give the §3.9 double reference of the FP8 one.
+TEST(EngramForward, Bf16TableReadsStoredValues) {
+  const SmallEngram e = make_small_engram(21);
+  std::vector<uint8_t> bf16_table(e.table.size() * 2);
+  for (int64_t r = 0; r < e.table_rows; ++r)
+    for (int64_t c = 0; c < e.hd; ++c) {
+      const double v = double(e4m3_to_f32(e.table[r * e.hd + c])) * std::ldexp(1.0, e.scale[r * e.hd / 32 + c / 32] - 127);
+      const uint16_t b = f32_to_bf16(static_cast<float>(v));
+      ASSERT_EQ(double(bf16_to_f32(b)), v);  // e4m3 · 2^k is bf16-exact
+      bf16_table[2 * (r * e.hd + c)] = b & 0xFF;
+      bf16_table[2 * (r * e.hd + c) + 1] = b >> 8;
+    }
+  EngramWeights w = e.weights();
+  w.table_format = WeightFormat::BF16;
+  w.table = bf16_table.data();
+  w.table_scale = nullptr;
+
+  std::vector<float> E(2 * e.hd);
+  ASSERT_TRUE(engram_gather(std::vector<int64_t>{7, 2}, w, E).ok());
+  for (int64_t c = 0; c < e.hd; ++c) {
+    EXPECT_EQ(E[c], bf16_to_f32(static_cast<uint16_t>(bf16_table[2 * (7 * e.hd + c)] | bf16_table[2 * (7 * e.hd + c) + 1] << 8)));
+    EXPECT_EQ(E[e.hd + c], bf16_to_f32(static_cast<uint16_t>(bf16_table[2 * (2 * e.hd + c)] | bf16_table[2 * (2 * e.hd + c) + 1] << 8)));
+  }
+
+  const int64_t n = 4;
+  const std::vector<float> X = random_streams(n * e.hc * e.d, 22);
+  std::mt19937 rng(23);
+  std::vector<int64_t> rows(n * e.cols);
+  for (auto& r : rows) r = rng() % e.table_rows;
+  const std::vector<double> want = reference_forward(e, X, rows, {}, n);
+  std::vector<float> got = X;
+  ASSERT_TRUE(engram_forward(got, n, rows, {}, w, e.params(), nullptr).ok());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], std::fabs(want[i]) * std::ldexp(1.0, -7) + 1e-5) << i;
+
+  w.table_format = WeightFormat::FP8Rows;  // an FP8 table must come with its scales
+  const Status st = engram_forward(got, n, rows, {}, w, e.params(), nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("scales"), std::string::npos) << st.error().message;
+}
+
 TEST(EngramForward, ZeroDotGivesThePositiveFloorGate) {
   SmallEngram e = make_small_engram(8);
   std::fill(e.q.begin(), e.q.end(), 0.0f);  // q ⊙ k = 0 → dot = +0 → g = sigmoid(+1e-3)

@@ -82,6 +82,8 @@ def test_dumped_tensors(one_shot, weights):
         expected[f"layers.{layer}.out"] = hc * d
     for layer in text["engram_layer_ids"]:
         expected[f"layers.{layer}.engram_out"] = hc * d
+    for layer in text["index_source_layer_ids"]:
+        expected[f"layers.{layer}.topk"] = text["index_topk"]
     assert set(index) == set(expected)
     for name, width in expected.items():
         arr = np.load(dump / f"{name}.npy")
@@ -90,6 +92,14 @@ def test_dumped_tensors(one_shot, weights):
         assert index[name]["shape"] == [rows, width] and index[name]["positions"] == list(range(rows)), name
         assert np.isfinite(arr).all(), name
     np.testing.assert_array_equal(np.load(dump / "logits.npy"), one_shot["logits"])
+    for layer in text["index_source_layer_ids"]:  # compressed-entry ids: ascending, visible, then -1
+        ratio = text["compress_ratios"][layer]
+        for t, row in enumerate(np.load(dump / f"layers.{layer}.topk.npy").astype(np.int64)):
+            chosen = row[row >= 0]
+            visible = (t + 1) // ratio
+            assert (row[len(chosen):] == -1).all() and (np.diff(chosen) > 0).all(), (layer, t, row)
+            assert len(chosen) == min(visible, text["index_topk"]) or layer > text["candidate_source_layer_id"]
+            assert (chosen < visible).all(), (layer, t, row)
 
 
 # ---- NumPy re-computation of the block wiring (float64, bf16 rounding where the reference stores bf16) ----

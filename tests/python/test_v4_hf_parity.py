@@ -28,7 +28,7 @@ accounts for it instead of hiding it:
     between the 2nd and 3rd expert), and one flipped expert changes that token's output completely. So HF
     runs twice: free (its own decisions; reported, loose bound, and the number of flipped decisions is
     printed) and pinned (its router / indexer take cedar's selections: the router's from cedar's dumped
-    `ffn_in` by the same formula in numpy, the indexer's from cedar's `index_topk` dump; every value is
+    `ffn_in` by the same formula in numpy, the indexer's from cedar's `topk` dump; every value is
     still computed by HF). The pinned run isolates the numerics.
 Thresholds on the pinned run: logits cosine >= 0.999 and top-1 agreement >= 99% (issue 3; top-1 counted
 tie-robustly, see tie_robust_top1) on the BF16-weight configs, looser ones on the quantized configs (see
@@ -421,7 +421,7 @@ def test_v4_forward_matches_hf(work, name, seed, bf16, length, overrides, ape_fa
     logits_path, dump = work / f"{name}.npy", work / f"{name}-dump"
     proc = subprocess.run([cedar_binary(), "forward", str(ckpt), "--ids", ",".join(map(str, ids)),
                            "--positions", "all", "--threads", "2", "--logits-out", str(logits_path),
-                           "--dump-tensors", r"^(layers\.\d+\.(out|ffn_in|index_topk)|final_norm)$", str(dump)], capture_output=True, text=True)
+                           "--dump-tensors", r"^(layers\.\d+\.(out|ffn_in|topk)|final_norm)$", str(dump)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     cedar_logits = np.load(logits_path)
 
@@ -430,7 +430,7 @@ def test_v4_forward_matches_hf(work, name, seed, bf16, length, overrides, ape_fa
     n_layers = cfg["num_hidden_layers"]
     free_logits, _, _, free_experts = run_hf(model, ids)
     routing = cedar_routing(ckpt, dump, cfg)
-    index_topk = {layer: np.load(dump / f"layers.{layer}.index_topk.npy").astype(np.int64)
+    index_topk = {layer: np.load(dump / f"layers.{layer}.topk.npy").astype(np.int64)
                   for layer in range(n_layers) if cfg["compress_ratios"][layer] == 4}
     flips = sum(int((np.sort(free_experts[layer], 1) != np.sort(routing[layer], 1)).any(1).sum()) for layer in routing)
     pin_decisions(model, routing, index_topk)
