@@ -118,8 +118,8 @@ Status attention_v4_forward(const AttentionCall& call, std::span<const float> x,
     src = st.source(call.layer);
     if (src == nullptr || src->ratio != ratio) return fail("no ratio-" + str(ratio) + " compressor state");
     if (src->consumed() != pos0)
-      return fail("chunk starts at position " + str(pos0) + " but the compressor has consumed " +
-                  str(src->consumed()) + " positions");
+      return fail("chunk starts at position " + str(pos0) + " but the compressor has consumed " + str(src->consumed()) +
+                  " positions");
   }
   SwaRing& ring = st.rings[static_cast<size_t>(call.layer)];
   if (ring.slots() != p.window || ring.width() != hd)
@@ -217,8 +217,10 @@ Status attention_v4_forward(const AttentionCall& call, std::span<const float> x,
       rope.apply(ot, p.n_heads, hd, pos, /*inverse=*/true);
     }
   };
-  if (pool) pool->parallel_for(n, rows, 1);
-  else rows(0, n);
+  if (pool)
+    pool->parallel_for(n, rows, 1);
+  else
+    rows(0, n);
 
   for (int64_t t = std::max<int64_t>(0, n - p.window); t < n; ++t)
     CEDAR_RETURN_IF_ERROR(

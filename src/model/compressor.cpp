@@ -165,7 +165,9 @@ Status compress_chunk_v4(const V4CompressorWeights& w, const V4CompressorShape& 
     for (int64_t c = 0; c < wide; ++c) gate[static_cast<size_t>(t * wide + c)] += ape[c];
   }
   const int64_t total = pending + n, groups = total / r;
-  auto kv_row = [&](int64_t i) { return i < pending ? st.pending_kv.data() + i * wide : kv.data() + (i - pending) * wide; };
+  auto kv_row = [&](int64_t i) {
+    return i < pending ? st.pending_kv.data() + i * wide : kv.data() + (i - pending) * wide;
+  };
   auto gate_row = [&](int64_t i) {
     return i < pending ? st.pending_gate.data() + i * wide : gate.data() + (i - pending) * wide;
   };

@@ -14,8 +14,10 @@ namespace {
 std::string str(int64_t v) { return std::to_string(v); }
 
 void for_rows(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  if (pool && n > 1) pool->parallel_for(n, fn);
-  else fn(0, n);
+  if (pool && n > 1)
+    pool->parallel_for(n, fn);
+  else
+    fn(0, n);
 }
 
 template <typename T>
@@ -30,9 +32,9 @@ void emit(const ForwardOptions& o, const std::string& name, int64_t pos0, int64_
 
 // Activations of one chunk.
 struct Buffers {
-  std::vector<float> X, X_mid;           // [n, hc·d] residual streams
-  std::vector<HcMix> mix;                // [n] coefficients of the current site
-  std::vector<float> x, xn, y;           // [n, d] collapsed, normed, sublayer output
+  std::vector<float> X, X_mid;  // [n, hc·d] residual streams
+  std::vector<HcMix> mix;       // [n] coefficients of the current site
+  std::vector<float> x, xn, y;  // [n, d] collapsed, normed, sublayer output
 };
 
 }  // namespace
@@ -169,7 +171,8 @@ Result<ForwardOutput> DeepseekV4Model::forward(std::span<const int64_t> tokens, 
 
   // Learned final collapse (hc_head), final RMSNorm, fp32 head.
   for_rows(pool, n, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) hc_head_collapse(row(b.X, t, hc * d), weights_.tensors().hc_head, hc_, row(b.x, t, d));
+    for (int64_t t = t0; t < t1; ++t)
+      hc_head_collapse(row(b.X, t, hc * d), weights_.tensors().hc_head, hc_, row(b.x, t, d));
   });
   emit(options, "hc_head", pos0, n, d, b.x);
   cpu::rms_norm(b.x, d, weights_.tensors().final_norm, config_.rms_norm_eps, b.xn);

@@ -120,7 +120,8 @@ void hc_expand(std::span<const float> y, std::span<const float> X, const HcMix& 
 }
 
 Status check_hc_head_weights(const HcHeadWeights& w, const HcParams& p) {
-  if (p.hc <= 0 || p.dim <= 0) return make_error("hc_head: hc=" + std::to_string(p.hc) + ", dim=" + std::to_string(p.dim));
+  if (p.hc <= 0 || p.dim <= 0)
+    return make_error("hc_head: hc=" + std::to_string(p.hc) + ", dim=" + std::to_string(p.dim));
   if (static_cast<int64_t>(w.fn.size()) != p.hc * p.hc * p.dim || static_cast<int64_t>(w.base.size()) != p.hc ||
       w.scale.size() != 1)
     return make_error("hc_head: fn/base/scale have " + std::to_string(w.fn.size()) + "/" +

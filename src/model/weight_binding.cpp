@@ -100,7 +100,8 @@ class WeightBinder {
       return nullptr;
     }
     // I64 (V4 tid2eid) is an index table, not a weight dtype: read it raw (dtype and shape checked above).
-    auto view = spec.dtype == DType::I64 ? out_.checkpoint_->raw_tensor(spec.name) : out_.checkpoint_->tensor(spec.name);
+    auto view =
+        spec.dtype == DType::I64 ? out_.checkpoint_->raw_tensor(spec.name) : out_.checkpoint_->tensor(spec.name);
     if (!view.ok()) {
       problem(view.error().message);
       return nullptr;

@@ -154,13 +154,15 @@ TEST_F(DeepseekV4Test, ChunkedPrefillEqualsOneShot) {
   const auto ids = prompt(23);
   for (const DeepseekV4Model* m : {fp8_, bf16_}) {
     const Trace one_shot = run(*m, ids, 0);
-    for (int64_t chunk : {3, 4, 5, 11}) expect_bitwise_equal(one_shot, run(*m, ids, chunk), "chunk " + std::to_string(chunk));
+    for (int64_t chunk : {3, 4, 5, 11})
+      expect_bitwise_equal(one_shot, run(*m, ids, chunk), "chunk " + std::to_string(chunk));
   }
 }
 
 TEST_F(DeepseekV4Test, DecodeEqualsOneShot) {
   const auto ids = prompt(14, 7);
-  for (const DeepseekV4Model* m : {fp8_, bf16_}) expect_bitwise_equal(run(*m, ids, 0), run(*m, ids, 1), "token by token");
+  for (const DeepseekV4Model* m : {fp8_, bf16_})
+    expect_bitwise_equal(run(*m, ids, 0), run(*m, ids, 1), "token by token");
 }
 
 TEST_F(DeepseekV4Test, HcaWindowChunkedEqualsOneShot) {
@@ -237,7 +239,8 @@ TEST(V4Compressor, OverlapPoolingMatchesTheDefinition) {
   std::vector<float> wg = {0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1};
   cpu::LinearWeight lkv{WeightFormat::F32, 2 * hd, dim, reinterpret_cast<const uint8_t*>(wkv.data())};
   cpu::LinearWeight lg{WeightFormat::F32, 2 * hd, dim, reinterpret_cast<const uint8_t*>(wg.data())};
-  std::vector<float> ape(static_cast<size_t>(r * 2 * hd)), norm(static_cast<size_t>(hd), 1.0f), x(static_cast<size_t>(n * dim));
+  std::vector<float> ape(static_cast<size_t>(r * 2 * hd)), norm(static_cast<size_t>(hd), 1.0f),
+      x(static_cast<size_t>(n * dim));
   for (size_t i = 0; i < ape.size(); ++i) ape[i] = 0.125f * static_cast<float>(static_cast<int>(i % 5) - 2);
   for (size_t i = 0; i < x.size(); ++i) x[i] = round_to_bf16(std::sin(0.7f * static_cast<float>(i)));
   auto kv_of = [&](int64_t t, int64_t c) { return x[t * dim + (c == 3 ? 0 : c)]; };
@@ -270,10 +273,10 @@ TEST(V4Compressor, OverlapPoolingMatchesTheDefinition) {
     for (int64_t p = 0; p < n; p += split) {
       const int64_t len = std::min(split, n - p);
       CompressedGroups g;
-      ASSERT_TRUE(compress_chunk_v4({.wkv = &lkv, .wgate = &lg, .ape = ape, .norm = norm}, {.ratio = r, .width = hd},
-                                    1e-6, std::span<const float>(x).subspan(static_cast<size_t>(p * dim),
-                                                                            static_cast<size_t>(len * dim)),
-                                    len, groups, st, g, nullptr)
+      ASSERT_TRUE(compress_chunk_v4(
+                      {.wkv = &lkv, .wgate = &lg, .ape = ape, .norm = norm}, {.ratio = r, .width = hd}, 1e-6,
+                      std::span<const float>(x).subspan(static_cast<size_t>(p * dim), static_cast<size_t>(len * dim)),
+                      len, groups, st, g, nullptr)
                       .ok());
       groups += g.count;
       got.insert(got.end(), g.latent.begin(), g.latent.end());
@@ -297,7 +300,8 @@ TEST(V4QueryNorm, MatchesBf16Arithmetic) {
 TEST(V4HcHead, MatchesTheDefinition) {
   const int64_t hc = 4, d = 8;
   std::vector<float> X(static_cast<size_t>(hc * d)), fn(static_cast<size_t>(hc * hc * d)), base(hc), scale = {0.7f};
-  for (size_t i = 0; i < X.size(); ++i) X[i] = round_to_bf16(std::cos(0.37f * static_cast<float>(i)) * (1.0f + (i / d)));
+  for (size_t i = 0; i < X.size(); ++i)
+    X[i] = round_to_bf16(std::cos(0.37f * static_cast<float>(i)) * (1.0f + (i / d)));
   for (size_t i = 0; i < fn.size(); ++i) fn[i] = 0.05f * std::sin(1.3f * static_cast<float>(i));
   for (int64_t k = 0; k < hc; ++k) base[k] = 0.25f * static_cast<float>(k) - 0.4f;
   const HcParams p{hc, d, 20, 1e-6, 1e-6};
