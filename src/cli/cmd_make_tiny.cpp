@@ -19,7 +19,7 @@ CommandSpec make_tiny_spec() {
       {
           {"arch", "deepseek_v41 or deepseek_v4", true, "deepseek_v41", "ARCH"},
           {"seed", "seed of the values (same seed: identical files)", true, "0", "N"},
-          {"profile", "size profile (tiny)", true, "tiny", "NAME"},
+          {"profile", "size profile: tiny, or small (layer-dominated widths for benchmarks)", true, "tiny", "NAME"},
           {"bf16", "unquantized variant (BF16 weights, no quantization_config)", false, "", ""},
           {"tokenizer", "DeepSeek V4 tokenizer.json to ship (default: $CEDAR_TOKENIZER, then the "
                         "copy scripts/setup.sh makes)", true, "", "FILE"},

@@ -86,7 +86,7 @@ KvBudget compute_kv_budget(const ModelConfig& c, const LayerPlan& plan) {
 ModelStats compute_model_stats(const ModelConfig& c, const LayerPlan& plan, const std::vector<WeightSpec>& weights,
                                const std::optional<ParamBytes>& vision_actual) {
   ModelStats s;
-  double prefill = 0, decode = 0, draft = 0;
+  double prefill = 0, decode = 0, draft = 0, decode_bytes = 0;
   for (const WeightSpec& w : weights) {
     const uint64_t bytes = w.nbytes();
     const int64_t params = w.logical_params;
@@ -102,6 +102,7 @@ ModelStats compute_model_stats(const ModelConfig& c, const LayerPlan& plan, cons
       continue;
     }
     decode += active;  // every backbone layer, plus head / final norm / global hc_head
+    decode_bytes += static_cast<double>(bytes) * active_fraction(c, w);
     const bool in_prefill = plan.ced ? (w.layer >= 0 && w.layer < plan.encoder_layers) ||
                                            (w.layer == plan.last_kv_source && is_boundary_piece(w))
                                      : w.layer >= 0;
@@ -110,6 +111,7 @@ ModelStats compute_model_stats(const ModelConfig& c, const LayerPlan& plan, cons
   s.params_active_prefill = std::llround(prefill);
   s.params_active_decode = std::llround(decode);
   s.params_active_draft = std::llround(draft);
+  s.bytes_active_decode = static_cast<uint64_t>(std::llround(decode_bytes));
 
   ParamBytes vision;
   if (vision_actual) {

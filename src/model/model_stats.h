@@ -50,6 +50,8 @@ struct ModelStats {
   int64_t params_active_prefill = 0;  // per prompt token (CED encoder + boundary when the plan allows it)
   int64_t params_active_decode = 0;   // per generated token, backbone + head
   int64_t params_active_draft = 0;    // per drafted token through all draft blocks
+  // Weight bytes (with scales) a decode token reads at batch 1: the active parameters' storage.
+  uint64_t bytes_active_decode = 0;
   KvBudget kv;
 };
 

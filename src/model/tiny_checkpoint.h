@@ -27,7 +27,7 @@ struct TinyCheckpointOptions {
   bool tokenizer_files = true;       // false: shards, index and config.json only (tests of tensors)
 };
 
-// The configuration of a named profile (only "tiny" exists). `bf16` drops the quantization_config.
+// The configuration of a named profile ("tiny"; "small": the same layers at d 512 for benchmarks). `bf16` drops the quantization_config.
 Result<ModelConfig> tiny_model_config(Arch arch, std::string_view profile, bool bf16);
 
 // Engram table rows per Engram layer by the released prime rule (§3.9 item 5): for every
