@@ -362,3 +362,24 @@ TEST(TinyModelConfig, UnknownProfileIsAnError) {
 
 }  // namespace
 }  // namespace cedar
+
+// The benchmark profile keeps the tiny layer structure at wider, block-aligned widths.
+TEST(TinyProfiles, SmallProfileKeepsTheLayerPlanAtBlockAlignedWidths) {
+  for (const cedar::Arch arch : {cedar::Arch::DeepseekV41, cedar::Arch::DeepseekV4}) {
+    auto tiny = cedar::tiny_model_config(arch, "tiny", false);
+    auto small = cedar::tiny_model_config(arch, "small", false);
+    ASSERT_TRUE(tiny.ok() && small.ok());
+    EXPECT_EQ(small->hidden_size, 512);
+    EXPECT_EQ(small->compress_ratios, tiny->compress_ratios);
+    for (int64_t width : {small->hidden_size, small->head_dim, small->q_lora_rank, small->moe_intermediate_size,
+                          small->o_lora_rank, small->index_head_dim})
+      EXPECT_EQ(width % 32, 0) << width;
+    auto plan = cedar::build_layer_plan(*small);
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    auto weights = cedar::expected_weights(*small, *plan);
+    ASSERT_TRUE(weights.ok()) << weights.error().message;
+  }
+  auto unknown = cedar::tiny_model_config(cedar::Arch::DeepseekV41, "huge", false);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("'huge'"), std::string::npos);
+}
