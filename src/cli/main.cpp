@@ -27,6 +27,7 @@ constexpr Command kCommands[] = {
     {"make-tiny", "write a tiny checkpoint in the released format", cedar::cli::cmd_make_tiny},
     {"engram-rows", "print the Engram hash rows of a token sequence (test aid)", cedar::cli::cmd_engram_rows},
     {"forward", "run the CPU forward over token ids; write logits (.npy) and named intermediates", cedar::cli::cmd_forward},
+    {"serve", "serve the OpenAI / DeepSeek HTTP API (chat, completions, tokenize, metrics)", cedar::cli::cmd_serve},
 };
 
 void print_help() {
