@@ -425,7 +425,9 @@ void Server::Impl::setup_routes() {
   http.set_keep_alive_max_count(1000);
   http.set_tcp_nodelay(true);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opt.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // Health checks and Prometheus scrapes carry no key (and expose no content).
+    if (opt.api_key.empty() || req.path == "/health" || req.path == "/metrics")
+      return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string key = auth.rfind("Bearer ", 0) == 0 ? auth.substr(7) : req.get_header_value("x-api-key");
     if (constant_time_equal(key, opt.api_key)) return httplib::Server::HandlerResponse::Unhandled;
