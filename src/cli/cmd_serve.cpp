@@ -38,6 +38,7 @@ CommandSpec make_spec() {
           {"fake-backend", "serve a deterministic scripted backend (tests; no model is loaded)", false, "", ""},
           {"fake-tick-ms", "fake backend: milliseconds per generated token", true, "0", "MS"},
           {"context-length", "fake backend: context length to report", true, "4096", "N"},
+          {"fake-cached-tokens", "fake backend: prompt tokens to report as prefix-cache hits", true, "0", "N"},
       }};
 }
 
@@ -85,7 +86,8 @@ int cmd_serve(const Args& args) {
   auto keepalive = a.get_int("keepalive-ms");
   auto tick = a.get_int("fake-tick-ms");
   auto ctx = a.get_int("context-length");
-  for (auto* r : {&port, &inflight, &body, &keepalive, &tick, &ctx})
+  auto cached = a.get_int("fake-cached-tokens");
+  for (auto* r : {&port, &inflight, &body, &keepalive, &tick, &ctx, &cached})
     if (!r->ok() || **r < 0) return std::fprintf(stderr, "cedar serve: numeric options must be integers >= 0\n"), 2;
   if (*port > 65535) return std::fprintf(stderr, "cedar serve: --port must be <= 65535\n"), 2;
   opt.port = static_cast<int>(*port);
@@ -115,6 +117,7 @@ int cmd_serve(const Args& args) {
     fo.tokenizer = tokenizer.get();
     fo.context_length = *ctx;
     fo.tick = std::chrono::milliseconds(*tick);
+    fo.cached_prompt_tokens = *cached;
     backend = std::make_unique<server::FakeBackend>(fo);
   } else {
     std::fprintf(stderr, "cedar serve: the engine backend is not built into this cedar yet; use --fake-backend\n");

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "server/anthropic.h"
 #include "server/wire_request.h"
 #include "server/wire_response.h"
 #include "text/prompt_tokens.h"
@@ -141,6 +142,9 @@ struct Server::Impl {
   void setup_routes();
   void handle_chat(const httplib::Request& req, httplib::Response& res);
   void handle_completions(const httplib::Request& req, httplib::Response& res);
+  void handle_messages(const httplib::Request& req, httplib::Response& res);
+  // Encodes a mapped chat request into prompt ids with the clamped completion budget.
+  Result<BackendRequest> build_chat_backend_request(const ChatJob& job, const httplib::Request& req, const Json& body);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
   void handle_models(httplib::Response& res);
@@ -228,11 +232,16 @@ void Server::Impl::run_generation(const std::string& endpoint, BackendRequest re
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, s, stream, keepalive, pump](size_t, httplib::DataSink& sink) {
+        constexpr bool kMessages = std::is_same_v<Assembler, MessagesAssembler>;
         auto write = [&](const std::string& data) { return sink.write(data.data(), data.size()); };
+        auto frame = [](const Json& c) {
+          if constexpr (kMessages) return MessagesAssembler::sse(c);
+          else return sse_data(c);
+        };
         if (!s->stream_started) {
           s->stream_started = true;
-          if constexpr (std::is_same_v<Assembler, ChatAssembler>) {
-            if (!write(sse_data(s->assembler.first_chunk()))) return false;
+          if constexpr (!std::is_same_v<Assembler, CompletionAssembler>) {
+            if (!write(frame(s->assembler.first_chunk()))) return false;
           }
           return true;
         }
@@ -242,13 +251,16 @@ void Server::Impl::run_generation(const std::string& endpoint, BackendRequest re
         std::string error;
         pump(events, chunks, error);
         for (const auto& c : chunks)
-          if (!write(sse_data(c))) return false;
+          if (!write(frame(c))) return false;
         if (!error.empty()) {
-          write(sse_data(error_body(error, "server_error")));
+          if constexpr (kMessages) write(frame(Json{{"type", "error"}, {"error", {{"type", "api_error"}, {"message", error}}}}));
+          else write(sse_data(error_body(error, "server_error")));
         }
         if (s->done) {
-          if (stream.include_usage && error.empty() && !write(sse_data(s->assembler.usage_chunk()))) return false;
-          if (!write("data: [DONE]\n\n")) return false;
+          if constexpr (!kMessages) {
+            if (stream.include_usage && error.empty() && !write(sse_data(s->assembler.usage_chunk()))) return false;
+            if (!write("data: [DONE]\n\n")) return false;
+          }
           sink.done();
         }
         return true;
@@ -272,22 +284,56 @@ void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& r
   if (!job.ok()) return fail(400, job.error().message);
   auto model = resolve_model(job->model);
   if (!model.ok()) return fail(404, model.error().message, "model_not_found");
-  auto prompt = text::encode_request(job->encoder);
-  if (!prompt.ok()) return fail(400, prompt.error().message);
-  if (!prompt->images.empty()) return fail(400, "messages: images are not supported by this server");
-  auto ids = text::prompt_token_ids(*prompt, backend.tokenizer());
-  if (!ids.ok()) return fail(400, ids.error().message);
-  BackendRequest breq;
-  breq.prompt.assign(ids->begin(), ids->end());
-  auto max_tokens = clamp_max_tokens(job->max_tokens, static_cast<int64_t>(breq.prompt.size()), backend.context_length());
-  if (!max_tokens.ok()) return fail(400, max_tokens.error().message, "context_length_exceeded");
-  breq.sampling = job->sampling;
-  breq.sampling.max_tokens = *max_tokens;
-  breq.cache_key = cache_key(req, *body);
-  ResponseMeta meta{new_id("chatcmpl-"), *model, unix_now(), static_cast<int64_t>(breq.prompt.size())};
+  auto breq = build_chat_backend_request(*job, req, *body);
+  if (!breq.ok()) {
+    const bool overflow = is_context_overflow(breq.error().message);
+    return fail(400, breq.error().message, overflow ? "context_length_exceeded" : "");
+  }
+  ResponseMeta meta{new_id("chatcmpl-"), *model, unix_now(), static_cast<int64_t>(breq->prompt.size())};
   res.set_header("x-request-id", meta.id);
   ChatAssembler assembler(meta, job->parser, job->logprobs, backend.tokenizer(), new_seed());
-  run_generation(ep, std::move(breq), std::move(assembler), job->stream, res);
+  run_generation(ep, std::move(*breq), std::move(assembler), job->stream, res);
+}
+
+void Server::Impl::handle_messages(const httplib::Request& req, httplib::Response& res) {
+  const std::string ep = "/v1/messages";
+  auto fail = [&](int status, const std::string& msg, const std::string& code = "") {
+    metrics.count_request(ep, status);
+    send_error(res, status, msg, code);
+  };
+  auto body = parse_body(req);
+  if (!body.ok()) return fail(400, body.error().message);
+  auto chat_body = messages_to_chat_request(*body);
+  if (!chat_body.ok()) return fail(400, chat_body.error().message);
+  auto job = parse_chat_request(*chat_body, opt.policy);
+  if (!job.ok()) return fail(400, job.error().message);
+  auto model = resolve_model(job->model);
+  if (!model.ok()) return fail(404, model.error().message, "model_not_found");
+  auto breq = build_chat_backend_request(*job, req, *body);
+  if (!breq.ok()) {
+    const bool overflow = is_context_overflow(breq.error().message);
+    return fail(400, breq.error().message, overflow ? "context_length_exceeded" : "");
+  }
+  ResponseMeta meta{new_id("chatcmpl-"), *model, unix_now(), static_cast<int64_t>(breq->prompt.size())};
+  const std::string msg_id = new_id("msg_");
+  res.set_header("x-request-id", msg_id);
+  MessagesAssembler assembler(ChatAssembler(meta, job->parser, false, backend.tokenizer(), new_seed()), msg_id);
+  run_generation(ep, std::move(*breq), std::move(assembler), job->stream, res);
+}
+
+Result<BackendRequest> Server::Impl::build_chat_backend_request(const ChatJob& job, const httplib::Request& req,
+                                                                const Json& body) {
+  CEDAR_ASSIGN_OR_RETURN(auto prompt, text::encode_request(job.encoder));
+  if (!prompt.images.empty()) return make_error("messages: images are not supported by this server");
+  CEDAR_ASSIGN_OR_RETURN(auto ids, text::prompt_token_ids(prompt, backend.tokenizer()));
+  BackendRequest breq;
+  breq.prompt.assign(ids.begin(), ids.end());
+  CEDAR_ASSIGN_OR_RETURN(auto max_tokens,
+                         clamp_max_tokens(job.max_tokens, static_cast<int64_t>(breq.prompt.size()), backend.context_length()));
+  breq.sampling = job.sampling;
+  breq.sampling.max_tokens = max_tokens;
+  breq.cache_key = cache_key(req, body);
+  return breq;
 }
 
 void Server::Impl::handle_completions(const httplib::Request& req, httplib::Response& res) {
@@ -456,6 +502,7 @@ void Server::Impl::setup_routes() {
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_chat(q, r); });
   http.Post("/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_chat(q, r); });
+  http.Post("/v1/messages", [this](const httplib::Request& q, httplib::Response& r) { handle_messages(q, r); });
   http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_completions(q, r); });
   http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { handle_tokenize(q, r); });
   http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { handle_detokenize(q, r); });
