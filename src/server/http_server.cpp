@@ -9,6 +9,8 @@
 #include <random>
 #include <thread>
 
+#include <sys/socket.h>
+
 #include "server/anthropic.h"
 #include "server/wire_request.h"
 #include "server/wire_response.h"
@@ -72,12 +74,19 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// cpp-httplib listens with a backlog of 5 (compiled into the Debian library): bursts of new
+// connections then lose SYNs and wait a 1 s retransmit. Re-listening on the bound socket raises it.
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+};
+
 }  // namespace
 
 struct Server::Impl {
   GenerationBackend& backend;
   ServerOptions opt;
-  httplib::Server http;
+  HttpServer http;
   Metrics metrics;
   std::atomic<int64_t> inflight{0};
   std::atomic<bool> draining{false};
@@ -530,10 +539,10 @@ Result<int> Server::bind() {
     const int port = impl_->http.bind_to_any_port(o.host);
     if (port <= 0) return make_error("cannot bind " + o.host + " to a free port");
     o.port = port;
-    return port;
-  }
-  if (!impl_->http.bind_to_port(o.host, o.port))
+  } else if (!impl_->http.bind_to_port(o.host, o.port)) {
     return make_error("cannot bind " + o.host + ":" + std::to_string(o.port) + " (in use or not permitted)");
+  }
+  impl_->http.raise_backlog(1024);
   return o.port;
 }
 
