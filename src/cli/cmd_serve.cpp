@@ -12,8 +12,13 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "model/tokenizer_source.h"
+#include "server/engine_backend.h"
 #include "server/fake_backend.h"
 #include "server/http_server.h"
+#if defined(CEDAR_SERVER_HAS_ENGINE) && __has_include("cli/generation_setup.h")
+#include "cli/generation_setup.h"
+#define CEDAR_SERVE_ENGINE 1
+#endif
 
 namespace cedar::cli {
 namespace {
@@ -35,6 +40,10 @@ CommandSpec make_spec() {
           {"max-inflight", "generation requests served at once; more get 429", true, "128", "N"},
           {"max-body-bytes", "largest request body accepted (413 above)", true, "16777216", "N"},
           {"keepalive-ms", "SSE ': keep-alive' interval while no token arrives", true, "5000", "MS"},
+          {"threads", "model worker threads (0 = all cores)", true, "0", "N"},
+          {"kv-bytes", "KV-cache budget of all sequences together, bytes", true, "8589934592", "N"},
+          {"max-running", "sequences decoded together", true, "16", "N"},
+          {"mode", "prefill mode: ced (default) or exact", true, "ced", "MODE"},
           {"fake-backend", "serve a deterministic scripted backend (tests; no model is loaded)", false, "", ""},
           {"fake-tick-ms", "fake backend: milliseconds per generated token", true, "0", "MS"},
           {"context-length", "fake backend: context length to report", true, "4096", "N"},
@@ -87,7 +96,10 @@ int cmd_serve(const Args& args) {
   auto tick = a.get_int("fake-tick-ms");
   auto ctx = a.get_int("context-length");
   auto cached = a.get_int("fake-cached-tokens");
-  for (auto* r : {&port, &inflight, &body, &keepalive, &tick, &ctx, &cached})
+  auto threads = a.get_int("threads");
+  auto kv_bytes = a.get_int("kv-bytes");
+  auto max_running = a.get_int("max-running");
+  for (auto* r : {&port, &inflight, &body, &keepalive, &tick, &ctx, &cached, &threads, &kv_bytes, &max_running})
     if (!r->ok() || **r < 0) return std::fprintf(stderr, "cedar serve: numeric options must be integers >= 0\n"), 2;
   if (*port > 65535) return std::fprintf(stderr, "cedar serve: --port must be <= 65535\n"), 2;
   opt.port = static_cast<int>(*port);
@@ -108,6 +120,10 @@ int cmd_serve(const Args& args) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::unique_ptr<text::Tokenizer> tokenizer;
+#ifdef CEDAR_SERVE_ENGINE
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<LoadedModel> model;
+#endif
   std::unique_ptr<server::GenerationBackend> backend;
   if (a.flag("fake-backend")) {
     auto tok = load_v41_tokenizer();
@@ -120,8 +136,22 @@ int cmd_serve(const Args& args) {
     fo.cached_prompt_tokens = *cached;
     backend = std::make_unique<server::FakeBackend>(fo);
   } else {
-    std::fprintf(stderr, "cedar serve: the engine backend is not built into this cedar yet; use --fake-backend\n");
+#ifdef CEDAR_SERVE_ENGINE
+    auto mode = parse_forward_mode(a.get("mode"));
+    if (!mode.ok()) return std::fprintf(stderr, "cedar serve: --mode: %s\n", mode.error().message.c_str()), 2;
+    pool = std::make_unique<ThreadPool>(static_cast<int>(*threads));
+    auto loaded = load_for_generation(LoadRequest{a.positional(0), pool.get(), true, "serve"});
+    if (!loaded.ok()) return std::fprintf(stderr, "cedar serve: %s\n", loaded.error().message.c_str()), 1;
+    model = std::make_unique<LoadedModel>(std::move(*loaded));
+    server::EngineBackendOptions eo;
+    eo.kv_capacity_bytes = *kv_bytes;
+    eo.max_running = std::max<int64_t>(1, *max_running);
+    eo.mode = *mode;
+    backend = std::make_unique<server::EngineBackend>(*model->model, *model->tokenizer, pool.get(), eo);
+#else
+    std::fprintf(stderr, "cedar serve: this cedar was built without the engine; use --fake-backend\n");
     return 1;
+#endif
   }
 
   server::Server srv(*backend, opt);

@@ -1,0 +1,69 @@
+// GenerationBackend over the engine (engine/engine.h): the engine's step loop runs on its own thread;
+// submit() / cancel() only queue work for it (the engine's own inbox), and stream callbacks run on the
+// loop thread and only push into the HTTP request's queue, so no request ever blocks the loop.
+//
+// Compiled only when the engine is part of the tree (it is being merged from h/engine): until then
+// this header declares nothing and `cedar serve` offers only --fake-backend.
+#pragma once
+
+#if __has_include("engine/engine.h")
+#define CEDAR_SERVER_HAS_ENGINE 1
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "core/threads.h"
+#include "engine/engine.h"
+#include "model/deepseek_v41.h"
+#include "server/backend.h"
+
+namespace cedar::server {
+
+struct EngineBackendOptions {
+  int64_t kv_capacity_bytes = int64_t{8} << 30;  // cache budget of all sequences together
+  int64_t max_running = 16;
+  int64_t step_token_budget = 512;
+  ForwardMode mode = ForwardMode::Ced;
+  int64_t context_length = 0;  // 0: the model's max_position_embeddings
+};
+
+class EngineBackend final : public GenerationBackend {
+ public:
+  // The model, tokenizer and pool must outlive the backend.
+  EngineBackend(const DeepseekV41Model& model, const text::Tokenizer& tokenizer, ThreadPool* pool,
+                EngineBackendOptions options);
+  ~EngineBackend() override;
+
+  Result<BackendRequestId> submit(BackendRequest request, BackendCallback callback) override;
+  void cancel(BackendRequestId id) override;
+  BackendStats stats() const override;
+  const text::Tokenizer& tokenizer() const override { return *tokenizer_; }
+  int64_t context_length() const override { return context_length_; }
+  int64_t bos_token() const override { return bos_; }
+  void shutdown() override;
+
+ private:
+  void loop();
+
+  const text::Tokenizer* tokenizer_;
+  int64_t context_length_ = 0;
+  int64_t bos_ = -1;
+  engine::DeepseekRunner runner_;
+  engine::ByteCacheBudget budget_;
+  engine::Engine engine_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  int64_t submitted_ = 0, finished_ = 0;  // guarded by mu_
+  // Submitted and not yet taken as finished; cancelled at shutdown (guarded by mu_). An id that
+  // finishes before submit() records it stays here harmlessly: the engine ignores unknown ids.
+  std::set<engine::RequestId> live_;
+  std::thread thread_;
+};
+
+}  // namespace cedar::server
+
+#endif  // __has_include("engine/engine.h")
