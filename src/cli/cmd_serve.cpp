@@ -123,6 +123,7 @@ int cmd_serve(const Args& args) {
 #ifdef CEDAR_SERVE_ENGINE
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<LoadedModel> model;
+  std::unique_ptr<engine::DeepseekRunner> runner;
 #endif
   std::unique_ptr<server::GenerationBackend> backend;
   if (a.flag("fake-backend")) {
@@ -147,7 +148,10 @@ int cmd_serve(const Args& args) {
     eo.kv_capacity_bytes = *kv_bytes;
     eo.max_running = std::max<int64_t>(1, *max_running);
     eo.mode = *mode;
-    backend = std::make_unique<server::EngineBackend>(*model->model, *model->tokenizer, pool.get(), eo);
+    eo.context_length = model->model->config().max_position_embeddings;
+    eo.bos_token = model->model->config().bos_token_id;
+    runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get());
+    backend = std::make_unique<server::EngineBackend>(*runner, *model->tokenizer, eo);
 #else
     std::fprintf(stderr, "cedar serve: this cedar was built without the engine; use --fake-backend\n");
     return 1;

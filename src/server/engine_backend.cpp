@@ -46,14 +46,13 @@ engine::EngineOptions engine_options(const EngineBackendOptions& o, const text::
 
 }  // namespace
 
-EngineBackend::EngineBackend(const DeepseekV41Model& model, const text::Tokenizer& tokenizer, ThreadPool* pool,
+EngineBackend::EngineBackend(engine::ModelRunner& runner, const text::Tokenizer& tokenizer,
                              EngineBackendOptions options)
     : tokenizer_(&tokenizer),
-      context_length_(options.context_length > 0 ? options.context_length : model.config().max_position_embeddings),
-      bos_(model.config().bos_token_id),
-      runner_(model, pool),
-      budget_(runner_.cache_footprint(), options.kv_capacity_bytes),
-      engine_(runner_, budget_, engine_options(options, tokenizer)) {
+      context_length_(options.context_length),
+      bos_(options.bos_token),
+      budget_(runner.cache_footprint(), options.kv_capacity_bytes),
+      engine_(runner, budget_, engine_options(options, tokenizer)) {
   thread_ = std::thread([this] { loop(); });
 }
 

@@ -15,9 +15,7 @@
 #include <set>
 #include <thread>
 
-#include "core/threads.h"
 #include "engine/engine.h"
-#include "model/deepseek_v41.h"
 #include "server/backend.h"
 
 namespace cedar::server {
@@ -27,14 +25,15 @@ struct EngineBackendOptions {
   int64_t max_running = 16;
   int64_t step_token_budget = 512;
   ForwardMode mode = ForwardMode::Ced;
-  int64_t context_length = 0;  // 0: the model's max_position_embeddings
+  int64_t context_length = 4096;
+  int64_t bos_token = -1;
 };
 
 class EngineBackend final : public GenerationBackend {
  public:
-  // The model, tokenizer and pool must outlive the backend.
-  EngineBackend(const DeepseekV41Model& model, const text::Tokenizer& tokenizer, ThreadPool* pool,
-                EngineBackendOptions options);
+  // The runner (engine::DeepseekRunner for a model, engine::FakeModelRunner in tests) and the
+  // tokenizer must outlive the backend.
+  EngineBackend(engine::ModelRunner& runner, const text::Tokenizer& tokenizer, EngineBackendOptions options);
   ~EngineBackend() override;
 
   Result<BackendRequestId> submit(BackendRequest request, BackendCallback callback) override;
@@ -51,7 +50,6 @@ class EngineBackend final : public GenerationBackend {
   const text::Tokenizer* tokenizer_;
   int64_t context_length_ = 0;
   int64_t bos_ = -1;
-  engine::DeepseekRunner runner_;
   engine::ByteCacheBudget budget_;
   engine::Engine engine_;
   mutable std::mutex mu_;
