@@ -28,7 +28,12 @@ CommandSpec make_spec() {
       "serve",
       "Serve MODEL over HTTP with the OpenAI / DeepSeek API (POST /v1/chat/completions, /v1/completions,\n"
       "/tokenize, /detokenize; GET /v1/models, /health, /metrics). MODEL is a checkpoint directory\n"
-      "(default: the embedded tiny model). See docs/server.md.",
+      "(default: the embedded tiny model). See docs/server.md.\n"
+#ifdef CEDAR_SERVE_ENGINE
+      "Backend: the engine.",
+#else
+      "Backend: built without the engine (src/engine); only --fake-backend serves.",
+#endif
       {},
       {"MODEL"},
       {
