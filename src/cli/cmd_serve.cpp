@@ -27,6 +27,7 @@ CommandSpec make_spec() {
   return CommandSpec{
       "serve",
       "Serve MODEL over HTTP with the OpenAI / DeepSeek API (POST /v1/chat/completions, /v1/completions,\n"
+      "/v1/messages (Anthropic), "
       "/tokenize, /detokenize; GET /v1/models, /health, /metrics). MODEL is a checkpoint directory\n"
       "(default: the embedded tiny model). See docs/server.md.\n"
 #ifdef CEDAR_SERVE_ENGINE
