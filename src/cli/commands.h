@@ -19,6 +19,9 @@ int cmd_engram_map(const Args& args);
 int cmd_make_tiny(const Args& args);
 int cmd_engram_rows(const Args& args);
 int cmd_forward(const Args& args);
+int cmd_run(const Args& args);
+int cmd_chat(const Args& args);
+int cmd_bench(const Args& args);
 int cmd_serve(const Args& args);
 
 }  // namespace cedar::cli

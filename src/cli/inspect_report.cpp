@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "kv/kv_layout.h"
+
 namespace cedar::cli {
 namespace {
 
@@ -162,6 +164,9 @@ ordered_json inspect_json(const InspectResult& r) {
   out["params_active_decode"] = s.params_active_decode;
   out["params_active_draft"] = s.params_active_draft;
   out["kv_bytes_per_token"] = s.kv.bytes_per_token();
+  // Measured: what the KV block pool allocates per token (dry run over 2^20 tokens, kv/kv_layout.h).
+  if (Result<double> measured = kv_bytes_per_token_measured(r.config, r.plan); measured.ok())
+    out["kv_bytes_per_token_measured"] = *measured;
   out["swa_bytes_per_sequence"] = s.kv.swa_bytes_per_sequence;
   out["kv"] = {{"main_entry_bytes", s.kv.main_entry_bytes},
                {"indexer_entry_bytes", s.kv.indexer_entry_bytes},
@@ -232,6 +237,8 @@ std::string inspect_text(const InspectResult& r) {
        fmt("%.2f", s.kv.main_bytes_per_token) + " + indexer " + fmt("%.2f", s.kv.indexer_bytes_per_token) +
        "; entries " + std::to_string(s.kv.main_entry_bytes) + " / " + std::to_string(s.kv.indexer_entry_bytes) +
        " B)\n";
+  if (Result<double> measured = kv_bytes_per_token_measured(c, r.plan); measured.ok())
+    o += "KV cache measured (block pool, 2^20 tokens): " + fmt("%.2f", *measured) + " B/token\n";
   o += "SWA rings: " + std::to_string(s.kv.swa_bytes_per_sequence) + " B per sequence (" +
        std::to_string(s.kv.swa_layers) + " layers x " + std::to_string(c.sliding_window) + " x " +
        std::to_string(s.kv.swa_entry_bytes) + " B)\n";

@@ -27,6 +27,9 @@ constexpr Command kCommands[] = {
     {"make-tiny", "write a tiny checkpoint in the released format", cedar::cli::cmd_make_tiny},
     {"engram-rows", "print the Engram hash rows of a token sequence (test aid)", cedar::cli::cmd_engram_rows},
     {"forward", "run the CPU forward over token ids; write logits (.npy) and named intermediates", cedar::cli::cmd_forward},
+    {"run", "complete a raw text prompt (streams the text; --stats-json for timings)", cedar::cli::cmd_run},
+    {"chat", "interactive chat through the prompt encoder and output parser", cedar::cli::cmd_chat},
+    {"bench", "serving benchmark: offered load (TTFT, TPOT, throughput) and CED vs exact prefill", cedar::cli::cmd_bench},
     {"serve", "serve the OpenAI / DeepSeek HTTP API (chat, completions, tokenize, metrics)", cedar::cli::cmd_serve},
 };
 

@@ -62,16 +62,21 @@ Status query_path(std::span<const float> x, int64_t n, int64_t pos0, const Atten
   return Status::Ok();
 }
 
-// The layer's own SWA KV for the chunk: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) [n, head_dim].
+// The layer's own SWA KV for the chunk: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) [n, head_dim]. The rows
+// before quantization of the last `window` positions go to `ring_raw` (the ring quantizes on write).
 Status window_kv(std::span<const float> x, int64_t n, int64_t pos0, const AttentionWeights& w,
-                 const AttentionParams& p, const cpu::RopeTable& rope, std::vector<float>& kv, ThreadPool* pool) {
+                 const AttentionParams& p, const cpu::RopeTable& rope, std::vector<float>& kv,
+                 std::vector<float>& ring_raw, ThreadPool* pool) {
   std::vector<float> k(static_cast<size_t>(n * p.head_dim));
   CEDAR_RETURN_IF_ERROR(cpu::linear(w.wkv, x, n, k, {}, pool));
   kv.resize(k.size());
   cpu::rms_norm(k, p.head_dim, w.kv_norm, p.eps, kv);
+  const int64_t first_kept = std::max<int64_t>(0, n - p.window);
+  ring_raw.clear();
   for (int64_t t = 0; t < n; ++t) {
     std::span<float> row(kv.data() + t * p.head_dim, static_cast<size_t>(p.head_dim));
     rope.apply(row, 1, p.head_dim, pos0 + t);
+    if (t >= first_kept) ring_raw.insert(ring_raw.end(), row.begin(), row.end());
     CEDAR_RETURN_IF_ERROR(qdq_fp8_block32_ue8m0(row));
   }
   return Status::Ok();
@@ -146,6 +151,10 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
       CEDAR_RETURN_IF_ERROR(ctx(check_linear(w.wk, "indexer.wk", p.index_head_dim, p.head_dim)));
       CEDAR_RETURN_IF_ERROR(ctx(check_vector(w.k_norm, "indexer.k_norm", p.index_head_dim)));
     }
+    if (!accepts_recipe(src->kv.format(), KvRecipe::Fp4Block16E4m3) ||
+        (role.owns_indexer_keys && !accepts_recipe(src->index_k.format(), KvRecipe::Fp4Block32Ue8m0)))
+      return fail("KV source caches store " + src->kv.format().name() + " / " + src->index_k.format().name() +
+                  ", expected the V4.1 FP4 formats or raw fp32");
   } else if (src != nullptr && src->kv.size() < (pos0 + n) / ratio) {
     return fail("KV source layer " + str(role.kv_source) + " has " + str(src->kv.size()) +
                 " compressed entries, the chunk ending at " + str(pos0 + n) + " needs " + str((pos0 + n) / ratio));
@@ -156,9 +165,11 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
     if (ring.slots() != p.window || ring.width() != p.head_dim)
       return fail("ring has " + str(ring.slots()) + "×" + str(ring.width()) + " slots, expected " + str(p.window) +
                   "×" + str(p.head_dim));
+    if (!accepts_recipe(ring.format(), KvRecipe::Fp8Block32Ue8m0))
+      return fail("ring stores " + ring.format().name() + ", expected the FP8 SWA format or raw fp32");
     // Window keys before the chunk come from the ring; all of them must be there.
     for (int64_t k = std::max(call.swa_start, pos0 - p.window + 1); k < pos0; ++k)
-      if (ring.find(k) == nullptr)
+      if (!ring.holds(k))
         return fail("SWA key of position " + str(k) + " is not in the ring (its slot holds position " +
                     str(ring.slot_position(k % ring.slots())) + "); truncate the window with swa_start");
     if (ratio > 0 && role.owns_indexer) {
@@ -186,9 +197,15 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
   }
   if (!attend) return Status::Ok();
 
-  std::vector<float> qr, q, kv;
+  std::vector<float> qr, q, kv, ring_raw;
   CEDAR_RETURN_IF_ERROR(ctx(query_path(x, n, pos0, w, p, rope, qr, q, pool)));
-  CEDAR_RETURN_IF_ERROR(ctx(window_kv(x, n, pos0, w, p, rope, kv, pool)));
+  CEDAR_RETURN_IF_ERROR(ctx(window_kv(x, n, pos0, w, p, rope, kv, ring_raw, pool)));
+  // Window keys before the chunk, decoded once from the ring: positions [ring_first, pos0).
+  const int64_t ring_first = std::max(call.swa_start, pos0 - p.window + 1);
+  std::vector<float> ring_kv(static_cast<size_t>(std::max<int64_t>(0, pos0 - ring_first) * p.head_dim));
+  for (int64_t k = ring_first; k < pos0; ++k)
+    ring.read(k, std::span<float>(ring_kv).subspan(static_cast<size_t>((k - ring_first) * p.head_dim),
+                                                   static_cast<size_t>(p.head_dim)));
 
   // Compressed entries: the index source's top-k of this chunk.
   const AttentionScratch::TopK* topk = nullptr;
@@ -215,17 +232,20 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
   std::vector<float> o(static_cast<size_t>(n * hq));
   auto rows = [&](int64_t t0, int64_t t1) {
     std::vector<const float*> keys;
-    std::vector<float> work;
+    std::vector<float> work, selected;  // selected: decoded compressed entries of one query
+    if (topk != nullptr) selected.resize(static_cast<size_t>(topk->width * p.head_dim));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = pos0 + t;
       keys.clear();
       for (int64_t k = std::max(call.swa_start, pos - p.window + 1); k <= pos; ++k)
-        keys.push_back(k >= pos0 ? kv.data() + (k - pos0) * p.head_dim : ring.find(k));
+        keys.push_back(k >= pos0 ? kv.data() + (k - pos0) * p.head_dim : ring_kv.data() + (k - ring_first) * p.head_dim);
       if (topk != nullptr)
         for (int64_t i = 0; i < topk->width; ++i) {
           const int32_t j = topk->idx[static_cast<size_t>(t * topk->width + i)];
           if (j < 0) break;
-          keys.push_back(src->kv.entry(j).data());
+          std::span<float> e(selected.data() + i * p.head_dim, static_cast<size_t>(p.head_dim));
+          src->kv.read(j, e);
+          keys.push_back(e.data());
         }
       std::span<float> ot(o.data() + t * hq, static_cast<size_t>(hq));
       sparse_attention_row(std::span<const float>(q).subspan(static_cast<size_t>(t * hq), static_cast<size_t>(hq)),
@@ -237,9 +257,13 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
   if (pool) pool->parallel_for(n, rows, 1);
   else rows(0, n);
 
-  for (int64_t t = std::max<int64_t>(0, n - p.window); t < n; ++t)
-    ring.write(pos0 + t, std::span<const float>(kv).subspan(static_cast<size_t>(t * p.head_dim),
-                                                            static_cast<size_t>(p.head_dim)));
+  const int64_t first_kept = std::max<int64_t>(0, n - p.window);
+  for (int64_t t = first_kept; t < n; ++t)
+    CEDAR_RETURN_IF_ERROR(ctx(write_quantized(
+        ring, pos0 + t,
+        std::span<const float>(ring_raw).subspan(static_cast<size_t>((t - first_kept) * p.head_dim),
+                                                 static_cast<size_t>(p.head_dim)),
+        KvRecipe::Fp8Block32Ue8m0)));
   return ctx(output_projection(o, n, w, p, out, pool));
 }
 

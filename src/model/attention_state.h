@@ -3,63 +3,114 @@
 //
 // Everything that must survive from one chunk to the next lives here, so chunked prefill and
 // token-by-token decode reproduce a one-shot prefill exactly:
-//   * one SWA ring per layer: `window` slots, slot = pos % window, each holding the layer's FP8-QDQ'd
-//     KV (dequantized values) and the position it belongs to;
-//   * per KV source layer: the compressed (main) KV entries (FP4 block-16 / E4M3 QDQ, after RoPE at
-//     the group's first position), the indexer keys (FP4 block-32 / UE8M0 QDQ, after RoPE), and the
-//     fp32 projections of the tokens of a not yet complete ratio-2 group.
-// Cached values are the dequantized values the reference keeps; they are bit-identical to what a
-// packed store + dequant gives back (core/numeric.h), so a packed KV cache can replace these containers
-// entry for entry: one entry = `width` values + its source position.
+//   * one SWA ring per layer: `window` slots, slot = pos % window, each holding the layer's FP8 KV
+//     record (e4m3 + UE8M0/32, 528 B for head_dim 512) and the position it belongs to;
+//   * per KV source layer: the compressed (main) KV entries (FP4 E2M1 + E4M3/16, 288 B, after RoPE at
+//     the group's first position) and the indexer keys (FP4 E2M1 + UE8M0/32, 68 B, after RoPE), in
+//     paged blocks of a BlockPool (kv/block_pool.h), and the fp32 projections of the tokens of a not
+//     yet complete ratio-2 group.
+// Containers store records in a KvRecordFormat (kv/kv_format.h) and decode on read. Writers hand them
+// the raw values: the container quantizes (a record cannot be rebuilt from dequantized values), and
+// a read gives back exactly the reference's QDQ values. Containers built with only a width (the
+// raw-f32 format, recipe None) store values as given; append_quantized / write_quantized quantize for
+// those before storing, so the forward gives the same result with either kind of container.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "kv/block_pool.h"
+#include "kv/kv_format.h"
+#include "kv/kv_layout.h"
 #include "model/attention_params.h"
 #include "model/layer_plan.h"
 
 namespace cedar {
 
-// Append-only list of cache entries of one width (compressed KV: head_dim; indexer K: index_head_dim).
+struct KvEntriesOptions {
+  KvRecordFormat format;
+  int64_t position_stride = 0;      // > 0: entry j is at position j·stride (checked on append, not stored)
+  int64_t entries_per_block = 64;
+  std::shared_ptr<BlockPool> pool = nullptr;  // null: a private unbounded pool
+};
+
+// Append-only list of cache entries of one width (compressed KV: head_dim; indexer K: index_head_dim),
+// one record per entry in paged blocks. Copies share blocks (prefix sharing) and copy a shared block
+// before writing to it.
 class KvEntries {
  public:
   KvEntries() = default;
-  explicit KvEntries(int64_t width) : width_(width) {}
-  int64_t width() const { return width_; }
-  int64_t size() const { return static_cast<int64_t>(positions_.size()); }
-  std::span<const float> entry(int64_t j) const {
-    return {values_.data() + j * width_, static_cast<size_t>(width_)};
-  }
+  // Raw-f32 records with explicit positions in a private pool (containers whose writer quantizes).
+  explicit KvEntries(int64_t width);
+  static Result<KvEntries> create(const KvEntriesOptions& options);
+
+  int64_t width() const { return format_.width; }
+  int64_t size() const { return size_; }
+  const KvRecordFormat& format() const { return format_; }
+  const BlockTable& blocks() const { return table_; }
   // Source position of entry j: the first token of its group (j·ratio).
-  int64_t position(int64_t j) const { return positions_[static_cast<size_t>(j)]; }
-  void append(std::span<const float> values, int64_t position);
+  int64_t position(int64_t j) const {
+    return stride_ > 0 ? j * stride_ : positions_[static_cast<size_t>(j)];
+  }
+  // Quantizes `values` (raw, width values) with the format's recipe and appends the record. Errors:
+  // wrong width, a position out of order, the pool is full (the list is unchanged then).
+  Status append(std::span<const float> values, int64_t position);
+  // Decodes entry j (0 <= j < size()) into out (width values).
+  void read(int64_t j, std::span<float> out) const { format_.decode(record(j), out); }
+  std::vector<float> decoded(int64_t j) const;  // read() into a new vector
+  // Drops entries from `size` on (rollback to a prefix).
+  void truncate(int64_t size);
 
  private:
-  int64_t width_ = 0;
-  std::vector<float> values_;      // [size, width]
-  std::vector<int64_t> positions_;
+  std::span<const uint8_t> record(int64_t j) const {
+    return {table_.record(j), static_cast<size_t>(format_.record_bytes())};
+  }
+  KvRecordFormat format_;
+  int64_t stride_ = 0;
+  int64_t size_ = 0;
+  BlockTable table_;
+  std::vector<int64_t> positions_;  // only when stride_ == 0
+  std::vector<float> scratch_;
 };
 
 // One layer's sliding-window KV: slot = pos % slots; an empty slot has position -1.
 class SwaRing {
  public:
   SwaRing() = default;
-  SwaRing(int64_t slots, int64_t width);
+  SwaRing(int64_t slots, int64_t width);  // raw-f32 records (containers whose writer quantizes)
+  SwaRing(int64_t slots, const KvRecordFormat& format);
   int64_t slots() const { return slots_; }
-  int64_t width() const { return width_; }
-  // The KV of position `pos`, or nullptr if its slot does not hold that position (never written,
-  // or overwritten by a later position).
-  const float* find(int64_t pos) const;
+  int64_t width() const { return format_.width; }
+  const KvRecordFormat& format() const { return format_; }
+  int64_t bytes() const { return static_cast<int64_t>(records_.size()); }
+  // Whether the ring holds position `pos` (written, and not overwritten by a later position).
+  bool holds(int64_t pos) const {
+    return pos >= 0 && slots_ > 0 && positions_[static_cast<size_t>(pos % slots_)] == pos;
+  }
+  // Decodes the KV of `pos` into out (width values); false (out untouched) if the ring does not hold it.
+  bool read(int64_t pos, std::span<float> out) const;
+  std::vector<float> decoded(int64_t pos) const;  // empty if not held
   int64_t slot_position(int64_t slot) const { return positions_[static_cast<size_t>(slot)]; }
-  void write(int64_t pos, std::span<const float> kv);
+  // Quantizes `kv` (raw, width values) with the format's recipe into the slot of `pos`.
+  Status write(int64_t pos, std::span<const float> kv);
 
  private:
-  int64_t slots_ = 0, width_ = 0;
-  std::vector<float> values_;      // [slots, width]
+  int64_t slots_ = 0;
+  KvRecordFormat format_;
+  std::vector<uint8_t> records_;   // [slots, record_bytes]
   std::vector<int64_t> positions_;
+  std::vector<float> scratch_;
 };
+
+// Writers of the forward: quantize raw values with `recipe` — in the container's codec when it uses
+// that recipe, here when the container stores values as given (recipe None); a container with another
+// recipe is an error.
+Status append_quantized(KvEntries& entries, std::span<const float> raw, int64_t position, KvRecipe recipe);
+Status write_quantized(SwaRing& ring, int64_t pos, std::span<const float> raw, KvRecipe recipe);
+// Whether a container of format `f` can take values of `recipe` through the functions above.
+bool accepts_recipe(const KvRecordFormat& f, KvRecipe recipe);
 
 // Global caches of one KV source layer (Full mode), read by every layer of its group.
 struct KvSourceState {
@@ -81,7 +132,15 @@ struct AttentionState {
   std::vector<KvSourceState> sources;   // one per KV source layer, in layer order
   std::vector<int64_t> source_slot;     // per layer: index into `sources`, -1 if not a KV source
 
-  // Empty rings for every layer and empty caches for every KV source of the plan.
+  // Empty rings for every layer and empty caches for every KV source of the plan. V4.1 plans get the
+  // packed formats of §3.12 (or their fp32-storage twins, options.storage = F32); other architectures
+  // get raw-f32 containers (their forward quantizes). Global-KV blocks come from options.pool, or from
+  // a private unbounded pool. Errors: shapes the formats cannot hold, a tokens_per_block that does not
+  // nest with a compress ratio.
+  static Result<AttentionState> create(const LayerPlan& plan, const AttentionParams& p,
+                                       const KvCacheOptions& options);
+  // The same with default options (packed, private pool); shapes are assumed valid (validated params):
+  // an invalid shape gives empty caches that every forward call then rejects.
   static AttentionState create(const LayerPlan& plan, const AttentionParams& p);
 
   KvSourceState* source(int64_t layer);

@@ -118,8 +118,7 @@ Status append_cache_entries(const CompressedGroups& groups, const CacheWritePara
       const int64_t pos = (groups.first_group + i) * src.ratio;
       std::span<float> ki(kn.data() + i * ih, static_cast<size_t>(ih));
       p.rope->apply(ki, 1, ih, pos);
-      CEDAR_RETURN_IF_ERROR(qdq_fp4_block32_ue8m0(ki));
-      src.index_k.append(ki, pos);
+      CEDAR_RETURN_IF_ERROR(append_quantized(src.index_k, ki, pos, KvRecipe::Fp4Block32Ue8m0));
     }
   }
   std::vector<float> entry(static_cast<size_t>(hd));
@@ -127,8 +126,7 @@ Status append_cache_entries(const CompressedGroups& groups, const CacheWritePara
     const int64_t pos = (groups.first_group + i) * src.ratio;
     std::copy_n(groups.latent.begin() + i * hd, hd, entry.begin());
     p.rope->apply(entry, 1, hd, pos);
-    CEDAR_RETURN_IF_ERROR(qdq_fp4_block16_e4m3(entry));
-    src.kv.append(entry, pos);
+    CEDAR_RETURN_IF_ERROR(append_quantized(src.kv, entry, pos, KvRecipe::Fp4Block16E4m3));
   }
   return Status::Ok();
 }

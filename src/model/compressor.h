@@ -39,6 +39,8 @@ Status compress_chunk(const CompressorWeights& w, double eps, std::span<const fl
 //   indexer key: k = RMSNorm_k(wk · latent) (BF16 GEMM) → RoPE on the last rope_dim channels at j·ratio
 //                → FP4 QDQ (block 32, UE8M0)            (skipped when wk is null: no indexer keys)
 //   main entry:  RoPE(latent, j·ratio) → FP4 QDQ (block 16, E4M3 scale)
+// The quantization happens on write (append_quantized): in the cache's codec for packed caches, here
+// for raw-f32 containers; either way the cache reads back the same values.
 struct CacheWriteParams {
   const cpu::RopeTable* rope = nullptr;      // the layer's (compress) rope
   const cpu::LinearWeight* wk = nullptr;     // [index_head_dim, head_dim] or null

@@ -127,7 +127,7 @@ Result<SequenceState> DeepseekV41Model::new_sequence(const SequenceOptions& opti
     const int64_t tail = options.ced_tail > 0 ? options.ced_tail : config_.sliding_window;
     s.replay_start_ = std::max<int64_t>(0, options.prompt_length - tail);
   }
-  s.attention_ = AttentionState::create(plan_, attn_);
+  CEDAR_ASSIGN_OR_RETURN(s.attention_, AttentionState::create(plan_, attn_, options.kv));
   return s;
 }
 

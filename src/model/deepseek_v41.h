@@ -83,6 +83,7 @@ struct SequenceOptions {
   int64_t prompt_length = 0;  // ced: number of prompt tokens (> 0)
   int64_t ced_tail = 0;       // ced: replayed decoder rows; 0 = sliding_window
   CedBoundary ced_boundary = CedBoundary::ExactSource;
+  KvCacheOptions kv = {};     // cache formats / shared block pool (kv/kv_layout.h)
 };
 
 // Everything one sequence carries from one forward call to the next.

@@ -140,8 +140,12 @@ Status run_indexer(const IndexerRun& run, const AttentionParams& p, AttentionScr
   }
   const float relu_scale = scale_f32(std::pow(static_cast<double>(id), -0.5));
   auto queries = [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores;
+    std::vector<float> scores, key(static_cast<size_t>(id));
     std::vector<int32_t> ids;
+    auto score = [&](const float* q, const float* w, int64_t j) {
+      src.index_k.read(j, key);
+      return index_score(q, w, key.data(), ih, id, p.index_precision, relu_scale);
+    };
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t visible = (run.pos0 + t + 1) / r;
       const float* q = run.queries->q.data() + t * ih * id;
@@ -156,11 +160,9 @@ Status run_indexer(const IndexerRun& run, const AttentionParams& p, AttentionScr
           for (int64_t j = static_cast<int64_t>(blk) * p.candidate_block_size; j < end; ++j)
             ids.push_back(static_cast<int32_t>(j));
         }
-        for (int32_t j : ids)
-          scores.push_back(index_score(q, w, src.index_k.entry(j).data(), ih, id, p.index_precision, relu_scale));
+        for (int32_t j : ids) scores.push_back(score(q, w, j));
       } else {
-        for (int64_t j = 0; j < visible; ++j)
-          scores.push_back(index_score(q, w, src.index_k.entry(j).data(), ih, id, p.index_precision, relu_scale));
+        for (int64_t j = 0; j < visible; ++j) scores.push_back(score(q, w, j));
       }
       if (publish)
         select_candidate_blocks(scores, p.candidate_block_size, p.candidate_topk_blocks,

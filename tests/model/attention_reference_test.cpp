@@ -61,6 +61,8 @@ std::vector<float> expected_output(const TinyModel& m, const RunResult& run, int
   std::vector<float> u(static_cast<size_t>(n * p.o_groups * p.o_lora));
   for (int64_t t = 0; t < n; ++t) {
     std::vector<const float*> keys;
+    std::vector<std::vector<float>> entries;  // decoded compressed entries (stable storage for `keys`)
+    entries.reserve(static_cast<size_t>(p.index_topk));
     for (int64_t s = std::max<int64_t>(0, t - p.window + 1); s <= t; ++s) keys.push_back(&paths.kv[s * hd]);
     if (role.compress_ratio > 0) {
       const KvSourceState* src = run.st.source(role.kv_source);
@@ -69,7 +71,8 @@ std::vector<float> expected_output(const TinyModel& m, const RunResult& run, int
         const int32_t j = tk[static_cast<size_t>(t * p.index_topk + i)];
         if (j < 0) continue;
         EXPECT_LT(j, (t + 1) / role.compress_ratio);
-        keys.push_back(src->kv.entry(j).data());
+        entries.push_back(src->kv.decoded(j));
+        keys.push_back(entries.back().data());
       }
     }
     std::vector<double> o(static_cast<size_t>(hq), 0.0);
@@ -159,10 +162,11 @@ TEST(AttentionIndexer, SelectionsAgreeWithIndependentScores) {
         std::vector<double> score(static_cast<size_t>(visible));
         double smax = 0;
         for (int64_t j = 0; j < visible; ++j) {
+          const std::vector<float> key_j = src->index_k.decoded(j);
           double acc = 0;
           for (int64_t h = 0; h < ih; ++h) {
             double dot = 0;
-            for (int64_t c = 0; c < id; ++c) dot += double(q[h * id + c]) * src->index_k.entry(j)[c];
+            for (int64_t c = 0; c < id; ++c) dot += double(q[h * id + c]) * key_j[c];
             acc += std::max(dot, 0.0) * wt[t * ih + h] / std::sqrt(double(id * ih));
           }
           score[j] = acc;

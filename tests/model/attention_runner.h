@@ -117,8 +117,9 @@ inline void expect_same_state(const AttentionState& a, const AttentionState& b) 
       const int64_t pos = a.rings[l].slot_position(s);
       ASSERT_EQ(pos, b.rings[l].slot_position(s)) << "layer " << l << " slot " << s;
       if (pos < 0) continue;
-      for (int64_t c = 0; c < a.rings[l].width(); ++c)
-        ASSERT_EQ(a.rings[l].find(pos)[c], b.rings[l].find(pos)[c]) << "layer " << l << " pos " << pos;
+      const std::vector<float> ka = a.rings[l].decoded(pos), kb = b.rings[l].decoded(pos);
+      ASSERT_EQ(static_cast<int64_t>(ka.size()), a.rings[l].width());
+      for (int64_t c = 0; c < a.rings[l].width(); ++c) ASSERT_EQ(ka[c], kb[c]) << "layer " << l << " pos " << pos;
     }
   ASSERT_EQ(a.sources.size(), b.sources.size());
   for (size_t i = 0; i < a.sources.size(); ++i) {
@@ -127,8 +128,10 @@ inline void expect_same_state(const AttentionState& a, const AttentionState& b) 
     ASSERT_EQ(x.index_k.size(), y.index_k.size());
     for (int64_t j = 0; j < x.kv.size(); ++j) {
       ASSERT_EQ(x.kv.position(j), y.kv.position(j));
-      for (int64_t c = 0; c < x.kv.width(); ++c) ASSERT_EQ(x.kv.entry(j)[c], y.kv.entry(j)[c]) << x.layer << "," << j;
-      for (int64_t c = 0; c < x.index_k.width(); ++c) ASSERT_EQ(x.index_k.entry(j)[c], y.index_k.entry(j)[c]);
+      const std::vector<float> ex = x.kv.decoded(j), ey = y.kv.decoded(j);
+      for (int64_t c = 0; c < x.kv.width(); ++c) ASSERT_EQ(ex[c], ey[c]) << x.layer << "," << j;
+      const std::vector<float> kx = x.index_k.decoded(j), ky = y.index_k.decoded(j);
+      for (int64_t c = 0; c < x.index_k.width(); ++c) ASSERT_EQ(kx[c], ky[c]);
     }
     EXPECT_EQ(x.pending, y.pending);
     EXPECT_EQ(x.pending_kv, y.pending_kv);

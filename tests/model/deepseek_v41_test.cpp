@@ -237,9 +237,9 @@ TEST_F(DeepseekV41Test, CedOnLongerPromptsKeepsGlobalKvExactAndReportsTheDeviati
     for (size_t s = 0; s < es.size(); ++s) {
       ASSERT_EQ(es[s].kv.size(), cs[s].kv.size()) << "source " << es[s].layer;
       for (int64_t j = 0; j < es[s].kv.size(); ++j) {
-        const auto a = es[s].kv.entry(j), b = cs[s].kv.entry(j);
+        const auto a = es[s].kv.decoded(j), b = cs[s].kv.decoded(j);
         ASSERT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << "source " << es[s].layer << " entry " << j;
-        const auto ka = es[s].index_k.entry(j), kb = cs[s].index_k.entry(j);
+        const auto ka = es[s].index_k.decoded(j), kb = cs[s].index_k.decoded(j);
         ASSERT_TRUE(std::equal(ka.begin(), ka.end(), kb.begin())) << "index key, source " << es[s].layer;
       }
     }

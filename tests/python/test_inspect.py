@@ -44,6 +44,7 @@ def test_released_v41_config_only():
     assert doc["checkpoint"] == {"present": False}
     assert doc["inventory"] == {"checked": False}
     assert doc["kv_bytes_per_token"] == 890
+    assert doc["kv_bytes_per_token_measured"] == 890  # what the KV block pool allocates (dry run)
     assert doc["kv"]["main_bytes_per_token"] == 720 and doc["kv"]["indexer_bytes_per_token"] == 170
     assert doc["swa_bytes_per_sequence"] == 43 * 128 * 528
     assert abs(doc["params_active_prefill"] - 7.89e9) <= 1e7
@@ -69,6 +70,7 @@ def test_v4_config_only(name):
     assert doc["arch"] == "deepseek_v4"
     assert doc["kv_bytes_per_token"] == pytest.approx(21 * (584 + 68) / 4 + 20 * 584 / 128)
     assert abs(doc["kv_bytes_per_token"] - 3514) < 1
+    assert doc["kv_bytes_per_token_measured"] == pytest.approx(21 * (584 + 68) / 4 + 20 * 584 / 128)
     assert doc["layer_plan"]["counts"] == {"swa": 2, "csa": 21, "hca": 20}
     assert not doc["layer_plan"]["ced"]
     assert abs(doc["params_active_decode"] - 13e9) < 0.5e9  # model card: 13 B activated

@@ -1,0 +1,130 @@
+#include "cli/generation_setup.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "model/default_model.h"
+#include "model/tokenizer_source.h"
+
+namespace cedar::cli {
+namespace fs = std::filesystem;
+namespace {
+
+// Reads every safetensors shard once so that the mmap-based load that follows finds the pages in
+// memory, drawing a bar of bytes read. The loader itself has no progress hook.
+void prefetch_with_progress(const fs::path& dir, const std::string& command) {
+  std::vector<fs::path> shards;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".safetensors") continue;
+    shards.push_back(e.path());
+    total += e.file_size(ec);
+  }
+  if (total < (uint64_t{1} << 30) || !::isatty(2)) return;
+  std::vector<char> buf(8 << 20);
+  uint64_t done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& shard : shards) {
+    std::ifstream in(shard, std::ios::binary);
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      done += static_cast<uint64_t>(in.gcount());
+      const double frac = static_cast<double>(done) / static_cast<double>(total);
+      const int width = 40, filled = static_cast<int>(frac * width);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "\rcedar %s: reading weights [%s%s] %5.1f%% %.1f/%.1f GiB %.0f s", command.c_str(),
+                   std::string(static_cast<size_t>(filled), '#').c_str(),
+                   std::string(static_cast<size_t>(width - filled), '.').c_str(), 100 * frac,
+                   static_cast<double>(done) / (1 << 30), static_cast<double>(total) / (1 << 30), secs);
+    }
+  }
+  std::fprintf(stderr, "\n");
+}
+
+}  // namespace
+
+Result<LoadedModel> load_for_generation(const LoadRequest& request) {
+  LoadedModel out;
+  if (request.model) {
+    out.path = *request.model;
+  } else {
+    CEDAR_ASSIGN_OR_RETURN(out.path, ensure_default_model());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path dir = fs::is_directory(out.path) ? out.path : out.path.parent_path();
+  if (request.progress) prefetch_with_progress(dir, request.command);
+  auto model = DeepseekV41Model::load(out.path, LoadOptions{{}, request.pool});
+  if (!model.ok()) return model.error().with_context("loading " + out.path.string());
+  out.model = std::make_unique<DeepseekV41Model>(std::move(*model));
+  fs::path tok_path = dir / "tokenizer.json";
+  if (!fs::exists(tok_path)) {
+    CEDAR_ASSIGN_OR_RETURN(tok_path, find_tokenizer_json({}));
+  }
+  auto tok = text::Tokenizer::load(tok_path.string());
+  if (!tok.ok()) return tok.error().with_context("loading the tokenizer " + tok_path.string());
+  out.tokenizer = std::make_unique<text::Tokenizer>(std::move(*tok));
+  out.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+std::vector<OptionSpec> sampling_option_specs(const std::string& default_max_tokens) {
+  return {
+      {"max-tokens", "tokens to generate at most", true, default_max_tokens, "N"},
+      {"temperature", "sampling temperature (0 = greedy)", true, "0", "T"},
+      {"top-p", "nucleus sampling mass", true, "1", "P"},
+      {"top-k", "keep the K most likely tokens (0 = off)", true, "0", "K"},
+      {"min-p", "drop tokens below P times the best probability", true, "0", "P"},
+      {"repetition-penalty", "penalty on prompt and output tokens (1 = off)", true, "1", "R"},
+      {"presence-penalty", "subtracted once from every output token's logit", true, "0", "X"},
+      {"frequency-penalty", "subtracted per occurrence in the output", true, "0", "X"},
+      {"seed", "sampling seed (same seed, same output)", true, "", "S"},
+      {"stop", "stop string (generation ends before it)", true, "", "TEXT"},
+      {"ignore-eos", "keep generating after the end-of-sentence token", false, "", ""},
+  };
+}
+
+namespace {
+Result<double> get_double(const ParsedArgs& a, const std::string& name) {
+  const std::string v = a.get(name);
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size()) return d;
+  } catch (...) {
+  }
+  return make_error("--" + name + ": '" + v + "' is not a number");
+}
+}  // namespace
+
+Result<engine::SamplingParams> sampling_from_args(const ParsedArgs& a) {
+  engine::SamplingParams p;
+  CEDAR_ASSIGN_OR_RETURN(p.temperature, get_double(a, "temperature"));
+  CEDAR_ASSIGN_OR_RETURN(p.top_p, get_double(a, "top-p"));
+  CEDAR_ASSIGN_OR_RETURN(p.min_p, get_double(a, "min-p"));
+  CEDAR_ASSIGN_OR_RETURN(p.repetition_penalty, get_double(a, "repetition-penalty"));
+  CEDAR_ASSIGN_OR_RETURN(p.presence_penalty, get_double(a, "presence-penalty"));
+  CEDAR_ASSIGN_OR_RETURN(p.frequency_penalty, get_double(a, "frequency-penalty"));
+  CEDAR_ASSIGN_OR_RETURN(long long top_k, a.get_int("top-k"));
+  CEDAR_ASSIGN_OR_RETURN(long long max_tokens, a.get_int("max-tokens"));
+  p.top_k = top_k;
+  p.max_tokens = max_tokens;
+  if (a.has("seed")) {
+    CEDAR_ASSIGN_OR_RETURN(long long seed, a.get_int("seed"));
+    p.seed = static_cast<uint64_t>(seed);
+  }
+  if (a.has("stop")) p.stop.push_back(a.get("stop"));
+  p.ignore_eos = a.flag("ignore-eos");
+  return p;
+}
+
+Result<ForwardMode> mode_from_args(const ParsedArgs& a) {
+  if (a.flag("exact")) return ForwardMode::Exact;
+  return parse_forward_mode(a.get("mode"));
+}
+
+}  // namespace cedar::cli

@@ -1,0 +1,44 @@
+// Shared by `cedar run`, `cedar chat` and `cedar bench`: find and load a model (the embedded default
+// when none is named) with a progress bar for large checkpoints, and its tokenizer.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+#include "cli/args.h"
+#include "core/threads.h"
+#include "engine/sampler.h"
+#include "model/deepseek_v41.h"
+#include "text/tokenizer.h"
+
+namespace cedar::cli {
+
+struct LoadedModel {
+  std::filesystem::path path;
+  std::unique_ptr<DeepseekV41Model> model;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  double load_seconds = 0;
+};
+
+struct LoadRequest {
+  std::optional<std::string> model;  // none: the embedded default (created on first use)
+  ThreadPool* pool = nullptr;
+  bool progress = true;              // progress bar on stderr (TTY only, checkpoints >= 1 GiB)
+  std::string command;               // for messages
+};
+
+// The tokenizer comes from MODEL/tokenizer.json, else cedar's V4.1 tokenizer source.
+Result<LoadedModel> load_for_generation(const LoadRequest& request);
+
+// The sampling options every generating command accepts (--temperature, --top-p, --seed, ...), and
+// their values as SamplingParams (validated later against the vocabulary).
+std::vector<OptionSpec> sampling_option_specs(const std::string& default_max_tokens);
+Result<engine::SamplingParams> sampling_from_args(const ParsedArgs& args);
+
+// --mode ced|exact, or --exact.
+Result<ForwardMode> mode_from_args(const ParsedArgs& args);
+
+}  // namespace cedar::cli
