@@ -12,13 +12,10 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "model/tokenizer_source.h"
+#include "cli/generation_setup.h"
 #include "server/engine_backend.h"
 #include "server/fake_backend.h"
 #include "server/http_server.h"
-#if defined(CEDAR_SERVER_HAS_ENGINE) && __has_include("cli/generation_setup.h")
-#include "cli/generation_setup.h"
-#define CEDAR_SERVE_ENGINE 1
-#endif
 
 namespace cedar::cli {
 namespace {
@@ -29,12 +26,7 @@ CommandSpec make_spec() {
       "Serve MODEL over HTTP with the OpenAI / DeepSeek API (POST /v1/chat/completions, /v1/completions,\n"
       "/v1/messages (Anthropic), "
       "/tokenize, /detokenize; GET /v1/models, /health, /metrics). MODEL is a checkpoint directory\n"
-      "(default: the embedded tiny model). See docs/server.md.\n"
-#ifdef CEDAR_SERVE_ENGINE
-      "Backend: the engine.",
-#else
-      "Backend: built without the engine (src/engine); only --fake-backend serves.",
-#endif
+      "(default: the embedded tiny model). See docs/server.md.",
       {},
       {"MODEL"},
       {
@@ -126,11 +118,9 @@ int cmd_serve(const Args& args) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::unique_ptr<text::Tokenizer> tokenizer;
-#ifdef CEDAR_SERVE_ENGINE
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<engine::DeepseekRunner> runner;
-#endif
   std::unique_ptr<server::GenerationBackend> backend;
   if (a.flag("fake-backend")) {
     auto tok = load_v41_tokenizer();
@@ -143,7 +133,6 @@ int cmd_serve(const Args& args) {
     fo.cached_prompt_tokens = *cached;
     backend = std::make_unique<server::FakeBackend>(fo);
   } else {
-#ifdef CEDAR_SERVE_ENGINE
     auto mode = parse_forward_mode(a.get("mode"));
     if (!mode.ok()) return std::fprintf(stderr, "cedar serve: --mode: %s\n", mode.error().message.c_str()), 2;
     pool = std::make_unique<ThreadPool>(static_cast<int>(*threads));
@@ -158,10 +147,6 @@ int cmd_serve(const Args& args) {
     eo.bos_token = model->model->config().bos_token_id;
     runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get());
     backend = std::make_unique<server::EngineBackend>(*runner, *model->tokenizer, eo);
-#else
-    std::fprintf(stderr, "cedar serve: this cedar was built without the engine; use --fake-backend\n");
-    return 1;
-#endif
   }
 
   server::Server srv(*backend, opt);

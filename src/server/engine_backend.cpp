@@ -1,7 +1,5 @@
 #include "server/engine_backend.h"
 
-#ifdef CEDAR_SERVER_HAS_ENGINE
-
 #include <cstdio>
 
 namespace cedar::server {
@@ -134,5 +132,3 @@ void EngineBackend::loop() {
 }
 
 }  // namespace cedar::server
-
-#endif  // CEDAR_SERVER_HAS_ENGINE

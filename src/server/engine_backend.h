@@ -1,13 +1,7 @@
 // GenerationBackend over the engine (engine/engine.h): the engine's step loop runs on its own thread;
 // submit() / cancel() only queue work for it (the engine's own inbox), and stream callbacks run on the
 // loop thread and only push into the HTTP request's queue, so no request ever blocks the loop.
-//
-// Compiled only when the engine is part of the tree (it is being merged from h/engine): until then
-// this header declares nothing and `cedar serve` offers only --fake-backend.
 #pragma once
-
-#if __has_include("engine/engine.h")
-#define CEDAR_SERVER_HAS_ENGINE 1
 
 #include <condition_variable>
 #include <memory>
@@ -63,5 +57,3 @@ class EngineBackend final : public GenerationBackend {
 };
 
 }  // namespace cedar::server
-
-#endif  // __has_include("engine/engine.h")

@@ -1,33 +1,21 @@
 """`cedar serve` on the embedded default model (the real engine, tiny checkpoint): the official openai
 client, streaming == non-streaming for the same seed, logprobs, and cancellation on disconnect.
-
-Skips (saying so) when this cedar was built without the engine (`cedar serve` then refuses to start
-without --fake-backend).
 """
 import json
 import socket
-import subprocess
 import time
 
 import pytest
 
 openai = pytest.importorskip("openai", reason="the openai client is pinned in requirements-test.txt")
 
-from cedar_cli import cedar_binary  # noqa: E402
 from serve_util import CedarServer  # noqa: E402
 
 MODEL = "deepseek-v4.1-flash"
 
 
-def engine_available():
-    probe = subprocess.run([cedar_binary(), "serve", "--help"], capture_output=True, text=True, timeout=60)
-    return "Backend: the engine." in probe.stdout
-
-
 @pytest.fixture(scope="module")
 def server():
-    if not engine_available():
-        pytest.skip("this cedar was built without the engine (src/engine not merged): only --fake-backend serves")
     with CedarServer(["--threads", "2", "--max-running", "8"], timeout_s=300) as s:
         yield s
 
