@@ -101,7 +101,7 @@ int cmd_serve(const Args& args) {
     if (!r->ok() || **r < 0) return std::fprintf(stderr, "cedar serve: numeric options must be integers >= 0\n"), 2;
   if (*port > 65535) return std::fprintf(stderr, "cedar serve: --port must be <= 65535\n"), 2;
   opt.port = static_cast<int>(*port);
-  opt.max_inflight = *inflight;
+  opt.max_inflight = std::max<int64_t>(1, *inflight);
   opt.http_threads = static_cast<int>(std::max<int64_t>(64, *inflight + 64));
   opt.max_body_bytes = static_cast<size_t>(*body);
   opt.keepalive_interval = std::chrono::milliseconds(std::max<int64_t>(1, *keepalive));

@@ -230,7 +230,6 @@ void Server::Impl::run_generation(const std::string& endpoint, BackendRequest re
     }
     metrics.count_request(endpoint, error.empty() ? 200 : 500);
     if (!error.empty()) return send_error(res, 500, error);
-    res.set_header("x-request-id", s->assembler.response()["id"].template get<std::string>());
     return send_json(res, 200, s->assembler.response());
   }
 
