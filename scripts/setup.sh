@@ -10,7 +10,7 @@ if [ "${CEDAR_SKIP_APT:-0}" != "1" ] && command -v apt-get >/dev/null; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     cmake g++ make ninja-build pkg-config nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev \
     clang libclang-rt-14-dev python3 python3-venv ccache \
-    libicu-dev >/dev/null
+    libicu-dev libcpp-httplib-dev >/dev/null
 fi
 
 # Python (tests and tools only) lives in a project-local virtual environment.

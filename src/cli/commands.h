@@ -23,5 +23,6 @@ int cmd_run(const Args& args);
 int cmd_chat(const Args& args);
 int cmd_bench(const Args& args);
 int cmd_doctor(const Args& args);
+int cmd_serve(const Args& args);
 
 }  // namespace cedar::cli

@@ -31,6 +31,7 @@ constexpr Command kCommands[] = {
     {"chat", "interactive chat through the prompt encoder and output parser", cedar::cli::cmd_chat},
     {"bench", "serving benchmark: offered load (TTFT, TPOT, throughput) and CED vs exact prefill", cedar::cli::cmd_bench},
     {"doctor", "check this machine for cedar: GPU, FP8 support, HBM bandwidth, model memory plan", cedar::cli::cmd_doctor},
+    {"serve", "serve the OpenAI / DeepSeek HTTP API (chat, completions, tokenize, metrics)", cedar::cli::cmd_serve},
 };
 
 void print_help() {

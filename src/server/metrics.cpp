@@ -1,0 +1,97 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace cedar::server {
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(const std::string& name, std::string& out) const {
+  uint64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += name + "_bucket{le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+  }
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  out += name + "_sum " + num(sum_) + "\n";
+  out += name + "_count " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics()
+    : ttft_({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}),
+      tpot_({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
+      e2e_({0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800}) {}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard lock(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::record_generation(const RequestRecord& r) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_ += static_cast<uint64_t>(r.prompt_tokens);
+  generation_tokens_ += static_cast<uint64_t>(r.completion_tokens);
+  cached_tokens_ += static_cast<uint64_t>(r.cached_tokens);
+  if (r.ttft_s >= 0) {
+    ttft_.observe(r.ttft_s);
+    if (r.completion_tokens > 1) tpot_.observe((r.e2e_s - r.ttft_s) / static_cast<double>(r.completion_tokens - 1));
+  }
+  e2e_.observe(r.e2e_s);
+}
+
+void Metrics::set_inflight(int64_t n) {
+  std::lock_guard lock(mu_);
+  inflight_ = n;
+}
+
+std::string Metrics::render(const BackendStats& b) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  out += "# HELP cedar_requests_total HTTP requests by endpoint and status code.\n# TYPE cedar_requests_total counter\n";
+  for (const auto& [key, n] : requests_)
+    out += "cedar_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n) + "\n";
+  out += "# HELP cedar_prompt_tokens_total Prompt tokens of finished generations.\n# TYPE cedar_prompt_tokens_total counter\n";
+  out += "cedar_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+  out += "# HELP cedar_generation_tokens_total Generated tokens.\n# TYPE cedar_generation_tokens_total counter\n";
+  out += "cedar_generation_tokens_total " + std::to_string(generation_tokens_) + "\n";
+  out += "# HELP cedar_prompt_cached_tokens_total Prompt tokens served from the prefix cache.\n# TYPE cedar_prompt_cached_tokens_total counter\n";
+  out += "cedar_prompt_cached_tokens_total " + std::to_string(cached_tokens_) + "\n";
+  out += "# HELP cedar_prefix_cache_hit_rate Cached / prompt tokens over all finished generations.\n# TYPE cedar_prefix_cache_hit_rate gauge\n";
+  out += "cedar_prefix_cache_hit_rate " +
+         num(prompt_tokens_ ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0) + "\n";
+  out += "# HELP cedar_requests_inflight Generation requests being served.\n# TYPE cedar_requests_inflight gauge\n";
+  out += "cedar_requests_inflight " + std::to_string(inflight_) + "\n";
+  out += "# TYPE cedar_requests_running gauge\ncedar_requests_running " + std::to_string(b.running) + "\n";
+  out += "# TYPE cedar_requests_waiting gauge\ncedar_requests_waiting " + std::to_string(b.waiting) + "\n";
+  out += "# HELP cedar_kv_cache_usage KV cache bytes in use / capacity.\n# TYPE cedar_kv_cache_usage gauge\n";
+  out += "cedar_kv_cache_usage " +
+         num(b.kv_capacity_bytes ? static_cast<double>(b.kv_used_bytes) / static_cast<double>(b.kv_capacity_bytes) : 0.0) +
+         "\n";
+  out += "# TYPE cedar_kv_cache_used_bytes gauge\ncedar_kv_cache_used_bytes " + std::to_string(b.kv_used_bytes) + "\n";
+  out += "# TYPE cedar_kv_cache_capacity_bytes gauge\ncedar_kv_cache_capacity_bytes " + std::to_string(b.kv_capacity_bytes) + "\n";
+  out += "# HELP cedar_time_to_first_token_seconds Submit to first token.\n# TYPE cedar_time_to_first_token_seconds histogram\n";
+  ttft_.render("cedar_time_to_first_token_seconds", out);
+  out += "# HELP cedar_time_per_output_token_seconds Mean decode time per token after the first.\n# TYPE cedar_time_per_output_token_seconds histogram\n";
+  tpot_.render("cedar_time_per_output_token_seconds", out);
+  out += "# HELP cedar_e2e_request_latency_seconds Submit to finish.\n# TYPE cedar_e2e_request_latency_seconds histogram\n";
+  e2e_.render("cedar_e2e_request_latency_seconds", out);
+  return out;
+}
+
+}  // namespace cedar::server
