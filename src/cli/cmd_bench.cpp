@@ -19,6 +19,7 @@
 #include "cli/generation_setup.h"
 #include "engine/engine.h"
 #include "io/atomic_file.h"
+#include "model/model_stats.h"
 
 namespace cedar::cli {
 namespace {
@@ -45,6 +46,7 @@ const CommandSpec kSpec{
         {"ced-tail", "CED replayed decoder rows (0 = the model's sliding window)", true, "0", "N"},
         {"repeats", "prefill timings per length and mode (the median is reported)", true, "2", "N"},
         {"threads", "worker threads (0 = all cores)", true, "0", "N"},
+        kv_cache_option_spec(),
         {"json", "write the JSON here instead of stdout", true, "", "FILE"},
     }};
 
@@ -107,9 +109,10 @@ struct LoadPoint {
 };
 
 Result<json> run_load(const DeepseekV41Model& model, ThreadPool& pool, const LoadPoint& lp, ForwardMode mode,
-                      int64_t step_tokens) {
-  engine::DeepseekRunner runner(model, &pool);
-  engine::ByteCacheBudget budget(runner.cache_footprint(), int64_t{1} << 40);
+                      int64_t step_tokens, const ParsedArgs& args) {
+  CEDAR_ASSIGN_OR_RETURN(KvCacheSetup cache, kv_cache_from_args(args, model));  // a fresh pool per point
+  engine::DeepseekRunner runner(model, &pool, cache.kv);
+  engine::CacheBudget& budget = *cache.budget;
   engine::EngineOptions eo;
   eo.mode = mode;
   eo.step_token_budget = step_tokens;
@@ -121,7 +124,7 @@ Result<json> run_load(const DeepseekV41Model& model, ThreadPool& pool, const Loa
   p.max_tokens = lp.output_len;
   int64_t submitted = 0, in_flight = 0;
   std::vector<double> ttft, tpot;
-  int64_t out_tokens = 0, prompt_tokens = 0;
+  int64_t out_tokens = 0, prompt_tokens = 0, kv_allocated = 0, kv_tokens = 0;
   const auto t0 = Clock::now();
   const double c0 = cpu_seconds();
   while (submitted < lp.requests || in_flight > 0) {
@@ -140,6 +143,8 @@ Result<json> run_load(const DeepseekV41Model& model, ThreadPool& pool, const Loa
         tpot.push_back((r.stats.total_s - r.stats.ttft_s) / static_cast<double>(r.stats.output_tokens - 1));
       out_tokens += r.stats.output_tokens;
       prompt_tokens += r.stats.prompt_tokens;
+      kv_allocated += r.stats.kv_bytes_allocated;
+      kv_tokens += r.stats.kv_tokens;
     }
   }
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -158,7 +163,13 @@ Result<json> run_load(const DeepseekV41Model& model, ThreadPool& pool, const Loa
               {"total_tokens_per_s", static_cast<double>(out_tokens + prompt_tokens) / wall},
               {"requests_per_s", static_cast<double>(lp.requests) / wall},
               {"cpu_s", cpu},
-              {"output_tokens_per_cpu_s", static_cast<double>(out_tokens) / cpu}};
+              {"output_tokens_per_cpu_s", static_cast<double>(out_tokens) / cpu},
+              // Global KV the finished sequences held in the pool (page padding included) per token.
+              {"kv_bytes_per_token_measured",
+               kv_tokens > 0 ? static_cast<double>(kv_allocated) / static_cast<double>(kv_tokens) : 0.0},
+              {"kv_cache_capacity_bytes", cache.budget->capacity_bytes()},
+              {"kv_pool_peak_used_bytes", cache.budget->pool()->stats().peak_used_bytes},
+              {"preemptions", eng.stats().preemptions}};
 }
 
 struct PrefillTime {
@@ -232,7 +243,8 @@ int cmd_bench(const Args& args) {
   json result = {{"model", loaded->path.string()},
                  {"threads", pool.size()},
                  {"load_mode", std::string(forward_mode_name(*mode))},
-                 {"sliding_window", model.config().sliding_window}};
+                 {"sliding_window", model.config().sliding_window},
+                 {"kv_bytes_per_token_expected", compute_kv_budget(model.config(), model.plan()).bytes_per_token()}};
 
   json load = json::array();
   std::fprintf(stderr, "%5s %6s %6s %5s %10s %10s %10s %12s\n", "conc", "prompt", "output", "reqs", "ttft_ms",
@@ -241,7 +253,7 @@ int cmd_bench(const Args& args) {
     for (int64_t pl : *plens) {
       for (int64_t ol : *olens) {
         const LoadPoint lp{c, pl, ol, *requests > 0 ? *requests : 2 * c};
-        auto r = run_load(model, pool, lp, *mode, *step_tokens);
+        auto r = run_load(model, pool, lp, *mode, *step_tokens, a);
         if (!r.ok()) {
           std::fprintf(stderr, "cedar bench: %s\n", r.error().message.c_str());
           return 1;

@@ -28,6 +28,7 @@ CommandSpec make_spec() {
           {"mode", "prefill mode: ced (default) or exact (every layer on every token)", true, "ced", "MODE"},
           {"exact", "same as --mode exact (reference numerics)", false, "", ""},
           {"threads", "worker threads (0 = all cores)", true, "0", "N"},
+          kv_cache_option_spec(),
           {"stats-json", "write timings, token counts and KV bytes per token here as JSON", true, "", "FILE"},
       }};
   for (auto& o : sampling_option_specs("64")) spec.options.push_back(o);
@@ -75,12 +76,13 @@ int cmd_run(const Args& args) {
   if (!a.flag("no-bos")) prompt.push_back(model.config().bos_token_id);
   prompt.insert(prompt.end(), ids->begin(), ids->end());
 
-  engine::DeepseekRunner runner(model, &pool);
-  engine::ByteCacheBudget budget(runner.cache_footprint(), int64_t{1} << 40);
+  auto cache = kv_cache_from_args(a, model);
+  if (!cache.ok()) return std::fprintf(stderr, "cedar run: %s\n", cache.error().message.c_str()), 2;
+  engine::DeepseekRunner runner(model, &pool, cache->kv);
   engine::EngineOptions eo;
   eo.mode = *mode;
   eo.tokenizer = loaded->tokenizer.get();
-  engine::Engine eng(runner, budget, eo);
+  engine::Engine eng(runner, *cache->budget, eo);
   engine::GenerationRequest req;
   req.prompt = prompt;
   req.params = *params;
@@ -100,6 +102,9 @@ int cmd_run(const Args& args) {
   if (a.has("stats-json")) {
     const engine::EngineStats& es = eng.stats();
     const KvBudget kv = compute_kv_budget(model.config(), model.plan());
+    auto per_token = [&](int64_t bytes) {
+      return r.stats.kv_tokens > 0 ? static_cast<double>(bytes) / static_cast<double>(r.stats.kv_tokens) : 0.0;
+    };
     nlohmann::json j = {
         {"model", loaded->path.string()},
         {"mode", std::string(forward_mode_name(*mode))},
@@ -112,10 +117,17 @@ int cmd_run(const Args& args) {
         {"total_s", r.stats.total_s},
         {"prefill_tokens_per_s", es.prefill_seconds > 0 ? static_cast<double>(es.prefill_tokens) / es.prefill_seconds : 0.0},
         {"decode_tokens_per_s", es.decode_seconds > 0 ? static_cast<double>(es.decode_tokens) / es.decode_seconds : 0.0},
-        {"kv_bytes_per_token_measured",
-         r.stats.kv_tokens > 0 ? static_cast<double>(r.stats.kv_bytes_packed) / static_cast<double>(r.stats.kv_tokens) : 0.0},
+        // Allocated in the paged pool (page padding of each stream's last block included) and the
+        // stored records alone, next to the §3.12 figure.
+        {"kv_bytes_per_token_measured", per_token(r.stats.kv_bytes_allocated)},
+        {"kv_bytes_per_token_payload", per_token(r.stats.kv_bytes_packed)},
         {"kv_bytes_per_token_expected", kv.bytes_per_token()},
+        {"kv_bytes_allocated", r.stats.kv_bytes_allocated},
+        {"kv_padding_bytes", r.stats.kv_bytes_allocated - r.stats.kv_bytes_packed},
         {"kv_tokens", r.stats.kv_tokens},
+        {"kv_cache_capacity_bytes", cache->budget->capacity_bytes()},
+        {"kv_pool_peak_used_bytes", cache->budget->pool()->stats().peak_used_bytes},
+        {"preemptions", es.preemptions},
         {"swa_bytes_per_sequence", kv.swa_bytes_per_sequence},
         {"token_ids", r.tokens},
         {"text", r.text},

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/default_model.h"
+#include "model/model_stats.h"
 #include "model/tokenizer_source.h"
 
 namespace cedar::cli {
@@ -125,6 +126,25 @@ Result<engine::SamplingParams> sampling_from_args(const ParsedArgs& a) {
 Result<ForwardMode> mode_from_args(const ParsedArgs& a) {
   if (a.flag("exact")) return ForwardMode::Exact;
   return parse_forward_mode(a.get("mode"));
+}
+
+OptionSpec kv_cache_option_spec() {
+  return {"kv-cache-mb", "KV cache capacity in MiB (requests are preempted and recomputed when full)", true, "8192",
+          "N"};
+}
+
+Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& a, const DeepseekV41Model& model) {
+  auto mb = a.get_int("kv-cache-mb");
+  if (!mb.ok() || *mb <= 0 || *mb > (int64_t{1} << 30))
+    return make_error("--kv-cache-mb must be a positive number of MiB, got '" + a.get("kv-cache-mb") + "'");
+  KvCacheSetup setup;
+  const KvBudget kv = compute_kv_budget(model.config(), model.plan());
+  CEDAR_ASSIGN_OR_RETURN(engine::PoolCacheLayout layout,
+                         engine::pool_cache_layout(model.config(), model.plan(), kv.swa_bytes_per_sequence,
+                                                   setup.kv.tokens_per_block));
+  CEDAR_ASSIGN_OR_RETURN(setup.budget, engine::PoolCacheBudget::create(std::move(layout), *mb << 20));
+  setup.kv.pool = setup.budget->pool();
+  return setup;
 }
 
 }  // namespace cedar::cli

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "cli/args.h"
 #include "core/threads.h"
+#include "engine/pool_cache_budget.h"
 #include "engine/sampler.h"
 #include "model/deepseek_v41.h"
 #include "text/tokenizer.h"
@@ -40,5 +41,15 @@ Result<engine::SamplingParams> sampling_from_args(const ParsedArgs& args);
 
 // --mode ced|exact, or --exact.
 Result<ForwardMode> mode_from_args(const ParsedArgs& args);
+
+// --kv-cache-mb N: the KV cache capacity in MiB (paged global KV + per-sequence SWA state). The engine
+// preempts (and later recomputes) requests when it is full.
+OptionSpec kv_cache_option_spec();
+// The budget (with its shared block pool) and the cache options the model runner gives its sequences.
+struct KvCacheSetup {
+  std::unique_ptr<engine::PoolCacheBudget> budget;
+  KvCacheOptions kv;  // kv.pool = budget->pool()
+};
+Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model);
 
 }  // namespace cedar::cli

@@ -129,6 +129,7 @@ void Engine::finish(Active& r, FinishReason reason, std::string error) {
   r.done = true;
   if (r.sequence) {
     r.result.stats.kv_bytes_packed = r.sequence->kv_bytes_packed();
+    r.result.stats.kv_bytes_allocated = r.sequence->kv_bytes_allocated();
     r.result.stats.kv_tokens = r.sequence->length();
   }
   r.sequence.reset();

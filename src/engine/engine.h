@@ -52,6 +52,7 @@ struct RequestStats {
   double ttft_s = 0;         // submit → first token
   double total_s = 0;        // submit → finish
   int64_t kv_bytes_packed = 0;  // global KV of the sequence at its end, packed format (0: not modelled)
+  int64_t kv_bytes_allocated = 0;  // the same, as allocated in the pool (page padding included)
   int64_t kv_tokens = 0;        // tokens the sequence held then
   double decode_tokens_per_s() const;  // (output − 1) / (total − ttft)
 };

@@ -19,6 +19,13 @@ class DeepseekSequence final : public ModelSequence {
       bytes += s.kv.size() * main_entry_bytes_ + s.index_k.size() * indexer_entry_bytes_;
     return bytes;
   }
+  int64_t kv_bytes_allocated() const override {
+    int64_t bytes = 0;
+    for (const KvSourceState& s : state.attention().sources)
+      bytes += s.kv.blocks().blocks() * s.kv.blocks().block_bytes() +
+               s.index_k.blocks().blocks() * s.index_k.blocks().block_bytes();
+    return bytes;
+  }
   SequenceState state;
 
  private:
@@ -27,12 +34,13 @@ class DeepseekSequence final : public ModelSequence {
 
 }  // namespace
 
-DeepseekRunner::DeepseekRunner(const DeepseekV41Model& model, ThreadPool* pool) : model_(&model), pool_(pool) {
-  const KvBudget kv = compute_kv_budget(model.config(), model.plan());
-  footprint_.bytes_per_token = kv.bytes_per_token();
-  footprint_.bytes_per_sequence = kv.swa_bytes_per_sequence;
-  main_entry_bytes_ = kv.main_entry_bytes;
-  indexer_entry_bytes_ = kv.indexer_entry_bytes;
+DeepseekRunner::DeepseekRunner(const DeepseekV41Model& model, ThreadPool* pool, KvCacheOptions kv)
+    : model_(&model), pool_(pool), kv_(std::move(kv)) {
+  const KvBudget budget = compute_kv_budget(model.config(), model.plan());
+  footprint_.bytes_per_token = budget.bytes_per_token();
+  footprint_.bytes_per_sequence = budget.swa_bytes_per_sequence;
+  main_entry_bytes_ = budget.main_entry_bytes;
+  indexer_entry_bytes_ = budget.indexer_entry_bytes;
 }
 
 int64_t DeepseekRunner::eos_token() const { return model_->config().eos_token_id; }
@@ -42,6 +50,7 @@ Result<std::unique_ptr<ModelSequence>> DeepseekRunner::create_sequence(const Seq
   so.mode = spec.mode;
   so.prompt_length = spec.prompt_length;
   so.ced_tail = spec.ced_tail;
+  so.kv = kv_;
   CEDAR_ASSIGN_OR_RETURN(SequenceState state, model_->new_sequence(so));
   return std::unique_ptr<ModelSequence>(
       std::make_unique<DeepseekSequence>(std::move(state), main_entry_bytes_, indexer_entry_bytes_));

@@ -28,6 +28,8 @@ class ModelSequence {
   virtual int64_t length() const = 0;  // tokens processed
   // Cache bytes the sequence's global KV occupies in the packed format (0 when not modelled).
   virtual int64_t kv_bytes_packed() const { return 0; }
+  // Global-KV bytes its block tables hold in the pool, page padding included (0 when not modelled).
+  virtual int64_t kv_bytes_allocated() const { return 0; }
 };
 
 struct BatchItem {
@@ -51,10 +53,13 @@ class ModelRunner {
   virtual void run_batch(std::span<BatchItem> items) = 0;
 };
 
-// The DeepSeek-V4.1 CPU reference model. The model and pool must outlive the runner.
+// The DeepSeek-V4.1 CPU reference model. The model and pool must outlive the runner. `kv`: every
+// sequence's cache options; kv.pool is the shared block pool its global KV is allocated from
+// (PoolCacheBudget::pool(), with the same tokens_per_block as the budget's layout); null: a private
+// unbounded pool per sequence.
 class DeepseekRunner final : public ModelRunner {
  public:
-  DeepseekRunner(const DeepseekV41Model& model, ThreadPool* pool);
+  DeepseekRunner(const DeepseekV41Model& model, ThreadPool* pool, KvCacheOptions kv = {});
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t eos_token() const override;
   CacheFootprint cache_footprint() const override { return footprint_; }
@@ -64,6 +69,7 @@ class DeepseekRunner final : public ModelRunner {
  private:
   const DeepseekV41Model* model_;
   ThreadPool* pool_;
+  KvCacheOptions kv_;
   CacheFootprint footprint_;
   int64_t main_entry_bytes_ = 0, indexer_entry_bytes_ = 0;
 };

@@ -69,11 +69,24 @@ def test_run_kv_bytes_per_token(default_model, tmp_path):
     # and as many indexer keys (index_head_dim/2 + index_head_dim/32 bytes). Which layers are sources
     # comes from the checkpoint; here only the bound: between the ratio-2-only and ratio-1-only extremes.
     per_entry = cfg["head_dim"] // 2 + cfg["head_dim"] // 16 + cfg["index_head_dim"] // 2 + cfg["index_head_dim"] // 32
-    measured = stats["kv_bytes_per_token_measured"]
-    assert measured > 0
-    assert measured <= stats["kv_bytes_per_token_expected"] + 1e-9
+    payload = stats["kv_bytes_per_token_payload"]
+    assert payload > 0
+    assert payload <= stats["kv_bytes_per_token_expected"] + 1e-9
     # floor() rounding loses at most one entry per source over kv_tokens tokens.
-    assert stats["kv_bytes_per_token_expected"] - measured <= 8 * per_entry / stats["kv_tokens"]
+    assert stats["kv_bytes_per_token_expected"] - payload <= 8 * per_entry / stats["kv_tokens"]
+    # Allocated in the paged pool: blocks of 64 positions (64 / r entries of a ratio-r source). With
+    # fewer than 64 tokens every source holds exactly one block, so with n1 ratio-1 and n2 ratio-2
+    # sources: payload = (n1·len + n2·floor(len/2))·per_entry and allocated = (64·n1 + 32·n2)·per_entry.
+    n = stats["kv_tokens"]
+    assert n < 64
+    assert stats["kv_bytes_per_token_measured"] == pytest.approx(stats["kv_bytes_allocated"] / n)
+    assert stats["kv_padding_bytes"] == stats["kv_bytes_allocated"] - round(payload * n)
+    sources = sum(1 for r in cfg["compress_ratios"][: cfg["num_hidden_layers"]] if r > 0)
+    fits = [(n1, n2) for n1 in range(sources + 1) for n2 in range(sources + 1 - n1)
+            if (n1 * n + n2 * (n // 2)) * per_entry == round(payload * n)
+            and (64 * n1 + 32 * n2) * per_entry == stats["kv_bytes_allocated"]]
+    assert fits, (stats["kv_bytes_allocated"], payload * n, per_entry)
+    assert stats["kv_pool_peak_used_bytes"] == stats["kv_bytes_allocated"]
 
 
 def test_run_seed_determinism_and_modes(tmp_path):
