@@ -79,13 +79,7 @@ Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& pat
 
   m.hc_ = HcParams{c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps};
   CEDAR_ASSIGN_OR_RETURN(m.attn_, attention_params_from_config(c));
-  m.moe_.topk = c.num_experts_per_tok;
-  m.moe_.route_scale = c.routed_scaling_factor;
-  m.moe_.swiglu_limit = c.swiglu_limit;
-  m.moe_.gate_temp = c.gate_temp;
-  m.moe_.scoring_func = c.scoring_func;
-  m.moe_.norm_topk_prob = c.norm_topk_prob;
-  m.moe_.act_block = c.quant.quantized() ? c.quant.weight_block_cols : 32;
+  m.moe_ = moe_params_from_config(c);
 
   if (!c.engram_layer_ids.empty()) {
     const std::filesystem::path map_path = engram_map_path(dir, options);

@@ -9,6 +9,18 @@
 #include "core/numeric.h"
 
 namespace cedar {
+
+MoeParams moe_params_from_config(const ModelConfig& c) {
+  MoeParams p;
+  p.topk = c.num_experts_per_tok;
+  p.route_scale = c.routed_scaling_factor;
+  p.swiglu_limit = c.swiglu_limit;
+  p.gate_temp = c.gate_temp;
+  p.scoring_func = c.scoring_func;
+  p.norm_topk_prob = c.norm_topk_prob;
+  p.act_block = c.quant.quantized() ? c.quant.weight_block_cols : 32;
+  return p;
+}
 namespace {
 
 std::string shape_of(const cpu::LinearWeight& w) {

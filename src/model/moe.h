@@ -31,6 +31,7 @@
 #include "backend/cpu/ops.h"
 #include "core/status.h"
 #include "core/threads.h"
+#include "io/config.h"
 
 namespace cedar {
 
@@ -55,6 +56,8 @@ struct MoeParams {
   bool norm_topk_prob = true;
   int64_t act_block = 32;                   // FP8 activation block of FP8/MXFP4 GEMMs (V4.1 32, V4 128)
 };
+// The backbone MoE parameters of a config (both architectures).
+MoeParams moe_params_from_config(const ModelConfig& c);
 
 // Routing decision for a chunk of n tokens.
 struct MoeRouting {
