@@ -7,6 +7,9 @@ namespace cedar::cuda {
 
 // Defined next to each kernel (their symbols stay file-local there).
 const void* gemv_bf16_kernel_ptr();
+const void* rope_apply_kernel_ptr();
+const void* swa_kv_encode_kernel_ptr();
+const void* swa_ring_commit_kernel_ptr();
 
 namespace {
 struct Entry {
@@ -17,6 +20,10 @@ struct Entry {
 const Entry kEntries[] = {
     {"gemv_bf16", "BF16 GEMV / skinny GEMM (bf16 HMMA, 16-byte loads, <=64 tokens/pass, split-K, grouped)",
      gemv_bf16_kernel_ptr},
+    {"rope_apply", "RoPE/YaRN (forward / inverse) with host-computed angles, bf16 output", rope_apply_kernel_ptr},
+    {"swa_kv_encode", "SWA KV: exact RMSNorm_kv + RoPE + FP8 QDQ (32, UE8M0) -> 528-B records",
+     swa_kv_encode_kernel_ptr},
+    {"swa_ring_commit", "SWA ring write of a chunk's last window positions", swa_ring_commit_kernel_ptr},
 };
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/numeric.h"
@@ -81,6 +82,29 @@ inline std::vector<uint8_t> bf16_bytes(const std::vector<uint16_t>& bits) {
   std::vector<uint8_t> b(bits.size() * 2);
   std::memcpy(b.data(), bits.data(), b.size());  // little-endian host
   return b;
+}
+
+// The released V4.1 ropes (§3.1): compress rope (θ = 160000 + YaRN) and main rope (θ = 10000).
+inline cpu::RopeConfig compress_rope_config(int64_t rope_dim) {
+  return cpu::RopeConfig{.rope_dim = rope_dim,
+                         .base = 160000.0,
+                         .yarn_factor = 16.0,
+                         .beta_fast = 32.0,
+                         .beta_slow = 1.0,
+                         .original_max_position = 65536};
+}
+inline cpu::RopeConfig main_rope_config(int64_t rope_dim) { return cpu::RopeConfig{.rope_dim = rope_dim}; }
+
+// A RopeTable's cos/sin table for positions [0, positions) on the device.
+struct DeviceRope {
+  DeviceBuffer<float> table;
+  RopeTableView view;
+};
+inline DeviceRope device_rope(const cpu::RopeTable& t, int64_t positions) {
+  DeviceRope r;
+  r.table = to_device(rope_cos_sin_table(t.inv_freq().data(), t.rope_dim(), positions));
+  r.view = RopeTableView{r.table.get(), positions, t.rope_dim()};
+  return r;
 }
 
 inline std::string shape_str(int64_t a, int64_t b) { return std::to_string(a) + "x" + std::to_string(b); }
