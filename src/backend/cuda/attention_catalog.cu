@@ -10,6 +10,9 @@ const void* gemv_bf16_kernel_ptr();
 const void* rope_apply_kernel_ptr();
 const void* swa_kv_encode_kernel_ptr();
 const void* swa_ring_commit_kernel_ptr();
+const void* compressor_entries_kernel_ptr();
+const void* compressor_keep_pending_kernel_ptr();
+const void* indexer_keys_store_kernel_ptr();
 
 namespace {
 struct Entry {
@@ -24,6 +27,13 @@ const Entry kEntries[] = {
     {"swa_kv_encode", "SWA KV: exact RMSNorm_kv + RoPE + FP8 QDQ (32, UE8M0) -> 528-B records",
      swa_kv_encode_kernel_ptr},
     {"swa_ring_commit", "SWA ring write of a chunk's last window positions", swa_ring_commit_kernel_ptr},
+    {"compressor_entries",
+     "CSA2 compressor (ratio 1 / pooled ratio r) + exact RMSNorm + RoPE + FP4 (16, E4M3) 288-B records",
+     compressor_entries_kernel_ptr},
+    {"compressor_keep_pending", "CSA2 compressor: the open group's fp32 projections kept on the device",
+     compressor_keep_pending_kernel_ptr},
+    {"indexer_keys_store", "indexer keys: exact k_norm + RoPE + FP4 (32, UE8M0) 68-B records",
+     indexer_keys_store_kernel_ptr},
 };
 }  // namespace
 

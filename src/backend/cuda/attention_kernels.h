@@ -165,6 +165,64 @@ struct SwaRingCommitArgs {
 };
 Status swa_ring_commit(const SwaRingCommitArgs& a, cudaStream_t stream);
 
+// ---- CSA2 compressor and its cache writes (§3.5, §3.6 "Keys", §3.12) ------------------------------
+// Device state of one KV source layer for one sequence.
+struct KvSourceSeq {
+  PagedRecords kv;       // main KV, kv_format Fp4Block16E4m3 records (head_dim/2 + head_dim/16 B: 288 for 512)
+  PagedRecords index_k;  // indexer keys, Fp4Block32Ue8m0 records (index_head_dim/2 + /32 B: 68 for 128)
+  // ratio > 1: the fp32 projections of the open group's tokens, slot = pos % ratio ([ratio − 1, head_dim]
+  // each), kept across calls (compressor_keep_pending writes them, compressor_entries reads them).
+  float* pending_kv = nullptr;
+  float* pending_gate = nullptr;
+};
+
+// A row at position p completes group j = p / ratio when p % ratio == ratio − 1 (ratio 1: every row);
+// its group's tokens are the rows of the call at positions >= chunk_pos0 and the sequence's pending
+// state before that. For such a row:
+//   ratio 1: latent = RMSNorm(kv_row)                 (kv = bf16(wkv·x): gemv_bf16 with bf16 output)
+//   ratio r: pooled[c] = Σ_t softmax_t(gate_t[c])·kv_t[c] in fp32 (kv, gate: fp32 wkv·x, wgate·x),
+//            latent = RMSNorm(bf16(pooled))
+// and the main KV record j = FP4-QDQ(RoPE(latent, j·ratio)) (block 16, E4M3 scales) is written to
+// seqs[seq].kv. latent [n, head_dim] receives the latent at that row and zeros at rows that complete no
+// group (so the wk GEMV that follows reads defined values). The softmax, the pooling order, the
+// RMSNorm and the QDQ are the CPU's arithmetic in the CPU's order (model/compressor.cpp): given the
+// CPU's projections the latents and records are bit-identical (exp: see detail::exp_f32).
+struct CompressorArgs {
+  int64_t n = 0, head_dim = 0, ratio = 1;  // head_dim % 32 == 0, <= 1024
+  const float* kv = nullptr;               // [n, head_dim]
+  const float* gate = nullptr;             // [n, head_dim], ratio > 1 only
+  const float* norm_weight = nullptr;      // compressor.norm [head_dim]
+  float eps = 1e-6f;
+  const AttnToken* tokens = nullptr;
+  const KvSourceSeq* seqs = nullptr;  // indexed by AttnToken::seq
+  RopeTableView rope = {};            // the layer's compress rope
+  float* latent = nullptr;            // [n, head_dim]
+};
+Status compressor_entries(const CompressorArgs& a, cudaStream_t stream);
+// ratio > 1, after compressor_entries of the same call: stores the projections of the rows of each
+// sequence's open group (positions >= (chunk end / ratio)·ratio) in its pending slots. (A separate
+// launch: compressor_entries may still read the slots these rows overwrite.) ratio 1: nothing to do.
+Status compressor_keep_pending(const CompressorArgs& a, cudaStream_t stream);
+
+// Indexer keys of the rows that complete a group (as above): record j of seqs[seq].index_k =
+// FP4-QDQ(RoPE(RMSNorm_k(k_row), j·ratio)) (block 32, UE8M0), k = bf16(indexer.wk · latent) from
+// gemv_bf16 (bf16 output). Bit-exact with append_cache_entries given the same k.
+struct IndexKeyArgs {
+  int64_t n = 0, index_head_dim = 0, ratio = 1;  // index_head_dim % 32 == 0, <= 1024
+  const float* k = nullptr;                      // [n, index_head_dim]
+  const float* norm_weight = nullptr;            // indexer.k_norm
+  float eps = 1e-6f;
+  const AttnToken* tokens = nullptr;
+  const KvSourceSeq* seqs = nullptr;
+  RopeTableView rope = {};
+};
+Status indexer_keys_store(const IndexKeyArgs& a, cudaStream_t stream);
+
+CEDAR_ATTN_HD inline int64_t main_kv_record_bytes(int64_t head_dim) { return head_dim / 2 + head_dim / 16; }
+CEDAR_ATTN_HD inline int64_t index_key_record_bytes(int64_t index_head_dim) {
+  return index_head_dim / 2 + index_head_dim / 32;
+}
+
 // ---- catalog -----------------------------------------------------------------------------------
 // The attention kernels of this build (for kernel_catalog / cedar doctor) and their loadability.
 std::vector<KernelInfo> attention_kernel_catalog();
