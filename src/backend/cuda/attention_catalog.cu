@@ -13,6 +13,9 @@ const void* swa_ring_commit_kernel_ptr();
 const void* compressor_entries_kernel_ptr();
 const void* compressor_keep_pending_kernel_ptr();
 const void* indexer_keys_store_kernel_ptr();
+const void* indexer_queries_kernel_ptr();
+const void* indexer_scores_kernel_ptr();
+const void* indexer_select_kernel_ptr();
 
 namespace {
 struct Entry {
@@ -34,6 +37,12 @@ const Entry kEntries[] = {
      compressor_keep_pending_kernel_ptr},
     {"indexer_keys_store", "indexer keys: exact k_norm + RoPE + FP4 (32, UE8M0) 68-B records",
      indexer_keys_store_kernel_ptr},
+    {"indexer_queries", "indexer queries: RoPE + FP4 (32, UE8M0) QDQ, MMA operands, head weights",
+     indexer_queries_kernel_ptr},
+    {"indexer_scores", "indexer scores over visible / candidate entries: f16 HMMA on e2m1 codes, CPU head loop",
+     indexer_scores_kernel_ptr},
+    {"indexer_select", "exact top-k / candidate blocks: radix select + ordered compaction, two-stage segments",
+     indexer_select_kernel_ptr},
 };
 }  // namespace
 

@@ -223,6 +223,80 @@ CEDAR_ATTN_HD inline int64_t index_key_record_bytes(int64_t index_head_dim) {
   return index_head_dim / 2 + index_head_dim / 32;
 }
 
+// ---- Indexer (§3.6): queries, scores, candidate blocks, top-k -------------------------------------
+// Queries of an index source layer: q = FP4-QDQ(RoPE(qi, pos)) per head (block 32, UE8M0), with
+// qi = indexer.wq_b·qr (linear_quantized, bf16 output) [n, heads·head_dim], and the head weights
+// from w_raw = bf16(weights_proj·x) (gemv_bf16, bf16 output) [n, heads]:
+//   reference precision: w = bf16(w_raw · fp32(head_dim^-0.5 · heads^-0.5));  fp32: w = w_raw · fp32(heads^-0.5)
+// (indexer.cpp index_queries, bit-exact). Outputs: the QDQ values (IndexQueries::q), and the MMA form
+// of the scoring kernel: each value's e2m1 code as its f16 value plus one fp32 scale per 32.
+struct IndexQueryArgs {
+  int64_t n = 0, heads = 0, head_dim = 0;  // head_dim % 32 == 0, <= 512; heads <= 64
+  const float* qi = nullptr;               // [n, heads·head_dim]
+  const float* w_raw = nullptr;            // [n, heads]
+  const AttnToken* tokens = nullptr;
+  RopeTableView rope = {};
+  bool reference_precision = true;  // IndexScorePrecision::Reference (else Fp32)
+  float* q = nullptr;               // optional [n, heads·head_dim] QDQ values
+  uint16_t* q_codes = nullptr;      // [n, heads·head_dim] f16 bits of the e2m1 code values
+  float* q_scales = nullptr;        // [n, heads·head_dim/32]
+  float* w = nullptr;               // [n, heads]
+};
+Status indexer_queries(const IndexQueryArgs& a, cudaStream_t stream);
+
+// Scores I(j) = Σ_h w_h·ReLU(q_h·k_j) of each row's scan list against the KV source's indexer keys
+// (68-B records of seqs[seq].index_k), in indexer.cpp's arithmetic (index_score, both precisions):
+//   full scan: slots s < V = (pos+1)/ratio are the visible entries j = s;
+//   restricted (Reindex, candidate_blocks given): slot s is entry blocks[s / B]·B + s % B of the row's
+//   kept blocks (B = candidate_block_size), −inf where the block is −1 or the entry is not visible.
+// scores [n, max_slots]: slot s of row r at r·max_slots + s; slots past the row's count are not written.
+// The q·k dots run on the tensor cores on the e2m1 codes (products exact, each 32-channel block sum
+// exact), scaled per block by the two UE8M0 scales and added in block order; this equals the CPU's
+// sequential fp32 dot whenever that sum is exact, i.e. whenever the partial sums fit in 24 bits
+// (the block scales of q·k within ~2^10 of each other and no product below 2^-126) — every realistic
+// input; the head sum is the CPU's loop, in head order. So scores are bit-identical in that regime.
+struct IndexerScoreArgs {
+  int64_t n = 0, heads = 0, head_dim = 0, ratio = 1;
+  const uint16_t* q_codes = nullptr;  // indexer_queries outputs
+  const float* q_scales = nullptr;
+  const float* w = nullptr;
+  const AttnToken* tokens = nullptr;
+  const KvSourceSeq* seqs = nullptr;  // the KV source's state (index_k streams)
+  bool reference_precision = true;
+  float relu_scale = 0.0f;                    // fp32 precision only: fp32(head_dim^-0.5)
+  const int32_t* candidate_blocks = nullptr;  // restricted rows: [n, candidate_topk_blocks]; null: full scan
+  int64_t candidate_topk_blocks = 0, candidate_block_size = 0;
+  int64_t max_slots = 0;    // >= every row's slot count (full: max V; restricted: blocks·B)
+  float* scores = nullptr;  // [n, max_slots]
+};
+Status indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream);
+
+// Selection from the scores (indexer.cpp select_topk / select_candidate_blocks, same sets and order):
+//   top-k: among slots with a score > −inf, the index_topk best (score descending, entry id ascending
+//   on ties), written as entry ids ascending, padded with −1;
+//   candidate blocks (blocks_out given; full-scan rows): block score = max of its entries, the newest
+//   visible block ((V−1)/B) pinned at +inf, the candidate_topk_blocks best with a score > −inf, block
+//   ids ascending, padded with −1.
+// Exact: a radix select of the k-th best key (4 digit passes over order-preserving keys) and an
+// ordered compaction; a row longer than one segment (8192 values) selects per segment first and then
+// among the segments' winners (the union holds the global top-k). Deterministic.
+struct IndexerSelectArgs {
+  int64_t n = 0, ratio = 1;
+  const AttnToken* tokens = nullptr;
+  const float* scores = nullptr;  // indexer_scores output
+  int64_t max_slots = 0;
+  const int32_t* candidate_blocks = nullptr;  // restricted rows: the slot → entry mapping, as above
+  int64_t candidate_topk_blocks = 0, candidate_block_size = 0;
+  int64_t topk = 0;
+  int32_t* topk_out = nullptr;    // [n, topk]
+  int32_t* blocks_out = nullptr;  // optional (candidate source): [n, candidate_topk_blocks]
+  void* workspace = nullptr;      // indexer_select_workspace_bytes
+  int64_t workspace_bytes = 0;
+};
+int64_t indexer_select_workspace_bytes(int64_t n, int64_t max_slots, int64_t topk, int64_t candidate_topk_blocks,
+                                       int64_t candidate_block_size);
+Status indexer_select(const IndexerSelectArgs& a, cudaStream_t stream);
+
 // ---- catalog -----------------------------------------------------------------------------------
 // The attention kernels of this build (for kernel_catalog / cedar doctor) and their loadability.
 std::vector<KernelInfo> attention_kernel_catalog();
