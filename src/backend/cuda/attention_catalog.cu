@@ -16,6 +16,7 @@ const void* indexer_keys_store_kernel_ptr();
 const void* indexer_queries_kernel_ptr();
 const void* indexer_scores_kernel_ptr();
 const void* indexer_select_kernel_ptr();
+const void* sparse_attention_kernel_ptr();
 
 namespace {
 struct Entry {
@@ -43,6 +44,8 @@ const Entry kEntries[] = {
      indexer_scores_kernel_ptr},
     {"indexer_select", "exact top-k / candidate blocks: radix select + ordered compaction, two-stage segments",
      indexer_select_kernel_ptr},
+    {"sparse_attention", "sparse MQA over window + top-k entries with sink: bf16 HMMA, exact-M key split, inverse RoPE",
+     sparse_attention_kernel_ptr},
 };
 }  // namespace
 

@@ -297,6 +297,66 @@ int64_t indexer_select_workspace_bytes(int64_t n, int64_t max_slots, int64_t top
                                        int64_t candidate_block_size);
 Status indexer_select(const IndexerSelectArgs& a, cudaStream_t stream);
 
+// ---- Sparse attention with the sink, inverse RoPE, output projection (§3.4, §3.7) ------------------
+// Per row at position p and per head h, over the keys (K = V) in the CPU's order:
+//   window: positions [max(swa_start, p − window + 1), p] — the call's own rows from the staged SWA
+//           records (swa_kv_encode; positions >= chunk_pos0), earlier ones from the ring (before
+//           swa_ring_commit; a slot that does not hold the position is skipped);
+//   compressed (topk given): the entries topk[row][0..) up to the first −1 (ascending ids, as
+//           indexer_select writes them), decoded from the KV source's 288-B main-KV records;
+//   s_j = fp32(q_h·k_j)·scale, M = max_j s_j, p_j = exp(s_j − M),
+//   o_h = bf16( Σ_j p'_j·k_j / (Σ_j p_j + exp(sink_h − M)) ), p'_j = bf16(p_j) (bf16_probabilities) or p_j,
+// then the inverse RoPE at p on each head's last rope_dim channels (sparse_attention.h + attention.cpp).
+// A block handles 16 heads of one row (and, when there are too few rows to fill the GPU, a range of the
+// keys: a first launch finds M over all ranges, the second forms the partial sums with the exact M and
+// the last block of the row adds them in range order — so p_j and bf16(p_j) are those of the single
+// pass). Keys are dequantized into shared memory as bf16 (exact: FP8 and FP4·E4M3 values have <= 6
+// significant bits), q·k and P·V run on mma.sync bf16 tensor cores (exact products; fp32 p is split
+// into three bf16 parts), exp is detail::exp_f32. Only the summation orders differ from the CPU.
+struct SparseAttnWorkspace {  // the key-split partial sums; null / too small: no key split
+  float* floats = nullptr;
+  unsigned* counters = nullptr;  // zero before the first call; the kernel re-arms them
+  int64_t float_count = 0, counter_count = 0;
+};
+struct SparseAttnArgs {
+  int64_t n = 0, heads = 0, head_dim = 0;  // head_dim in {32, 64, 128, 256, 512}
+  int64_t window = 0;                      // SWA window = ring slots
+  const float* q = nullptr;                // [n, heads·head_dim] after RoPE (bf16 values)
+  const float* sink = nullptr;             // attn_sink [heads]
+  float scale = 0.0f;                      // fp32(head_dim^-0.5)
+  bool bf16_probabilities = true;
+  const AttnToken* tokens = nullptr;
+  const uint8_t* chunk_records = nullptr;  // [n, swa_record_bytes(head_dim)]
+  const SwaRingDesc* rings = nullptr;      // per sequence (this layer's rings)
+  const int32_t* topk = nullptr;           // [n, topk_width] or null (SWA-only layer)
+  int64_t topk_width = 0;
+  const KvSourceSeq* kv_seqs = nullptr;  // the KV source's state (main KV streams), with topk
+  RopeTableView rope = {};               // the layer's rope (inverse at p on the output)
+  float* out = nullptr;                  // [n, heads·head_dim]
+};
+// Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits).
+struct SparseAttnWorkspaceSize {
+  int64_t floats = 0, counters = 0;
+};
+SparseAttnWorkspaceSize sparse_attention_workspace_size(int64_t n, int64_t heads, int64_t head_dim, int64_t window,
+                                                        int64_t topk_width);
+Status sparse_attention(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});
+
+// The attention output projection (attention_output_projection): u = wo_a grouped (gemv_bf16, bf16 out)
+// over o's `groups` slices, then out = wo_b·u (linear_quantized, FP8, bf16 out).
+struct AttnOutputArgs {
+  int64_t n = 0;
+  const float* o = nullptr;        // [n, heads·head_dim]
+  const uint16_t* wo_a = nullptr;  // bf16 [groups·o_lora, heads·head_dim/groups]
+  int64_t groups = 0, o_lora = 0, in_per_group = 0;
+  float* u = nullptr;                 // [n, groups·o_lora] scratch
+  QuantWeightView wo_b = {};          // [dim, groups·o_lora] FP8
+  const ActWorkspace* act = nullptr;  // for wo_b's activation quantization (and split-K)
+  float* out = nullptr;               // [n, dim]
+  SplitKWorkspace wo_a_splitk = {};
+};
+Status attention_output(const AttnOutputArgs& a, cudaStream_t stream);
+
 // ---- catalog -----------------------------------------------------------------------------------
 // The attention kernels of this build (for kernel_catalog / cedar doctor) and their loadability.
 std::vector<KernelInfo> attention_kernel_catalog();
