@@ -71,6 +71,32 @@ void check_rope(const cpu::RopeConfig& cfg, int64_t n_vec, int64_t width, const 
   EXPECT_EQ(bad, 0u);
 }
 
+// Host only (runs without a GPU): the table's (cos, sin) rotate exactly as RopeTable::apply does, with
+// the device kernel's formula, for every position of a range and both ropes.
+TEST(CudaRopeTable, HostTableReproducesRopeTable) {
+  for (const cpu::RopeConfig& cfg : {testing::compress_rope_config(64), testing::main_rope_config(64)}) {
+    const cpu::RopeTable rope(cfg);
+    const int64_t positions = 70000, half = cfg.rope_dim / 2;
+    const std::vector<float> t = rope_cos_sin_table(rope.inv_freq().data(), cfg.rope_dim, positions);
+    ASSERT_EQ(static_cast<int64_t>(t.size()), positions * cfg.rope_dim);
+    const std::vector<float> x = testing::random_bf16(cfg.rope_dim, 7, -3, 3, 8);
+    size_t bad = 0;
+    for (int64_t pos = 0; pos < positions; pos += 7)
+      for (bool inverse : {false, true}) {
+        std::vector<float> want = x;
+        rope.apply(want, 1, cfg.rope_dim, pos, inverse);
+        for (int64_t i = 0; i < half; ++i) {
+          const float c = t[(pos * half + i) * 2],
+                      sn = inverse ? -t[(pos * half + i) * 2 + 1] : t[(pos * half + i) * 2 + 1];
+          const float e = x[2 * i], o = x[2 * i + 1];
+          bad += !same_bits(round_to_bf16(e * c - o * sn), want[2 * i]);
+          bad += !same_bits(round_to_bf16(e * sn + o * c), want[2 * i + 1]);
+        }
+      }
+    EXPECT_EQ(bad, 0u) << "base " << cfg.base;
+  }
+}
+
 TEST(CudaRope, BitExactWithRopeTable) {
   CEDAR_REQUIRE_GPU_ATTN();
   const std::vector<int64_t> pos = {0, 1, 2, 127, 4096, 65535, 65536, 99999, 131071};
