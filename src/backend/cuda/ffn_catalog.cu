@@ -21,6 +21,9 @@ const void* gemv_mxfp4_packed_items_kernel_ptr();
 const void* engram_hash_kernel_ptr();
 const void* engram_gather_kernel_ptr();
 const void* engram_update_kernel_ptr();
+const void* argmax_kernel_ptr();
+const void* sample_kernel_ptr();
+const void* mhc_cluster_kernel_ptr();
 
 namespace {
 struct Entry {
@@ -44,6 +47,11 @@ const Entry kEntries[] = {
     {"engram_gather", "Engram table rows (device or mapped host memory): dequant + FP8 quantization",
      engram_gather_kernel_ptr},
     {"engram_update", "Engram per-stream gate and stream update", engram_update_kernel_ptr},
+    {"argmax", "greedy argmax per row, ties to the lowest id", argmax_kernel_ptr},
+    {"sample", "sampler on the device: penalties, bias, temperature, min-p, top-k, top-p, PCG32 draw",
+     sample_kernel_ptr},
+    {"mhc_fused_cluster", "fused mHC, 16-block cluster: TMA fn slices, DSMEM reduction, register Sinkhorn",
+     mhc_cluster_kernel_ptr},
 };
 }  // namespace
 
