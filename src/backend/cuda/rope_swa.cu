@@ -1,0 +1,150 @@
+// RoPE/YaRN apply and the SWA KV path (attention_kernels.h): RMSNorm_kv → RoPE → FP8 QDQ → staged
+// 528-B records, and the ring commit.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/attention_kernels.h"
+#include "backend/cuda/attention_math.cuh"
+#include "backend/cuda/cuda_status.h"
+
+namespace cedar::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxHeadDim = 1024;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+Status check_rope(const RopeTableView& t, int64_t width, const char* who) {
+  if (t.cos_sin == nullptr || t.positions <= 0)
+    return make_error(std::string(who) + ": empty RoPE table (" + str(t.positions) + " positions)");
+  if (t.rope_dim <= 0 || t.rope_dim % 2 != 0 || t.rope_dim > width)
+    return make_error(std::string(who) + ": rope_dim " + str(t.rope_dim) + " must be even and within width " +
+                      str(width));
+  return Status::Ok();
+}
+
+// One thread per (row, vector, pair of the rope range).
+__global__ void __launch_bounds__(kThreads)
+    rope_apply_kernel(RopeTableView t, float* x, int64_t rows, int64_t n_vec, int64_t width, int64_t row_stride,
+                      const AttnToken* tokens, bool inverse) {
+  const int64_t half = t.rope_dim / 2;
+  const int64_t total = rows * n_vec * half;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t i = e % half, v = (e / half) % n_vec, r = e / (half * n_vec);
+    float* p = x + r * row_stride + v * width + (width - t.rope_dim) + 2 * i;
+    float a = p[0], b = p[1];
+    detail::rope_pair(t, tokens[r].pos, i, inverse, a, b);
+    p[0] = a;
+    p[1] = b;
+  }
+}
+
+// One block per row. Thread k handles channel pairs k, k + 256, ...: a 32-channel QDQ block is 16
+// consecutive pairs, i.e. one half warp in one iteration.
+__global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
+  __shared__ float xs[kMaxHeadDim];
+  __shared__ float rstd;
+  const int64_t row = blockIdx.x, hd = a.head_dim;
+  const float* x = a.kv + row * hd;
+  for (int64_t c = threadIdx.x; c < hd; c += kThreads) xs[c] = x[c];
+  __syncthreads();
+  if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential(xs, hd, a.eps);
+  __syncthreads();
+  const float r = rstd;
+  const int64_t pos = a.tokens[row].pos;
+  const int64_t rope_start = hd - a.rope.rope_dim;
+  const int64_t rb = swa_record_bytes(hd);
+  uint8_t* rec = a.records + row * rb;
+  for (int64_t base = 0; base < hd / 2; base += kThreads) {
+    const int64_t pr = base + threadIdx.x;
+    const bool valid = pr < hd / 2;  // half warps are all valid or all not (hd % 32 == 0)
+    const int64_t c = 2 * pr;
+    float e = 0.0f, o = 0.0f;
+    if (valid) {
+      e = detail::rms_apply(xs[c], r, a.norm_weight, c);
+      o = detail::rms_apply(xs[c + 1], r, a.norm_weight, c + 1);
+      if (c >= rope_start) detail::rope_pair(a.rope, pos, (c - rope_start) / 2, false, e, o);
+    }
+    const bool finite = detail::half_warp_all(isfinite(e) && isfinite(o));
+    const float amax = detail::half_warp_max(fmaxf(fabsf(e), fabsf(o)));
+    const uint32_t sb = finite ? detail::fp8_b32_scale_byte(amax) : 0xFFu;
+    const float s = detail::ue8m0_to_float(sb);
+    const uint32_t ce = finite ? detail::fp8_encode(e, s) : 0x7Fu;
+    const uint32_t co = finite ? detail::fp8_encode(o, s) : 0x7Fu;
+    if (valid) {
+      rec[c] = static_cast<uint8_t>(ce);  // byte stores: records of odd size (head_dim 32: 33 B) are unaligned
+      rec[c + 1] = static_cast<uint8_t>(co);
+      if ((threadIdx.x & 15) == 0) rec[hd + c / 32] = static_cast<uint8_t>(sb);
+      if (a.values != nullptr) {
+        a.values[row * hd + c] = __fmul_rn(detail::e4m3_to_f32(ce), s);
+        a.values[row * hd + c + 1] = __fmul_rn(detail::e4m3_to_f32(co), s);
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) swa_ring_commit_kernel(SwaRingCommitArgs a) {
+  const int64_t row = blockIdx.x;
+  const AttnToken tk = a.tokens[row];
+  if (tk.pos < tk.chunk_pos0 + tk.chunk_len - a.slots || tk.pos < 0) return;
+  const SwaRingDesc ring = a.rings[tk.seq];
+  const int64_t slot = tk.pos % a.slots;
+  const uint8_t* src = a.records + row * a.record_bytes;
+  uint8_t* dst = ring.records + slot * a.record_bytes;
+  for (int64_t b = threadIdx.x; b < a.record_bytes; b += kThreads) dst[b] = src[b];
+  if (threadIdx.x == 0) ring.positions[slot] = tk.pos;
+}
+
+unsigned grid_for(int64_t work) {
+  return static_cast<unsigned>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, 132 * 16));
+}
+
+}  // namespace
+
+Status rope_apply(const RopeTableView& table, const RopeApplyArgs& a, cudaStream_t stream) {
+  CEDAR_RETURN_IF_ERROR(check_rope(table, a.width, "cuda::rope_apply"));
+  if (a.rows < 0 || a.n_vec <= 0 || a.width <= 0)
+    return make_error("cuda::rope_apply: rows=" + str(a.rows) + ", n_vec=" + str(a.n_vec) + ", width=" + str(a.width));
+  if (a.rows == 0) return Status::Ok();
+  const int64_t stride = a.row_stride != 0 ? a.row_stride : a.n_vec * a.width;
+  if (a.x == nullptr || a.tokens == nullptr || stride < a.n_vec * a.width)
+    return make_error("cuda::rope_apply: null data or tokens, or row_stride " + str(stride) + " < " +
+                      str(a.n_vec * a.width));
+  rope_apply_kernel<<<grid_for(a.rows * a.n_vec * table.rope_dim / 2), kThreads, 0, stream>>>(
+      table, a.x, a.rows, a.n_vec, a.width, stride, a.tokens, a.inverse);
+  return launch_status("rope_apply_kernel");
+}
+
+Status swa_kv_encode(const SwaKvArgs& a, cudaStream_t stream) {
+  if (a.head_dim <= 0 || a.head_dim % 32 != 0 || a.head_dim > kMaxHeadDim)
+    return make_error("cuda::swa_kv_encode: head_dim " + str(a.head_dim) + " must be a multiple of 32 up to " +
+                      str(kMaxHeadDim));
+  CEDAR_RETURN_IF_ERROR(check_rope(a.rope, a.head_dim, "cuda::swa_kv_encode"));
+  if (a.n < 0 || a.n > 0x7FFFFFFF) return make_error("cuda::swa_kv_encode: n=" + str(a.n));
+  if (a.n == 0) return Status::Ok();
+  if (a.kv == nullptr || a.tokens == nullptr || a.records == nullptr)
+    return make_error("cuda::swa_kv_encode: null input, tokens or records");
+  swa_kv_encode_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a);
+  return launch_status("swa_kv_encode_kernel");
+}
+
+Status swa_ring_commit(const SwaRingCommitArgs& a, cudaStream_t stream) {
+  if (a.n < 0 || a.n > 0x7FFFFFFF || a.slots <= 0 || a.record_bytes <= 0)
+    return make_error("cuda::swa_ring_commit: n=" + str(a.n) + ", slots=" + str(a.slots) +
+                      ", record_bytes=" + str(a.record_bytes));
+  if (a.n == 0) return Status::Ok();
+  if (a.records == nullptr || a.tokens == nullptr || a.rings == nullptr)
+    return make_error("cuda::swa_ring_commit: null records, tokens or rings");
+  swa_ring_commit_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a);
+  return launch_status("swa_ring_commit_kernel");
+}
+
+// For the catalog's loadability check.
+const void* rope_apply_kernel_ptr() { return reinterpret_cast<const void*>(&rope_apply_kernel); }
+const void* swa_kv_encode_kernel_ptr() { return reinterpret_cast<const void*>(&swa_kv_encode_kernel); }
+const void* swa_ring_commit_kernel_ptr() { return reinterpret_cast<const void*>(&swa_ring_commit_kernel); }
+
+}  // namespace cedar::cuda
