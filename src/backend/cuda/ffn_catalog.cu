@@ -24,6 +24,7 @@ const void* engram_update_kernel_ptr();
 const void* argmax_kernel_ptr();
 const void* sample_kernel_ptr();
 const void* mhc_cluster_kernel_ptr();
+const void* hc_collapse_kernel_ptr();
 
 namespace {
 struct Entry {
@@ -47,6 +48,8 @@ const Entry kEntries[] = {
     {"engram_gather", "Engram table rows (device or mapped host memory): dequant + FP8 quantization",
      engram_gather_kernel_ptr},
     {"engram_update", "Engram per-stream gate and stream update", engram_update_kernel_ptr},
+    {"hc_collapse", "final collapse of the hc streams (then rms_norm + gemv_bf16 head: final_head)",
+     hc_collapse_kernel_ptr},
     {"argmax", "greedy argmax per row, ties to the lowest id", argmax_kernel_ptr},
     {"sample", "sampler on the device: penalties, bias, temperature, min-p, top-k, top-p, PCG32 draw",
      sample_kernel_ptr},

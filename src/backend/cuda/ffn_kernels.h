@@ -242,6 +242,27 @@ struct EngramUpdateArgs {
 };
 Status engram_update(const EngramUpdateArgs& a, cudaStream_t stream);
 
+// ---- final collapse, RMSNorm and fp32 head (§3.3, §2.3) --------------------------------------------
+// out[t] = bf16(Σ_k w[t, k]·X[t, k]) in stream order: model/mhc.h hc_collapse, bit-exact.
+Status hc_collapse_rows(const float* X, const float* weights, int64_t n, int64_t hc, int64_t d, float* out,
+                        cudaStream_t stream);
+// logits[t] = head · rms_norm(hc_collapse(X[t], pre[t]), norm_weight) in fp32 (the reference holds the
+// bf16 head as fp32: here the bf16 values themselves, same products), via gemv_bf16 (cuda-attn). The
+// collapse is bit-exact, rms_norm within one bf16 ulp (kernels.h), the head differs from cpu::linear by
+// its summation order only. Three launches; x is the scratch for the normed row.
+struct FinalHeadArgs {
+  int64_t n = 0, hc = 4, d = 0, vocab = 0;
+  const float* X = nullptr;            // [n, hc, d] streams after the last layer
+  const float* pre = nullptr;          // [n, hc] the last ffn site's pre
+  const float* norm_weight = nullptr;  // [d] final RMSNorm weight (bf16 values)
+  float norm_eps = 1e-20f;
+  const uint16_t* head = nullptr;      // bf16 bits [vocab, d], 16-byte aligned
+  float* x = nullptr;                  // [n, d] scratch (16-byte aligned)
+  float* logits = nullptr;             // [n, vocab]
+  SplitKWorkspace splitk;              // optional: gemv_bf16_splitk_size(vocab, d)
+};
+Status final_head(const FinalHeadArgs& a, cudaStream_t stream);
+
 // ---- argmax and sampling (engine/sampler.h semantics) ----------------------------------------------
 // Greedy without logit processing: tokens[r] = the first index of the largest logit of row r (ties to
 // the lowest id, NaNs never chosen); −1 when logit 0 is NaN or the maximum is not finite (the CPU
