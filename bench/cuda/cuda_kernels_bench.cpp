@@ -268,7 +268,7 @@ Row make_row(const std::string& kernel, const std::string& shape, int64_t n, dou
 // Packed-layout MXFP4 GEMV next to the plain rows above (same shapes, same byte accounting). Weight
 // values do not change the timing; the packed kernel reads the same bytes in another order.
 void bench_packed(const GemvShape& s, int count, int64_t n, double copy_gbps, cudaStream_t stream,
-                  std::vector<Row>& rows) {
+                  std::vector<Row>& rows, bool balanced = false) {
   const size_t w_bytes = s.out * s.in / 2, s_bytes = s.out * s.in / 32;
   const size_t group_bytes = (w_bytes + s_bytes) * count;
   const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / group_bytes + 1));
@@ -286,11 +286,12 @@ void bench_packed(const GemvShape& s, int count, int64_t n, double copy_gbps, cu
       items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
                                sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
                                y.get() + static_cast<size_t>(i) * n * s.out};
-    must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream));
+    must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream, balanced));
   });
   const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
                        4.0 * n * s.out * count;
-  rows.push_back(make_row(std::string("gemv_mxfp4_packed") + (count > 1 ? " x" + std::to_string(count) : ""),
+  rows.push_back(make_row(std::string(balanced ? "gemv_mxfp4_packbal" : "gemv_mxfp4_packed") +
+                              (count > 1 ? " x" + std::to_string(count) : ""),
                           std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes,
                           copy_gbps));
 }
@@ -378,8 +379,8 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   const double bytes2 = mean_distinct * (w2 + s2) + act2 + 4.0 * P * d;
   const std::string shape = "top6/384 n=" + std::to_string(n) + " (" + std::to_string(static_cast<int>(mean_distinct + 0.5)) +
                             " experts)";
-  for (const bool packed : {false, true}) {
-    const std::string tag = packed ? "_packed" : "";
+  for (const Mxfp4Layout packed : {Mxfp4Layout::Plain, Mxfp4Layout::Packed, Mxfp4Layout::PackedBalanced}) {
+    const std::string tag = packed == Mxfp4Layout::Plain ? "" : packed == Mxfp4Layout::Packed ? "_packed" : "_packbal";
     double us = time_graph_us(stream, kSteps, [&](int c) {
       must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream));
     });
@@ -619,6 +620,11 @@ int run(int argc, char** argv) {
     bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows);
   }
   bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows);
+  for (int64_t n : {1, 4}) {
+    bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows, true);
+    bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, true);
+  }
+  bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, true);
   {
     DeviceBuffer<uint8_t> expert_pool;
     for (int64_t n : {1, 8, 64}) bench_moe_items(n, expert_pool, copy_gbps, stream->get(), rows);

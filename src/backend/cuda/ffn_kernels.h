@@ -117,11 +117,18 @@ constexpr int64_t kMoeMaxPairs = 8192;   // n·topk per dispatch (one block)
 constexpr int64_t kMoeMaxExperts = 4096;
 Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream);
 
+// Device layout of MXFP4 weights for the item / packed GEMVs (see "MXFP4 packed expert layout").
+// Packed: the plain kernel's K schedule (runs of 8 K blocks strided over 8 warps): bit-equal to the
+// plain layout. PackedBalanced: the same packed bytes, K split evenly over 4..8 warps chosen per shape
+// (w1/w3 5120: 8 warps × 5 groups of 4 K blocks; w2 2304: 6 warps × 3 groups), where the plain schedule
+// leaves warps idle (2304: 9 runs over 8 warps); it differs from the plain result by summation order only.
+enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
+
 // GEMVs of a device item table: item i computes y[y_row[j]] = W_i · act[act_row[j]] for its rows, as
-// gemv_quantized does (same arithmetic, bit-equal to it). `shape` gives out, in, the format and the
-// FP8 block; mxfp4_packed selects the repacked MXFP4 layout (below). `capacity` bounds *count (the
-// grid is sized from it; blocks loop over the live items). No split-K.
-Status gemv_quantized_items(const QuantWeightView& shape, bool mxfp4_packed, const DeviceGemvItem* items,
+// gemv_quantized does (same arithmetic, bit-equal to it for Plain / Packed). `shape` gives out, in, the
+// format and the FP8 block; `layout` the MXFP4 layout (Plain for FP8). `capacity` bounds *count (the grid
+// is sized from it; blocks loop over the live items). No split-K.
+Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream);
 
 // ---- SwiGLU (§3.8) ------------------------------------------------------------------------------------
@@ -163,12 +170,13 @@ bool mxfp4_packable(int64_t out, int64_t in);
 // Host-side repack (load time); `plain` and `packed` are host arrays of out·in/2 bytes (not aliased).
 Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed);
 // gemv_quantized / gemv_quantized_grouped for packed MXFP4 weights (view.format must be MXFP4):
-// 32 rows per warp (two m16 tiles share each activation fragment), 16-byte weight loads, same K
-// partition and summation order as the plain kernel without split-K, so the result is bit-equal to it.
+// 32 rows per warp (two m16 tiles share each activation fragment), 16-byte weight loads. balanced =
+// false: the plain kernel's K partition and summation order without split-K (bit-equal to it); true:
+// the balanced schedule of Mxfp4Layout::PackedBalanced.
 Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                         float* y, bool bf16_output, cudaStream_t stream);
+                         float* y, bool bf16_output, cudaStream_t stream, bool balanced = false);
 Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                                 bool bf16_output, cudaStream_t stream);
+                                 bool bf16_output, cudaStream_t stream, bool balanced = false);
 
 // ---- Engram (§3.9) ---------------------------------------------------------------------------------
 // Hash on the device, so decode needs no host round trip for the next token's rows (the sampled token

@@ -377,9 +377,11 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
   return Status::Ok();
 }
 
-Status gemv_quantized_items(const QuantWeightView& shape, bool mxfp4_packed, const DeviceGemvItem* items,
+Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream) {
-  if (mxfp4_packed) return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream);
+  if (layout != Mxfp4Layout::Plain)
+    return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
+                                   layout == Mxfp4Layout::PackedBalanced);
   QuantWeightView w = shape;
   w.data = w.scales = reinterpret_cast<const uint8_t*>(&shape);  // per-item pointers live on the device
   CEDAR_RETURN_IF_ERROR(check_weight(w));

@@ -73,6 +73,6 @@ inline int device_sm_count() {
 
 // gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu).
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream);
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced);
 
 }  // namespace cedar::cuda::gemv_detail

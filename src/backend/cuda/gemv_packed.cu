@@ -36,6 +36,8 @@ struct PackedParams {
   int64_t group;                    // host-item mode: matrices
   int64_t out, in, tiles;
   bool bf16_output;
+  bool balanced;                    // false: the plain kernel's K schedule (8 warps)
+  int warps;                        // = blockDim.x / 32
 };
 
 // The operands of one (matrix, tile) unit.
@@ -148,17 +150,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
     const float* as0 = op.as + row_of(op.act_row, tok0 < op.n ? tok0 : 0) * n_kb;
     const float* as1 = op.as + row_of(op.act_row, tok1 < op.n ? tok1 : 0) * n_kb;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    for (int kb0 = warp * kRun; kb0 < n_kb; kb0 += kGemvWarps * kRun) {
-      const int q0 = kb0 / 4;
-      if (kb0 + kRun <= n_kb) {  // a whole run: both groups' loads in flight, then the math in block order
+    if (!p.balanced) {
+      for (int kb0 = warp * kRun; kb0 < n_kb; kb0 += kGemvWarps * kRun) {
+        const int q0 = kb0 / 4;
+        if (kb0 + kRun <= n_kb) {  // a whole run: both groups' loads in flight, then the math in block order
+          GroupLoads L0, L1;
+          load_group(wp, sp, a_row, as0, as1, q0, L0);
+          load_group(wp, sp, a_row, as0, as1, q0 + 1, L1);
+          compute_group(L0, acc);
+          compute_group(L1, acc);
+        } else {  // the last, half run (n_kb % 8 == 4)
+          GroupLoads L0;
+          load_group(wp, sp, a_row, as0, as1, q0, L0);
+          compute_group(L0, acc);
+        }
+      }
+    } else {  // groups warp, warp + W, ... (two in flight), evenly spread over the W warps
+      const int n_groups = n_kb / 4, W = p.warps;
+      int q = warp;
+      for (; q + W < n_groups; q += 2 * W) {
         GroupLoads L0, L1;
-        load_group(wp, sp, a_row, as0, as1, q0, L0);
-        load_group(wp, sp, a_row, as0, as1, q0 + 1, L1);
+        load_group(wp, sp, a_row, as0, as1, q, L0);
+        load_group(wp, sp, a_row, as0, as1, q + W, L1);
         compute_group(L0, acc);
         compute_group(L1, acc);
-      } else {  // the last, half run (n_kb % 8 == 4)
+      }
+      if (q < n_groups) {
         GroupLoads L0;
-        load_group(wp, sp, a_row, as0, as1, q0, L0);
+        load_group(wp, sp, a_row, as0, as1, q, L0);
         compute_group(L0, acc);
       }
     }
@@ -170,11 +189,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
       partial[warp][16 * rt + g + 8][tok1] = acc[rt][3];
     }
     __syncthreads();
-    {
-      const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;  // 256 = 32 × 8
+    for (int e = threadIdx.x; e < kPackedRows * kTokensPerTile; e += blockDim.x) {
+      const int row = e / kTokensPerTile, tok = e % kTokensPerTile;
       float sum = 0.0f;
-#pragma unroll
-      for (int ww = 0; ww < kGemvWarps; ++ww) sum += partial[ww][row][tok];
+      for (int ww = 0; ww < p.warps; ++ww) sum += partial[ww][row][tok];  // warp order, as the plain kernel
       if (tok < op.n && row0 + row < p.out)
         op.y[row_of(op.y_row, tok) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
@@ -192,6 +210,23 @@ Status check_packed_shape(const QuantWeightView& w, const char* who) {
 }
 
 bool misaligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
+
+// Warps per block: 8 for the plain schedule; balanced: the W in 8..4 that spreads the K groups most
+// evenly (groups / (W·ceil(groups / W)), ties to more warps).
+int packed_warps(int64_t in, bool balanced) {
+  if (!balanced) return kGemvWarps;
+  const int64_t groups = in / 128;
+  int best = kGemvWarps;
+  double best_eff = 0;
+  for (int w = kGemvWarps; w >= 4; --w) {
+    const double eff = static_cast<double>(groups) / (w * ((groups + w - 1) / w));
+    if (eff > best_eff + 1e-9) {
+      best_eff = eff;
+      best = w;
+    }
+  }
+  return best;
+}
 
 }  // namespace
 
@@ -218,7 +253,7 @@ Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* pack
 }
 
 Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                                 bool bf16_output, cudaStream_t stream) {
+                                 bool bf16_output, cudaStream_t stream, bool balanced) {
   const char* who = "cuda::gemv_mxfp4_packed";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (count < 0 || (count > 0 && items == nullptr) || n < 0)
@@ -248,8 +283,10 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
       p.in = shape.in;
       p.tiles = tiles;
       p.bf16_output = bf16_output;
+      p.balanced = balanced;
+      p.warps = packed_warps(shape.in, balanced);
       const auto grid = static_cast<unsigned>(std::min<int64_t>(tiles * group, 0x7FFFFFFF));
-      gemv_mxfp4_packed_kernel<false><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+      gemv_mxfp4_packed_kernel<false><<<grid, p.warps * 32, 0, stream>>>(p);
       CEDAR_RETURN_IF_ERROR(launch_status("gemv_mxfp4_packed_kernel"));
     }
   }
@@ -257,14 +294,14 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
 }
 
 Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                         float* y, bool bf16_output, cudaStream_t stream) {
+                         float* y, bool bf16_output, cudaStream_t stream, bool balanced) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
-  return gemv_mxfp4_packed_grouped(w, &item, 1, n, bf16_output, stream);
+  return gemv_mxfp4_packed_grouped(w, &item, 1, n, bf16_output, stream, balanced);
 }
 
 namespace gemv_detail {
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream) {
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced) {
   const char* who = "cuda::gemv_quantized_items(packed)";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
@@ -278,9 +315,11 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   p.in = shape.in;
   p.tiles = (shape.out + kPackedRows - 1) / kPackedRows;
   p.bf16_output = bf16_output;
+  p.balanced = balanced;
+  p.warps = packed_warps(shape.in, balanced);
   const int64_t wave = static_cast<int64_t>(kMinBlocksPerSm<true>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  gemv_mxfp4_packed_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+  gemv_mxfp4_packed_kernel<true><<<grid, p.warps * 32, 0, stream>>>(p);
   return launch_status("gemv_mxfp4_packed_kernel<items>");
 }
 }  // namespace gemv_detail
