@@ -43,7 +43,7 @@ Status embed_gather(const EmbedGatherArgs& a, cudaStream_t stream);
 
 // ---- MoE router (§3.8) ----------------------------------------------------------------------------
 // logits = fp32(x)·fp32(gate)ᵀ (the gate's bf16 values; products exact, fp32 sums in a fixed blocked
-// order — the CPU sums in index order, so logits differ by fp32 rounding: ≤ (d + d/8)·2^-24·Σ|x·w|);
+// order — the CPU sums in index order, so logits differ by fp32 rounding: ≤ (d + d/32 + 5)·2^-24·Σ|x·w|);
 // s = sqrt(softplus(logits / gate_temp)) (expf / log1pf evaluated in double and rounded to fp32 step
 // by step as the CPU's float calls round: the correctly rounded results, which glibc returns in all
 // but rare cases); selection = top-k of s + b (b = bias_vl for image tokens, else bias) in the CPU's
@@ -338,9 +338,11 @@ Status sample_rows(const SampleArgs& a, cudaStream_t stream);
 // the Sinkhorn runs in registers (one thread per token, reciprocal-multiply instead of division).
 // Expand / collapse are bit-exact as mhc_fused; the coefficients agree with the CPU as mhc_fused's do.
 // Needs a device that can co-schedule a 16-block cluster with the fn slice in shared memory
-// (mhc_cluster_supported); otherwise use mhc_fused.
+// (mhc_cluster_supported); otherwise use mhc_fused. programmatic_launch: launched with programmatic
+// stream serialization (PDL), so the blocks start and stream fn while the previous kernel finishes;
+// they wait (griddepcontrol.wait) for it before touching X, y or the coefficients.
 Status mhc_cluster_supported(int64_t d);
-Status mhc_fused_cluster(const MhcFusedArgs& a, cudaStream_t stream);
+Status mhc_fused_cluster(const MhcFusedArgs& a, cudaStream_t stream, bool programmatic_launch = false);
 
 // ---- catalog -----------------------------------------------------------------------------------------
 std::vector<KernelInfo> ffn_kernel_catalog();

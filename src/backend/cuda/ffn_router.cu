@@ -11,7 +11,9 @@ namespace cedar::cuda {
 namespace {
 
 constexpr int kEmbedThreads = 256;
-constexpr int kRouterWarps = 8;      // expert rows per block (one warp each)
+constexpr int kRouterWarps = 8;      // warps per block: kRouterRowsPerBlock rows × kRouterSplit quarters
+constexpr int kRouterSplit = 4;      // warps sharing one expert row
+constexpr int kRouterRowsPerBlock = kRouterWarps / kRouterSplit;
 constexpr int kRouterTokens = 8;     // tokens per router_logits launch tile
 constexpr int kSelectThreads = 256;
 constexpr int64_t kMaxExperts = 4096;  // router_select keeps scores in shared memory
@@ -35,21 +37,25 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_gather_kernel(EmbedGather
   if (a.pre_prev && blockIdx.x == 0 && threadIdx.x < a.hc) a.pre_prev[t * a.hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
 }
 
-// logits[t, e] for a tile of <= 8 tokens: warp = expert row e, lanes stride the row in chunks of 8
-// bf16 (one 16-byte load), each lane accumulates its chunks in order (fp32 FMA: bf16·bf16 products are
-// exact, so fma == mul + add), then a fixed butterfly. Deterministic.
+// logits[t, e] for a tile of <= 8 tokens. A block holds 2 expert rows × 4 warps; the 4 warps of a row
+// take interleaved quarters of its 16-byte chunks (chunk ch goes to warp (ch / 32) % 4, lane ch % 32),
+// so 384 experts give 192 blocks (every SM streams the 3.9 MB gate). Each lane accumulates its chunks in
+// order (fp32 FMA: bf16·bf16 products are exact, so fma == mul + add), then a fixed butterfly per warp
+// and the 4 quarters added in order. Deterministic.
 __global__ void __launch_bounds__(kRouterWarps * 32) router_logits_kernel(const float* x, const uint16_t* gate,
                                                                           int64_t d, int64_t n_experts, int nt,
                                                                           float* logits) {
+  __shared__ float quarter[kRouterRowsPerBlock][kRouterSplit][kRouterTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * kRouterWarps + warp;
-  if (e >= n_experts) return;  // whole warps
-  const uint4* w = reinterpret_cast<const uint4*>(gate + e * d);
+  const int row = warp / kRouterSplit, q = warp % kRouterSplit;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kRouterRowsPerBlock + row;
+  const bool live = e < n_experts;
+  const uint4* w = reinterpret_cast<const uint4*>(gate + (live ? e : 0) * d);
   const int64_t chunks = d / 8;
   float acc[kRouterTokens];
 #pragma unroll
   for (int t = 0; t < kRouterTokens; ++t) acc[t] = 0.0f;
-  for (int64_t ch = lane; ch < chunks; ch += 32) {
+  for (int64_t ch = q * 32 + lane; ch < chunks; ch += 32 * kRouterSplit) {
     const uint4 wv = __ldg(w + ch);
     const float wf[8] = {detail::bf16_bits_to_float(wv.x & 0xFFFFu), detail::bf16_bits_to_float(wv.x >> 16),
                          detail::bf16_bits_to_float(wv.y & 0xFFFFu), detail::bf16_bits_to_float(wv.y >> 16),
@@ -76,7 +82,17 @@ __global__ void __launch_bounds__(kRouterWarps * 32) router_logits_kernel(const 
 #pragma unroll
   for (int t = 0; t < kRouterTokens; ++t) {
     const float s = detail::warp_sum(acc[t]);  // every lane holds the same sum (commutative butterfly)
-    if (lane == 0 && t < nt) logits[t * n_experts + e] = s;
+    if (lane == 0) quarter[row][q][t] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < kRouterRowsPerBlock * kRouterTokens) {
+    const int r = threadIdx.x / kRouterTokens, t = threadIdx.x % kRouterTokens;
+    const int64_t er = static_cast<int64_t>(blockIdx.x) * kRouterRowsPerBlock + r;
+    if (er < n_experts && t < nt) {
+      float s = quarter[r][0][t];
+      for (int qq = 1; qq < kRouterSplit; ++qq) s += quarter[r][qq][t];
+      logits[t * n_experts + er] = s;
+    }
   }
 }
 
@@ -183,7 +199,7 @@ Status embed_gather(const EmbedGatherArgs& a, cudaStream_t stream) {
 
 Status router_logits(const RouterArgs& a, cudaStream_t stream) {
   CEDAR_RETURN_IF_ERROR(check_router(a, true));
-  const unsigned grid = static_cast<unsigned>((a.n_experts + kRouterWarps - 1) / kRouterWarps);
+  const unsigned grid = static_cast<unsigned>((a.n_experts + kRouterRowsPerBlock - 1) / kRouterRowsPerBlock);
   for (int64_t t0 = 0; t0 < a.n; t0 += kRouterTokens) {
     const int nt = static_cast<int>(a.n - t0 < kRouterTokens ? a.n - t0 : kRouterTokens);
     router_logits_kernel<<<grid, kRouterWarps * 32, 0, stream>>>(a.x + t0 * a.d, a.gate, a.d, a.n_experts, nt,

@@ -310,6 +310,9 @@ __global__ void __launch_bounds__(kClThreads, 1) mhc_cluster_kernel(MhcClusterAr
             "l"(a.fn + i * width + k * d + c_begin), "r"(bytes), "r"(smem_u32(&bar))
             : "memory");
   }
+  // Programmatic dependent launch: everything above touches only fn (a weight); X, y and the
+  // coefficients come from the previous kernel. A no-op unless launched with programmatic serialization.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // Expand + collapse while fn streams in: a thread owns one channel of one token (all 4 streams), so
   // X_out may alias X. Same expressions as mhc_fused_kernel (bit-exact with model/mhc.h).
   for (int64_t idx = tid; idx < nt * ncl; idx += kClThreads) {
@@ -484,7 +487,7 @@ Status mhc_cluster_supported(int64_t d) {
   return Status::Ok();
 }
 
-Status mhc_fused_cluster(const MhcFusedArgs& a, cudaStream_t stream) {
+Status mhc_fused_cluster(const MhcFusedArgs& a, cudaStream_t stream, bool programmatic_launch) {
   const char* who = "cuda::mhc_fused_cluster";
   CEDAR_RETURN_IF_ERROR(check_mhc_args(a, who));
   if (!a.X || !a.fn || !a.base || !a.scale || !a.mix_out)
@@ -504,13 +507,15 @@ Status mhc_fused_cluster(const MhcFusedArgs& a, cudaStream_t stream) {
   cfg.blockDim = dim3(kClThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kClusterBlocks;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = programmatic_launch ? 2 : 1;
   MhcClusterArgs args{a, cpb};
   CEDAR_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, mhc_cluster_kernel, args));
   return launch_status("mhc_cluster_kernel");

@@ -86,6 +86,39 @@ TEST(CudaMhcCluster, MatchesCpuSinglePass) {
   check_mhc_cluster(20, 5120, true, false, 55);  // batched decode: three clusters
 }
 
+// Two dependent steps (the second reads the first's X_out) with programmatic dependent launch: the
+// same bits as without it (the wait orders the second step after the first).
+TEST(CudaMhcCluster, ProgrammaticLaunchKeepsTheDependency) {
+  CEDAR_REQUIRE_GPU();
+  const int64_t n = 2, d = 5120, hc = 4, width = hc * d, n_mix = 24;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> fn(n_mix * width), base(n_mix), scale(3, 0.5f), post(n * hc, 1.0f), comb(n * hc * hc, 0.25f),
+      cw(n * hc, 0.5f);
+  for (auto& v : fn) v = nd(rng) * 0.02f;
+  for (auto& v : base) v = nd(rng);
+  const auto X = random_acts(n * width, 8), y = random_acts(n * d, 9);
+  std::vector<std::vector<float>> results;
+  for (const bool pdl : {false, true}) {
+    auto dX = upload(X), dy = upload(y), dpost = upload(post), dcomb = upload(comb), dcw = upload(cw);
+    auto dfn = upload(fn), dbase = upload(base), dscale = upload(scale);
+    auto dX1 = alloc<float>(X.size()), dX2 = alloc<float>(X.size()), dcol = alloc<float>(n * d), dmix = alloc<float>(n * n_mix);
+    MhcFusedArgs a{.n = n, .hc = hc, .d = d, .X = dX.get(), .y = dy.get(), .post = dpost.get(), .comb = dcomb.get(),
+                   .X_out = dX1.get(), .collapse_w = dcw.get(), .collapsed = dcol.get(), .fn = dfn.get(),
+                   .base = dbase.get(), .scale = dscale.get(), .mix_out = dmix.get()};
+    ASSERT_TRUE(mhc_fused_cluster(a, nullptr, pdl).ok());
+    a.X = dX1.get();
+    a.X_out = dX2.get();
+    const Status s = mhc_fused_cluster(a, nullptr, pdl);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    results.push_back(download(dX2));
+    const auto mix = download(dmix);
+    results.back().insert(results.back().end(), mix.begin(), mix.end());
+  }
+  const Tolerance exact{.max_nmse = 0, .min_cosine = 0.0, .rel = 0, .abs = 0};
+  EXPECT_TRUE(parity("mhc cluster 2 steps, PDL vs plain launch", results[1], results[0], exact));
+}
+
 TEST(CudaMhcCluster, RejectsUnsupportedShapes) {
   CEDAR_REQUIRE_GPU();
   MhcFusedArgs a{.n = 1, .hc = 4, .d = 100};
