@@ -35,7 +35,8 @@ struct Entry {
 const Entry kEntries[] = {
     {"embed_gather", "embedding rows (bf16) expanded to the hc streams, pre_prev one-hot", embed_gather_kernel_ptr},
     {"router_logits", "MoE router logits: fp32 GEMV of the bf16 gate, fixed-order sums", router_logits_kernel_ptr},
-    {"router_select", "sqrtsoftplus, biased top-k (CPU tie order) or tid2eid, routing weights", router_select_kernel_ptr},
+    {"router_select", "sqrtsoftplus, biased top-k (CPU tie order) or tid2eid, routing weights",
+     router_select_kernel_ptr},
     {"moe_build_items", "device-side grouped-GEMV items from the router's expert ids", moe_build_items_kernel_ptr},
     {"gemv_items_fp8", "FP8 GEMV over a device item table (gathered/scattered rows)", gemv_items_fp8_kernel_ptr},
     {"gemv_items_mxfp4", "MXFP4 GEMV over a device item table", gemv_items_mxfp4_kernel_ptr},

@@ -12,7 +12,7 @@ namespace cedar::cuda {
 namespace {
 
 constexpr int kHashThreads = 128;
-constexpr int kMaxNgram = 16;       // look-back window the kernels hold in registers
+constexpr int kMaxNgram = 16;        // look-back window the kernels hold in registers
 constexpr int kGatherThreads = 256;  // 8 warps = 8 table rows per block
 constexpr int kUpdateThreads = 256;
 
@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(kHashThreads) engram_hash_kernel(EngramHashArg
   for (int64_t k = 0; k <= look_back; ++k) {
     int32_t c = a.pad;
     if (!(blocked || p < k)) {
-      const int32_t id = k <= j ? compressed_id(a, i - k) : a.recent[static_cast<int64_t>(s) * look_back + (p - k) % look_back];
+      const int32_t id =
+          k <= j ? compressed_id(a, i - k) : a.recent[static_cast<int64_t>(s) * look_back + (p - k) % look_back];
       blocked = id < 0;
       c = blocked ? a.pad : id;
     } else {
@@ -95,9 +96,10 @@ __global__ void __launch_bounds__(kGatherThreads) engram_gather_kernel(EngramGat
   const int64_t hd = a.head_dim, chunks = hd / 8;
   const int64_t r = a.rows[row_idx];
   const bool ok = r >= 0 && r < a.table_rows;
-  if (!ok && lane == 0 && a.bad_row) atomicMax(a.bad_row, static_cast<int32_t>(row_idx < 0x7FFFFFFE ? row_idx + 1 : 0x7FFFFFFF));
+  if (!ok && lane == 0 && a.bad_row)
+    atomicMax(a.bad_row, static_cast<int32_t>(row_idx < 0x7FFFFFFE ? row_idx + 1 : 0x7FFFFFFF));
   const int64_t rr = ok ? r : 0;
-  const int64_t out0 = row_idx * hd;  // E is [n, cols·hd]: token t, column c at (t·cols + c)·hd
+  const int64_t out0 = row_idx * hd;                   // E is [n, cols·hd]: token t, column c at (t·cols + c)·hd
   for (int64_t base = 0; base < chunks; base += 32) {  // every lane iterates (the quads shuffle)
     const int64_t ch = base + lane;
     const bool live = ch < chunks;
@@ -181,7 +183,8 @@ __global__ void __launch_bounds__(kUpdateThreads) engram_update_kernel(EngramUpd
   }
   __syncthreads();
   const float g = gate_s;
-  for (int64_t c = threadIdx.x; c < d; c += kUpdateThreads) x[c] = detail::round_bf16(__fadd_rn(x[c], __fmul_rn(g, value[c])));
+  for (int64_t c = threadIdx.x; c < d; c += kUpdateThreads)
+    x[c] = detail::round_bf16(__fadd_rn(x[c], __fmul_rn(g, value[c])));
 }
 
 }  // namespace
@@ -190,8 +193,8 @@ Status engram_hash(const EngramHashArgs& a, cudaStream_t stream) {
   auto fail = [](const std::string& m) { return make_error("cuda::engram_hash: " + m); };
   const EngramHashTables& l = a.layout;
   if (l.n_slots < 1 || l.max_ngram < 2 || l.max_ngram > kMaxNgram || l.n_heads < 1 || !l.table)
-    return fail("layout n_slots=" + std::to_string(l.n_slots) + ", max_ngram=" + std::to_string(l.max_ngram) +
-                " (2.." + std::to_string(kMaxNgram) + "), n_heads=" + std::to_string(l.n_heads) + ", table required");
+    return fail("layout n_slots=" + std::to_string(l.n_slots) + ", max_ngram=" + std::to_string(l.max_ngram) + " (2.." +
+                std::to_string(kMaxNgram) + "), n_heads=" + std::to_string(l.n_heads) + ", table required");
   if (a.n < 0 || a.map_size <= 0 || !a.token_map) return fail("n=" + std::to_string(a.n) + ", token map required");
   if (a.n == 0) return Status::Ok();
   if (!a.tokens || !a.seq || !a.pos || !a.recent || !a.next_pos || !a.rows)
@@ -206,8 +209,8 @@ Status engram_hash(const EngramHashArgs& a, cudaStream_t stream) {
 Status engram_gather_quant(const EngramGatherArgs& a, cudaStream_t stream) {
   auto fail = [](const std::string& m) { return make_error("cuda::engram_gather_quant: " + m); };
   if (a.n < 0 || a.cols <= 0 || a.head_dim <= 0 || a.head_dim % 32 != 0)
-    return fail("n=" + std::to_string(a.n) + ", cols=" + std::to_string(a.cols) + ", head_dim=" +
-                std::to_string(a.head_dim) + " (a positive multiple of 32)");
+    return fail("n=" + std::to_string(a.n) + ", cols=" + std::to_string(a.cols) +
+                ", head_dim=" + std::to_string(a.head_dim) + " (a positive multiple of 32)");
   if (!a.rows || !a.table || a.table_rows <= 0 || (!a.bf16_table && !a.table_scale))
     return fail("rows, a table (with scales unless bf16) and table_rows are required");
   if ((!a.E && !a.codes) || (a.codes && !a.scales)) return fail("an output (E, or codes with scales) is required");
@@ -225,8 +228,8 @@ Status engram_gather_quant(const EngramGatherArgs& a, cudaStream_t stream) {
 
 Status engram_update(const EngramUpdateArgs& a, cudaStream_t stream) {
   if (a.n < 0 || a.hc <= 0 || a.d <= 0 || a.n * a.hc > 0x7FFFFFFF)
-    return make_error("cuda::engram_update: n=" + std::to_string(a.n) + ", hc=" + std::to_string(a.hc) + ", d=" +
-                      std::to_string(a.d));
+    return make_error("cuda::engram_update: n=" + std::to_string(a.n) + ", hc=" + std::to_string(a.hc) +
+                      ", d=" + std::to_string(a.d));
   if (!a.X || !a.kv || !a.qk) return make_error("cuda::engram_update: X, kv and qk are required");
   if (a.n == 0) return Status::Ok();
   engram_update_kernel<<<static_cast<unsigned>(a.n * a.hc), kUpdateThreads, 0, stream>>>(a);

@@ -16,8 +16,8 @@ constexpr int kCollapseThreads = 256;
 
 // out[t, c] = bf16(Σ_k w[t, k]·X[t, k, c]) from the first product, in stream order, no contraction
 // (model/mhc.h hc_collapse, bit-exact).
-__global__ void __launch_bounds__(kCollapseThreads) hc_collapse_kernel(const float* X, const float* w, int64_t hc,
-                                                                       int64_t d, float* out) {
+__global__ void __launch_bounds__(kCollapseThreads)
+    hc_collapse_kernel(const float* X, const float* w, int64_t hc, int64_t d, float* out) {
   const int64_t t = blockIdx.y;
   const float* wt = w + t * hc;
   const float* xt = X + t * hc * d;
@@ -46,8 +46,8 @@ Status hc_collapse_rows(const float* X, const float* weights, int64_t n, int64_t
 
 Status final_head(const FinalHeadArgs& a, cudaStream_t stream) {
   if (a.n < 0 || a.d <= 0 || a.vocab <= 0 || a.hc <= 0)
-    return make_error("cuda::final_head: n=" + std::to_string(a.n) + ", hc=" + std::to_string(a.hc) + ", d=" +
-                      std::to_string(a.d) + ", vocab=" + std::to_string(a.vocab));
+    return make_error("cuda::final_head: n=" + std::to_string(a.n) + ", hc=" + std::to_string(a.hc) +
+                      ", d=" + std::to_string(a.d) + ", vocab=" + std::to_string(a.vocab));
   if (!a.X || !a.pre || !a.norm_weight || !a.head || !a.x || !a.logits)
     return make_error("cuda::final_head: X, pre, norm_weight, head, x and logits are required");
   if (a.n == 0) return Status::Ok();

@@ -52,18 +52,18 @@ Status embed_gather(const EmbedGatherArgs& a, cudaStream_t stream);
 // given the scores).
 struct RouterArgs {
   int64_t n = 0, d = 0, n_experts = 0, topk = 0;
-  const float* x = nullptr;          // [n, d]
-  const uint16_t* gate = nullptr;    // bf16 bits [n_experts, d] (16-byte aligned; d % 8 == 0)
-  const float* bias = nullptr;       // [n_experts]; unused with tid2eid
-  const float* bias_vl = nullptr;    // [n_experts] or null
-  const uint8_t* is_image = nullptr; // [n] or null (needs bias_vl when a flag is set)
-  const int32_t* tid2eid = nullptr;  // [vocab, topk] or null
+  const float* x = nullptr;            // [n, d]
+  const uint16_t* gate = nullptr;      // bf16 bits [n_experts, d] (16-byte aligned; d % 8 == 0)
+  const float* bias = nullptr;         // [n_experts]; unused with tid2eid
+  const float* bias_vl = nullptr;      // [n_experts] or null
+  const uint8_t* is_image = nullptr;   // [n] or null (needs bias_vl when a flag is set)
+  const int32_t* tid2eid = nullptr;    // [vocab, topk] or null
   const int32_t* token_ids = nullptr;  // [n], with tid2eid (ids clamp into [0, vocab))
   int64_t tid2eid_vocab = 0;
   float gate_temp = 1.0f, route_scale = 1.0f;
   bool norm_topk_prob = true;
-  float* logits = nullptr;   // [n, n_experts]: router_logits writes, router_select reads
-  float* scores = nullptr;   // [n, n_experts] unbiased scores, or null
+  float* logits = nullptr;     // [n, n_experts]: router_logits writes, router_select reads
+  float* scores = nullptr;     // [n, n_experts] unbiased scores, or null
   int32_t* experts = nullptr;  // [n, topk]
   float* weights = nullptr;    // [n, topk]
 };
@@ -113,7 +113,7 @@ struct MoeDispatchArgs {
   MoeItemTable tables[2];
   int n_tables = 1;
 };
-constexpr int64_t kMoeMaxPairs = 8192;   // n·topk per dispatch (one block)
+constexpr int64_t kMoeMaxPairs = 8192;  // n·topk per dispatch (one block)
 constexpr int64_t kMoeMaxExperts = 4096;
 Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream);
 
@@ -137,14 +137,14 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
 // Outputs: h (fp32 holding bf16) and/or its FP8 activation quantization (codes + scales, exactly
 // quantize_act_fp8's) for the W2 GEMV. row_weights null: no multiplication (shared expert).
 struct SwigluArgs {
-  int64_t rows = 0, inter = 0;  // inter % 32 == 0
-  const float* g = nullptr;     // [rows, inter]
-  const float* u = nullptr;     // [rows, inter]
+  int64_t rows = 0, inter = 0;         // inter % 32 == 0
+  const float* g = nullptr;            // [rows, inter]
+  const float* u = nullptr;            // [rows, inter]
   const float* row_weights = nullptr;  // [rows] or null
   float limit = 0.0f;
-  float* h = nullptr;             // [rows, inter] or null
-  uint16_t* codes = nullptr;      // [rows, inter] or null
-  float* scales = nullptr;        // [rows, inter/32] (with codes)
+  float* h = nullptr;         // [rows, inter] or null
+  uint16_t* codes = nullptr;  // [rows, inter] or null
+  float* scales = nullptr;    // [rows, inter/32] (with codes)
 };
 Status swiglu(const SwigluArgs& a, cudaStream_t stream);
 
@@ -201,15 +201,15 @@ struct EngramHashArgs {
   EngramHashTables layout;
   const int32_t* token_map = nullptr;  // [map_size] raw id → compressed id
   int64_t map_size = 0;
-  int32_t pad = 0;                     // T[engram_pad_id]
+  int32_t pad = 0;  // T[engram_pad_id]
   int64_t n = 0;
-  const int32_t* tokens = nullptr;     // [n] (ids clamp into the map)
-  const uint8_t* is_image = nullptr;   // [n] or null
-  const int32_t* seq = nullptr;        // [n] sequence index of each token
-  const int64_t* pos = nullptr;        // [n] absolute position of each token
-  int32_t* recent = nullptr;           // [n_seqs, N−1], updated
-  int64_t* next_pos = nullptr;         // [n_seqs], updated
-  int64_t* rows = nullptr;             // [n_slots, n, cols] (EngramHasher::hash_chunk layout)
+  const int32_t* tokens = nullptr;    // [n] (ids clamp into the map)
+  const uint8_t* is_image = nullptr;  // [n] or null
+  const int32_t* seq = nullptr;       // [n] sequence index of each token
+  const int64_t* pos = nullptr;       // [n] absolute position of each token
+  int32_t* recent = nullptr;          // [n_seqs, N−1], updated
+  int64_t* next_pos = nullptr;        // [n_seqs], updated
+  int64_t* rows = nullptr;            // [n_slots, n, cols] (EngramHasher::hash_chunk layout)
 };
 Status engram_hash(const EngramHashArgs& a, cudaStream_t stream);
 
@@ -224,12 +224,12 @@ struct EngramGatherArgs {
   int64_t n = 0, cols = 0, head_dim = 0;  // head_dim % 32 == 0
   const int64_t* rows = nullptr;          // [n, cols] (one layer slot of engram_hash's output)
   int64_t table_rows = 0;
-  bool bf16_table = false;                // false: F8_E4M3 rows + F8_E8M0 scales [rows, head_dim/32]
+  bool bf16_table = false;  // false: F8_E4M3 rows + F8_E8M0 scales [rows, head_dim/32]
   const uint8_t* table = nullptr;
   const uint8_t* table_scale = nullptr;
-  float* E = nullptr;            // [n, cols·head_dim] or null
-  uint16_t* codes = nullptr;     // [n, cols·head_dim] or null
-  float* scales = nullptr;       // [n, cols·head_dim/32] (with codes)
+  float* E = nullptr;         // [n, cols·head_dim] or null
+  uint16_t* codes = nullptr;  // [n, cols·head_dim] or null
+  float* scales = nullptr;    // [n, cols·head_dim/32] (with codes)
   int32_t* bad_row = nullptr;
 };
 Status engram_gather_quant(const EngramGatherArgs& a, cudaStream_t stream);
@@ -241,12 +241,12 @@ Status engram_gather_quant(const EngramGatherArgs& a, cudaStream_t stream);
 // the CPU's by the rounding of those sums; the update is the CPU's (no FMA contraction).
 struct EngramUpdateArgs {
   int64_t n = 0, hc = 4, d = 0;
-  float* X = nullptr;             // [n, hc, d], updated in place
-  const float* kv = nullptr;      // [n, (hc+1)·d]
-  const float* qk = nullptr;      // [hc, d] = q_weight ⊙ k_weight in fp32 (exact products of bf16 values)
+  float* X = nullptr;         // [n, hc, d], updated in place
+  const float* kv = nullptr;  // [n, (hc+1)·d]
+  const float* qk = nullptr;  // [hc, d] = q_weight ⊙ k_weight in fp32 (exact products of bf16 values)
   const uint8_t* is_image = nullptr;
   float norm_eps = 1e-20f;
-  float* gates = nullptr;         // [n, hc] or null
+  float* gates = nullptr;  // [n, hc] or null
 };
 Status engram_update(const EngramUpdateArgs& a, cudaStream_t stream);
 
@@ -264,10 +264,10 @@ struct FinalHeadArgs {
   const float* pre = nullptr;          // [n, hc] the last ffn site's pre
   const float* norm_weight = nullptr;  // [d] final RMSNorm weight (bf16 values)
   float norm_eps = 1e-20f;
-  const uint16_t* head = nullptr;      // bf16 bits [vocab, d], 16-byte aligned
-  float* x = nullptr;                  // [n, d] scratch (16-byte aligned)
-  float* logits = nullptr;             // [n, vocab]
-  SplitKWorkspace splitk;              // optional: gemv_bf16_splitk_size(vocab, d)
+  const uint16_t* head = nullptr;  // bf16 bits [vocab, d], 16-byte aligned
+  float* x = nullptr;              // [n, d] scratch (16-byte aligned)
+  float* logits = nullptr;         // [n, vocab]
+  SplitKWorkspace splitk;          // optional: gemv_bf16_splitk_size(vocab, d)
 };
 Status final_head(const FinalHeadArgs& a, cudaStream_t stream);
 
@@ -321,13 +321,13 @@ struct SamplingRowParams {
 // Workspace: 2·rows·vocab doubles (x, then the final distribution p, left there for inspection).
 struct SampleArgs {
   int64_t rows = 0, vocab = 0;
-  const float* logits = nullptr;  // [rows, vocab]
+  const float* logits = nullptr;              // [rows, vocab]
   const SamplingRowParams* params = nullptr;  // [rows]
   const LogitBiasEntry* bias = nullptr;
   const PenaltyEntry* penalties = nullptr;
-  Pcg32State* rng = nullptr;      // [rows]
-  double* workspace = nullptr;    // [rows, 2, vocab]
-  int32_t* tokens = nullptr;      // [rows]
+  Pcg32State* rng = nullptr;    // [rows]
+  double* workspace = nullptr;  // [rows, 2, vocab]
+  int32_t* tokens = nullptr;    // [rows]
 };
 Status sample_rows(const SampleArgs& a, cudaStream_t stream);
 

@@ -58,11 +58,11 @@ __device__ int32_t block_exclusive_scan(int32_t* v, int64_t count, int32_t* warp
 __global__ void __launch_bounds__(kDispatchThreads) moe_build_items_kernel(MoeDispatchArgs a) {
   extern __shared__ int32_t sm[];
   const int64_t P = a.n * a.topk, E = a.n_experts;
-  int32_t* pair_expert = sm;         // [P]
-  int32_t* num = pair_expert + P;    // [E] pairs per expert
-  int32_t* offset = num + E;         // [E] first position of expert e in `order`
-  int32_t* group = offset + E;       // [E] first item group of expert e
-  int32_t* order = group + E;        // [P] pairs sorted by (expert, pair)
+  int32_t* pair_expert = sm;       // [P]
+  int32_t* num = pair_expert + P;  // [E] pairs per expert
+  int32_t* offset = num + E;       // [E] first position of expert e in `order`
+  int32_t* group = offset + E;     // [E] first item group of expert e
+  int32_t* order = group + E;      // [P] pairs sorted by (expert, pair)
   __shared__ int32_t warp_tot[32];
   for (int64_t p = threadIdx.x; p < P; p += blockDim.x) pair_expert[p] = a.experts[p];
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) num[e] = 0;
@@ -173,8 +173,8 @@ Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream) {
   auto fail = [](const std::string& m) { return make_error("cuda::moe_build_items: " + m); };
   const int64_t P = a.n * a.topk;
   if (a.n < 0 || a.topk <= 0 || P > kMoeMaxPairs)
-    return fail("n=" + std::to_string(a.n) + ", topk=" + std::to_string(a.topk) + " (n·topk <= " +
-                std::to_string(kMoeMaxPairs) + " per dispatch)");
+    return fail("n=" + std::to_string(a.n) + ", topk=" + std::to_string(a.topk) +
+                " (n·topk <= " + std::to_string(kMoeMaxPairs) + " per dispatch)");
   if (a.n_experts <= 0 || a.n_experts > kMoeMaxExperts || a.n_experts > 4 * kDispatchThreads)
     return fail("n_experts=" + std::to_string(a.n_experts) + " (1.." + std::to_string(kMoeMaxExperts) + ")");
   if (!a.experts) return fail("experts is required");
@@ -186,9 +186,11 @@ Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream) {
     for (int m = 0; m < t.n_mats; ++m)
       if (!t.mats[m].data || !t.mats[m].scales || !t.y[m])
         return fail(which + "matrix " + std::to_string(m) + " needs weight pointer tables and an output");
-    if (!t.act_codes || !t.act_scales || !t.items || !t.count) return fail(which + "activations, items and count are required");
+    if (!t.act_codes || !t.act_scales || !t.items || !t.count)
+      return fail(which + "activations, items and count are required");
     if (t.capacity < P * t.n_mats)
-      return fail(which + "capacity " + std::to_string(t.capacity) + " < n·topk·n_mats = " + std::to_string(P * t.n_mats));
+      return fail(which + "capacity " + std::to_string(t.capacity) +
+                  " < n·topk·n_mats = " + std::to_string(P * t.n_mats));
   }
   const size_t smem = static_cast<size_t>(2 * P + 3 * a.n_experts) * sizeof(int32_t);
   if (smem > 48 * 1024) {
@@ -220,7 +222,8 @@ Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
   if (!a.experts || !a.routed || !a.y) return make_error("cuda::moe_combine: experts, routed and y are required");
   if (a.n == 0) return Status::Ok();
   const int64_t slices = (a.d + kCombineThreads * 4 - 1) / (kCombineThreads * 4);
-  moe_combine_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(a.n)), kCombineThreads, 0, stream>>>(a);
+  moe_combine_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(a.n)), kCombineThreads, 0, stream>>>(
+      a);
   return launch_status("moe_combine_kernel");
 }
 

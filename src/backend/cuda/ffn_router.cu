@@ -11,10 +11,10 @@ namespace cedar::cuda {
 namespace {
 
 constexpr int kEmbedThreads = 256;
-constexpr int kRouterWarps = 8;      // warps per block: kRouterRowsPerBlock rows × kRouterSplit quarters
-constexpr int kRouterSplit = 4;      // warps sharing one expert row
+constexpr int kRouterWarps = 8;  // warps per block: kRouterRowsPerBlock rows × kRouterSplit quarters
+constexpr int kRouterSplit = 4;  // warps sharing one expert row
 constexpr int kRouterRowsPerBlock = kRouterWarps / kRouterSplit;
-constexpr int kRouterTokens = 8;     // tokens per router_logits launch tile
+constexpr int kRouterTokens = 8;  // tokens per router_logits launch tile
 constexpr int kSelectThreads = 256;
 constexpr int64_t kMaxExperts = 4096;  // router_select keeps scores in shared memory
 constexpr int64_t kMaxTopk = 64;
@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_gather_kernel(EmbedGather
     if (a.X)
       for (int64_t k = 0; k < a.hc; ++k) a.X[(t * a.hc + k) * d + c] = v;
   }
-  if (a.pre_prev && blockIdx.x == 0 && threadIdx.x < a.hc) a.pre_prev[t * a.hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
+  if (a.pre_prev && blockIdx.x == 0 && threadIdx.x < a.hc)
+    a.pre_prev[t * a.hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
 }
 
 // logits[t, e] for a tile of <= 8 tokens. A block holds 2 expert rows × 4 warps; the 4 warps of a row
@@ -42,9 +43,8 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_gather_kernel(EmbedGather
 // so 384 experts give 192 blocks (every SM streams the 3.9 MB gate). Each lane accumulates its chunks in
 // order (fp32 FMA: bf16·bf16 products are exact, so fma == mul + add), then a fixed butterfly per warp
 // and the 4 quarters added in order. Deterministic.
-__global__ void __launch_bounds__(kRouterWarps * 32) router_logits_kernel(const float* x, const uint16_t* gate,
-                                                                          int64_t d, int64_t n_experts, int nt,
-                                                                          float* logits) {
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    router_logits_kernel(const float* x, const uint16_t* gate, int64_t d, int64_t n_experts, int nt, float* logits) {
   __shared__ float quarter[kRouterRowsPerBlock][kRouterSplit][kRouterTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = warp / kRouterSplit, q = warp % kRouterSplit;
@@ -113,8 +113,8 @@ __device__ __forceinline__ bool selected_before(float va, int64_t a, float vb, i
 // (rank < topk: selected at slot rank), then thread 0 forms the weights in slot order.
 __global__ void __launch_bounds__(kSelectThreads) router_select_kernel(RouterArgs a) {
   extern __shared__ float smem[];
-  float* score = smem;                  // [E]
-  float* biased = smem + a.n_experts;   // [E]
+  float* score = smem;                 // [E]
+  float* biased = smem + a.n_experts;  // [E]
   __shared__ int32_t sel[kMaxTopk];
   const int64_t t = blockIdx.x, E = a.n_experts, K = a.topk;
   const bool image = a.is_image != nullptr && a.is_image[t] != 0;

@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     for (int e = tid; e < P.penalty_count; e += kThreads) {
       const PenaltyEntry q = a.penalties[P.penalty_begin + e];
       if (q.token < 0 || q.token >= V || q.output_count <= 0) continue;
-      const double sub = __dadd_rn(__dmul_rn(P.frequency_penalty, static_cast<double>(q.output_count)), P.presence_penalty);
+      const double sub =
+          __dadd_rn(__dmul_rn(P.frequency_penalty, static_cast<double>(q.output_count)), P.presence_penalty);
       xs[q.token] = __dsub_rn(xs[q.token], sub);
     }
     __syncthreads();

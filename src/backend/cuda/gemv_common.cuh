@@ -11,9 +11,9 @@
 
 namespace cedar::cuda::gemv_detail {
 
-constexpr int kGemvWarps = 8;       // warps per block, splitting K
-constexpr int kRowsPerBlock = 16;   // the MMA's M
-constexpr int kTokensPerTile = 8;   // the MMA's N
+constexpr int kGemvWarps = 8;      // warps per block, splitting K
+constexpr int kRowsPerBlock = 16;  // the MMA's M
+constexpr int kTokensPerTile = 8;  // the MMA's N
 // Consecutive K blocks in flight per warp, and blocks per SM the register budget must allow. The
 // kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
 // FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 4 K blocks in flight, 80 registers
@@ -29,7 +29,7 @@ constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
 struct GemvOperands {
   const uint8_t* w;
   const uint8_t* w_scales;
-  const uint16_t* act;     // [n_tile, in] e4m3 codes as f16
+  const uint16_t* act;      // [n_tile, in] e4m3 codes as f16
   const float* act_scales;  // [n_tile, in/32]
   float* y;                 // [n_tile, out]
 };
@@ -65,8 +65,8 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t v, uint32_t& w0, uint32_
 // Multiprocessors of the current device (132 on an H200; 132 if the query fails): sizes persistent grids.
 inline int device_sm_count() {
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      sms <= 0)
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
     return 132;
   return sms;
 }

@@ -28,16 +28,16 @@ constexpr int kRun = 8;          // K blocks per warp run (= the plain MXFP4 ker
 static_assert(kRun == kUnroll<true>, "the K partition must match the plain MXFP4 kernel");
 
 struct PackedParams {
-  GemvOperands ops[kMaxGroup];      // host-item mode: contiguous token rows
-  int n;                            // host-item mode: tokens in this tile
-  const DeviceGemvItem* items;      // device-item mode
+  GemvOperands ops[kMaxGroup];  // host-item mode: contiguous token rows
+  int n;                        // host-item mode: tokens in this tile
+  const DeviceGemvItem* items;  // device-item mode
   const int32_t* count;
   int64_t capacity;
-  int64_t group;                    // host-item mode: matrices
+  int64_t group;  // host-item mode: matrices
   int64_t out, in, tiles;
   bool bf16_output;
-  bool balanced;                    // false: the plain kernel's K schedule (8 warps)
-  int warps;                        // = blockDim.x / 32
+  bool balanced;  // false: the plain kernel's K schedule (8 warps)
+  int warps;      // = blockDim.x / 32
 };
 
 // The operands of one (matrix, tile) unit.
@@ -78,8 +78,12 @@ __device__ __forceinline__ void load_group(const uint8_t* const (&wp)[4], const 
   L.sa1 = __ldg(reinterpret_cast<const float4*>(as1 + q * 4));
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int u) { return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w; }
-__device__ __forceinline__ float comp_of(const float4& v, int u) { return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w; }
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int u) {
+  return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ float comp_of(const float4& v, int u) {
+  return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
+}
 
 __device__ __forceinline__ void compute_group(const GroupLoads& L, float (&acc)[2][4]) {
 #pragma unroll
@@ -130,8 +134,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
     UnitOperands op;
     if constexpr (kDeviceItems) {
       const DeviceGemvItem* it = p.items + m;
-      op = UnitOperands{it->data, it->scales, it->act_codes, it->act_scales, it->y, min(max(it->n, 0), kTokensPerTile),
-                        it->act_row, it->y_row};
+      op = UnitOperands{it->data,       it->scales, it->act_codes,
+                        it->act_scales, it->y,      min(max(it->n, 0), kTokensPerTile),
+                        it->act_row,    it->y_row};
     } else {
       const GemvOperands& o = p.ops[m];
       op = UnitOperands{o.w, o.w_scales, o.act, o.act_scales, o.y, p.n, nullptr, nullptr};
@@ -201,8 +206,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
 }
 
 Status check_packed_shape(const QuantWeightView& w, const char* who) {
-  if (w.format != QuantWeightFormat::MXFP4)
-    return make_error(std::string(who) + ": the packed layout is MXFP4 only");
+  if (w.format != QuantWeightFormat::MXFP4) return make_error(std::string(who) + ": the packed layout is MXFP4 only");
   if (!mxfp4_packable(w.out, w.in))
     return make_error(std::string(who) + ": shape " + std::to_string(w.out) + "×" + std::to_string(w.in) +
                       " cannot use the packed layout (in must be a positive multiple of 128)");
@@ -231,7 +235,8 @@ int packed_warps(int64_t in, bool balanced) {
 }  // namespace
 
 bool mxfp4_packable(int64_t out, int64_t in) {
-  return out > 0 && in > 0 && in % 128 == 0 && in / 32 <= 0x3FFFFFF && (out + kPackedRows - 1) / kPackedRows <= 0x7FFFFFFF;
+  return out > 0 && in > 0 && in % 128 == 0 && in / 32 <= 0x3FFFFFF &&
+         (out + kPackedRows - 1) / kPackedRows <= 0x7FFFFFFF;
 }
 
 Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed) {
@@ -263,7 +268,8 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
     const GemvGroupItem& it = items[i];
     if (!it.data || !it.scales || !it.act_codes || !it.act_scales || !it.y)
       return make_error(std::string(who) + ": item " + std::to_string(i) + " has a null pointer");
-    if (misaligned(it.data, 16) || misaligned(it.scales, 4) || misaligned(it.act_codes, 16) || misaligned(it.act_scales, 16))
+    if (misaligned(it.data, 16) || misaligned(it.scales, 4) || misaligned(it.act_codes, 16) ||
+        misaligned(it.act_scales, 16))
       return make_error(std::string(who) + ": item " + std::to_string(i) +
                         " misaligned (weights and activations 16 bytes, scales 4 bytes)");
   }

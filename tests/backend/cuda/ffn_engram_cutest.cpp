@@ -247,7 +247,8 @@ void check_gather(bool bf16) {
   // Dequant is the same exact product and the same bf16 rounding: bit-exact.
   EXPECT_TRUE(parity(tag + " E", o.E, want, exact));
   const size_t bad = check_codes(want, o);
-  std::printf("PARITY %-40s n=%zu mismatches=%zu (bit-exact required)\n", (tag + " fp8 quant").c_str(), want.size(), bad);
+  std::printf("PARITY %-40s n=%zu mismatches=%zu (bit-exact required)\n", (tag + " fp8 quant").c_str(), want.size(),
+              bad);
   EXPECT_EQ(bad, 0u);
   EXPECT_EQ(o.bad, 0);
 
@@ -315,9 +316,9 @@ double gate_ref(const float* x, const float* wk, const float* key, int64_t d, do
 // Bound on |g_fp32 − g_ref| for a blocked (per-thread chunk of `per_lane` terms + `levels` reduction
 // steps) fp32 evaluation: Δdot from the sums and the rsqrt factors, then through sqrt and sigmoid.
 double gate_bound(double dot, double abs_sum, int64_t per_lane, int64_t levels) {
-  const double sum_err = (per_lane + levels + 1) * kU * abs_sum;   // the dot sum (+ one product rounding)
+  const double sum_err = (per_lane + levels + 1) * kU * abs_sum;            // the dot sum (+ one product rounding)
   const double scale_err = (per_lane + levels + 12) * kU * std::fabs(dot);  // two rsqrt(mean) and two products
-  const double ddot = 2.0 * (sum_err + scale_err);                       // factor 2: headroom
+  const double ddot = 2.0 * (sum_err + scale_err);                          // factor 2: headroom
   const double m = std::max(std::fabs(dot), 1e-6);
   return 0.25 * ddot / (2.0 * std::sqrt(m)) + 4 * kU;  // sigmoid' <= 1/4; exp, division
 }
@@ -371,7 +372,9 @@ TEST(CudaEngram, LayerMatchesEngramForward) {
   ga.codes = codes.get();
   ga.scales = scales.get();
   ASSERT_TRUE(engram_gather_quant(ga, nullptr).ok());
-  ASSERT_TRUE(gemv_quantized(view_of(wkv, dwkv.get(), dwkvs.get()), codes.get(), scales.get(), n, kv.get(), true, nullptr).ok());
+  ASSERT_TRUE(
+      gemv_quantized(view_of(wkv, dwkv.get(), dwkvs.get()), codes.get(), scales.get(), n, kv.get(), true, nullptr)
+          .ok());
   EngramUpdateArgs ua;
   ua.n = n;
   ua.hc = hc;
@@ -395,13 +398,15 @@ TEST(CudaEngram, LayerMatchesEngramForward) {
   for (int64_t tk = 0; tk < n * hc; ++tk) {
     const int64_t tt = tk / hc, kk = tk % hc;
     double dot, asum, dot_c, asum_c;
-    const double g = gate_ref(X0.data() + tk * d, qk.data() + kk * d, kv_gpu.data() + tt * kv_width + kk * d, d, &dot, &asum);
-    const double g_c = gate_ref(X0.data() + tk * d, qk.data() + kk * d, kv_cpu.data() + tt * kv_width + kk * d, d, &dot_c, &asum_c);
+    const double g =
+        gate_ref(X0.data() + tk * d, qk.data() + kk * d, kv_gpu.data() + tt * kv_width + kk * d, d, &dot, &asum);
+    const double g_c =
+        gate_ref(X0.data() + tk * d, qk.data() + kk * d, kv_cpu.data() + tt * kv_width + kk * d, d, &dot_c, &asum_c);
     g_want[tk] = image[tt] ? 0.0f : static_cast<float>(g);
     g_bound[tk] = image[tt] ? 0.0f : static_cast<float>(gate_bound(dot, asum, d / 256, 13));
     // The CPU's own gate error (index-order sums of d terms) and the effect of any kv difference.
-    dg_total[tk] = image[tt] ? 0.0f
-                             : static_cast<float>(g_bound[tk] + gate_bound(dot_c, asum_c, d, 0) + std::fabs(g - g_c));
+    dg_total[tk] =
+        image[tt] ? 0.0f : static_cast<float>(g_bound[tk] + gate_bound(dot_c, asum_c, d, 0) + std::fabs(g - g_c));
   }
   const Tolerance gtol{.max_nmse = 1e-8, .min_cosine = 0.9999999, .bound_scale = 1.0};
   EXPECT_TRUE(parity("engram gates vs double reference", g_gpu, g_want, gtol, g_bound));

@@ -37,11 +37,11 @@ TEST(CudaFinalHead, CollapseNormHeadArgmaxMatchCpu) {
   // CPU: DeepseekV41Model::finish_rows.
   std::vector<float> x(n * d), xn(n * d), want(n * vocab);
   for (int64_t t = 0; t < n; ++t)
-    hc_collapse(std::span<const float>(X.data() + t * hc * d, hc * d), std::span<const float>(pre.data() + t * hc, hc), hc,
-                d, std::span<float>(x.data() + t * d, d));
+    hc_collapse(std::span<const float>(X.data() + t * hc * d, hc * d), std::span<const float>(pre.data() + t * hc, hc),
+                hc, d, std::span<float>(x.data() + t * d, d));
   cpu::rms_norm(x, d, norm_w, 1e-20, xn);
-  const cpu::LinearWeight hw{.format = WeightFormat::BF16, .out = vocab, .in = d,
-                             .data = reinterpret_cast<const uint8_t*>(head_bits.data())};
+  const cpu::LinearWeight hw{
+      .format = WeightFormat::BF16, .out = vocab, .in = d, .data = reinterpret_cast<const uint8_t*>(head_bits.data())};
   ASSERT_TRUE(cpu::linear(hw, xn, n, want, {.bf16_output = false}, nullptr).ok());
 
   auto dX = upload(X), dpre = upload(pre), dw = upload(norm_w);
@@ -81,15 +81,15 @@ TEST(CudaFinalHead, CollapseNormHeadArgmaxMatchCpu) {
   std::transform(xn_gpu.begin(), xn_gpu.end(), ax.begin(), [](float v) { return std::fabs(v); });
   std::transform(head.begin(), head.end(), ah.begin(), [](float v) { return std::fabs(v); });
   const auto ah_bits = bf16_bits(ah);
-  const cpu::LinearWeight ahw{.format = WeightFormat::BF16, .out = vocab, .in = d,
-                              .data = reinterpret_cast<const uint8_t*>(ah_bits.data())};
+  const cpu::LinearWeight ahw{
+      .format = WeightFormat::BF16, .out = vocab, .in = d, .data = reinterpret_cast<const uint8_t*>(ah_bits.data())};
   ASSERT_TRUE(cpu::linear(ahw, ax, n, bound, {.bf16_output = false}, nullptr).ok());
   const auto logits = download(dlogits);
   const Tolerance head_tol{.max_nmse = 1e-9, .min_cosine = 0.9999999, .bound_scale = (d * 1.125 + 32) * 0x1p-24};
   EXPECT_TRUE(parity("fp32 head 3x4100x5120 (gpu-normed rows)", logits, want_own, head_tol, bound));
   // Against the whole CPU chain: in addition each flipped normed value moves a logit by <= 2^-7·|x_j·w_j|.
-  const Tolerance chain_tol{.max_nmse = 1e-6, .min_cosine = 0.999999,
-                            .bound_scale = 0x1p-7 + (d * 1.125 + 32) * 0x1p-24};
+  const Tolerance chain_tol{
+      .max_nmse = 1e-6, .min_cosine = 0.999999, .bound_scale = 0x1p-7 + (d * 1.125 + 32) * 0x1p-24};
   EXPECT_TRUE(parity("fp32 head vs cpu chain", logits, want, chain_tol, bound));
 
   // Greedy token: the device argmax of the device logits is the CPU's unless the CPU's top two

@@ -44,7 +44,8 @@ void check_mhc_cluster(int64_t n, int64_t d, bool with_expand, bool in_place, ui
       m.comb.assign(comb.begin() + t * hc * hc, comb.begin() + (t + 1) * hc * hc);
       hc_expand(std::span<const float>(y.data() + t * d, d), xt, m, hc, d, xt);
     }
-    hc_collapse(xt, std::span<const float>(cw.data() + t * hc, hc), hc, d, std::span<float>(collapsed.data() + t * d, d));
+    hc_collapse(xt, std::span<const float>(cw.data() + t * hc, hc), hc, d,
+                std::span<float>(collapsed.data() + t * d, d));
     const HcMix mix = hc_mix(xt, hw, hp);
     mix_want.insert(mix_want.end(), mix.pre.begin(), mix.pre.end());
     mix_want.insert(mix_want.end(), mix.post.begin(), mix.post.end());
@@ -55,14 +56,24 @@ void check_mhc_cluster(int64_t n, int64_t d, bool with_expand, bool in_place, ui
   auto dXo = alloc<float>(X.size());
   auto dcol = alloc<float>(collapsed.size());
   auto dmix = alloc<float>(n * n_mix);
-  MhcFusedArgs a{.n = n, .hc = hc, .d = d, .X = dX.get(), .y = with_expand ? dy.get() : nullptr, .post = dpost.get(),
-                 .comb = dcomb.get(), .X_out = in_place ? dX.get() : dXo.get(), .collapse_w = dcw.get(),
-                 .collapsed = dcol.get(), .fn = dfn.get(), .base = dbase.get(), .scale = dscale.get(),
+  MhcFusedArgs a{.n = n,
+                 .hc = hc,
+                 .d = d,
+                 .X = dX.get(),
+                 .y = with_expand ? dy.get() : nullptr,
+                 .post = dpost.get(),
+                 .comb = dcomb.get(),
+                 .X_out = in_place ? dX.get() : dXo.get(),
+                 .collapse_w = dcw.get(),
+                 .collapsed = dcol.get(),
+                 .fn = dfn.get(),
+                 .base = dbase.get(),
+                 .scale = dscale.get(),
                  .mix_out = dmix.get()};
   const Status s = mhc_fused_cluster(a, nullptr);
   ASSERT_TRUE(s.ok()) << s.error().message;
-  const std::string tag = std::to_string(n) + "x4x" + std::to_string(d) + (with_expand ? "" : " no-expand") +
-                          (in_place ? " in-place" : "");
+  const std::string tag =
+      std::to_string(n) + "x4x" + std::to_string(d) + (with_expand ? "" : " no-expand") + (in_place ? " in-place" : "");
   const Tolerance exact{.max_nmse = 0, .min_cosine = 0.0, .rel = 0, .abs = 0};
   if (with_expand) {
     EXPECT_TRUE(parity("mhc cluster expand " + tag, download(in_place ? dX : dXo), X_new, exact));
@@ -102,10 +113,22 @@ TEST(CudaMhcCluster, ProgrammaticLaunchKeepsTheDependency) {
   for (const bool pdl : {false, true}) {
     auto dX = upload(X), dy = upload(y), dpost = upload(post), dcomb = upload(comb), dcw = upload(cw);
     auto dfn = upload(fn), dbase = upload(base), dscale = upload(scale);
-    auto dX1 = alloc<float>(X.size()), dX2 = alloc<float>(X.size()), dcol = alloc<float>(n * d), dmix = alloc<float>(n * n_mix);
-    MhcFusedArgs a{.n = n, .hc = hc, .d = d, .X = dX.get(), .y = dy.get(), .post = dpost.get(), .comb = dcomb.get(),
-                   .X_out = dX1.get(), .collapse_w = dcw.get(), .collapsed = dcol.get(), .fn = dfn.get(),
-                   .base = dbase.get(), .scale = dscale.get(), .mix_out = dmix.get()};
+    auto dX1 = alloc<float>(X.size()), dX2 = alloc<float>(X.size()), dcol = alloc<float>(n * d),
+         dmix = alloc<float>(n * n_mix);
+    MhcFusedArgs a{.n = n,
+                   .hc = hc,
+                   .d = d,
+                   .X = dX.get(),
+                   .y = dy.get(),
+                   .post = dpost.get(),
+                   .comb = dcomb.get(),
+                   .X_out = dX1.get(),
+                   .collapse_w = dcw.get(),
+                   .collapsed = dcol.get(),
+                   .fn = dfn.get(),
+                   .base = dbase.get(),
+                   .scale = dscale.get(),
+                   .mix_out = dmix.get()};
     ASSERT_TRUE(mhc_fused_cluster(a, nullptr, pdl).ok());
     a.X = dX1.get();
     a.X_out = dX2.get();

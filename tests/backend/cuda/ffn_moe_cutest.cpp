@@ -179,14 +179,14 @@ TEST(CudaRouter, LogitsWithinTheFp32SumBound) {
     const RouterCase c = make_router_case(n, d, E, 6, 100 + static_cast<uint32_t>(n));
     RouterDevice dv = upload_router(c);
     ASSERT_TRUE(router_logits(dv.args, nullptr).ok());
-    const cpu::LinearWeight gw{.format = WeightFormat::F32, .out = E, .in = d,
-                               .data = reinterpret_cast<const uint8_t*>(c.gate.data())};
+    const cpu::LinearWeight gw{
+        .format = WeightFormat::F32, .out = E, .in = d, .data = reinterpret_cast<const uint8_t*>(c.gate.data())};
     std::vector<float> want(n * E), bound(n * E), ax(c.x.size()), ag(c.gate.size());
     ASSERT_TRUE(cpu::linear(gw, c.x, n, want, {.bf16_output = false}, nullptr).ok());
     std::transform(c.x.begin(), c.x.end(), ax.begin(), [](float v) { return std::fabs(v); });
     std::transform(c.gate.begin(), c.gate.end(), ag.begin(), [](float v) { return std::fabs(v); });
-    const cpu::LinearWeight agw{.format = WeightFormat::F32, .out = E, .in = d,
-                                .data = reinterpret_cast<const uint8_t*>(ag.data())};
+    const cpu::LinearWeight agw{
+        .format = WeightFormat::F32, .out = E, .in = d, .data = reinterpret_cast<const uint8_t*>(ag.data())};
     ASSERT_TRUE(cpu::linear(agw, ax, n, bound, {.bf16_output = false}, nullptr).ok());
     // Products are exact on both sides; the CPU's sequential sum errs by <= (d−1)·u·Σ|x·w|, the GPU's
     // (d/128 terms per lane, 5 butterfly levels, 3 quarter additions) by <= (d/32 + 5)·u·Σ|x·w|.
@@ -205,8 +205,8 @@ TEST(CudaRouter, SelectOnCpuLogitsMatchesRouteTokens) {
   const MoeWeights w = router_weights(c, experts);
   auto r = route_tokens(c.x, c.n, w, c.p, {}, c.image, nullptr);
   ASSERT_TRUE(r.ok()) << r.error().message;
-  const cpu::LinearWeight gw{.format = WeightFormat::F32, .out = c.E, .in = c.d,
-                             .data = reinterpret_cast<const uint8_t*>(c.gate.data())};
+  const cpu::LinearWeight gw{
+      .format = WeightFormat::F32, .out = c.E, .in = c.d, .data = reinterpret_cast<const uint8_t*>(c.gate.data())};
   std::vector<float> logits(c.n * c.E);
   ASSERT_TRUE(cpu::linear(gw, c.x, c.n, logits, {.bf16_output = false}, nullptr).ok());  // route_tokens' GEMM
   RouterDevice dv = upload_router(c);
@@ -240,8 +240,8 @@ TEST(CudaRouter, EndToEndMatchesRouteTokens) {
   std::vector<float> ag(c.gate.size()), ax(c.x.size()), bound(c.n * c.E);
   std::transform(c.x.begin(), c.x.end(), ax.begin(), [](float v) { return std::fabs(v); });
   std::transform(c.gate.begin(), c.gate.end(), ag.begin(), [](float v) { return std::fabs(v); });
-  const cpu::LinearWeight agw{.format = WeightFormat::F32, .out = c.E, .in = c.d,
-                              .data = reinterpret_cast<const uint8_t*>(ag.data())};
+  const cpu::LinearWeight agw{
+      .format = WeightFormat::F32, .out = c.E, .in = c.d, .data = reinterpret_cast<const uint8_t*>(ag.data())};
   ASSERT_TRUE(cpu::linear(agw, ax, c.n, bound, {.bf16_output = false}, nullptr).ok());
   std::vector<float> sbound(bound.size());
   for (size_t i = 0; i < bound.size(); ++i)
@@ -259,7 +259,8 @@ TEST(CudaRouter, EndToEndMatchesRouteTokens) {
       const int64_t e = r->experts[t * c.K + k];
       rel = std::max(rel, double(sbound[t * c.E + e]) / r->scores[t * c.E + e] + 0x1p-21);
     }
-    for (int64_t k = 0; k < c.K; ++k) wbound[t * c.K + k] = static_cast<float>(r->weights[t * c.K + k] * (2 * rel + 8 * kU));
+    for (int64_t k = 0; k < c.K; ++k)
+      wbound[t * c.K + k] = static_cast<float>(r->weights[t * c.K + k] * (2 * rel + 8 * kU));
   }
   const Tolerance wtol{.max_nmse = 1e-9, .min_cosine = 0.9999999, .bound_scale = 1.0};
   EXPECT_TRUE(parity("router weights", download(dv.weights), r->weights, wtol, wbound));
@@ -376,10 +377,11 @@ TEST(CudaMoeDispatch, ItemsGroupPairsByExpertInOrder) {
   float* const y2 = reinterpret_cast<float*>(0x7000);
   const auto* codes = reinterpret_cast<const uint16_t*>(0x8000);
   const auto* scales = reinterpret_cast<const float*>(0x9000);
-  a.tables[0] = MoeItemTable{2, {{dw1.get(), ds1.get()}, {dw3.get(), ds3.get()}}, {y1, y3}, codes, scales, false,
-                             items.get(), count.get(), 2 * P};
-  a.tables[1] = MoeItemTable{1, {{dw3.get(), ds3.get()}, {}}, {y2, nullptr}, codes, scales, true, items2.get(),
-                             count.get() + 1, P};
+  a.tables[0] = MoeItemTable{
+      2,    {{dw1.get(), ds1.get()}, {dw3.get(), ds3.get()}}, {y1, y3}, codes, scales, false, items.get(), count.get(),
+      2 * P};
+  a.tables[1] = MoeItemTable{
+      1, {{dw3.get(), ds3.get()}, {}}, {y2, nullptr}, codes, scales, true, items2.get(), count.get() + 1, P};
   ASSERT_TRUE(moe_build_items(a, nullptr).ok());
   const auto got = download(items);
   const auto got2 = download(items2);
@@ -458,8 +460,9 @@ void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int
   a.n = n;
   a.topk = K;
   a.n_experts = E;
-  a.tables[0] = MoeItemTable{1, {{dwt.get(), dst.get()}, {}}, {y.get(), nullptr}, codes.get(), scales.get(), false,
-                             items.get(), count.get(), P};
+  a.tables[0] = MoeItemTable{
+      1, {{dwt.get(), dst.get()}, {}}, {y.get(), nullptr}, codes.get(), scales.get(), false, items.get(), count.get(),
+      P};
   ASSERT_TRUE(moe_build_items(a, nullptr).ok());
   const QuantWeightView shape = view_of(w[0], nullptr, nullptr);
   const Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), P, true, nullptr);
@@ -482,10 +485,11 @@ void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int
     const auto b = abs_bound(w[e], xt, 1);
     std::copy(b.begin(), b.end(), bound.begin() + p * out);
   }
-  const char* lname = layout == Mxfp4Layout::PackedBalanced ? "mxfp4-packed-balanced" : packed ? "mxfp4-packed" : "mxfp4";
-  const std::string tag = std::string(fp4 ? lname : "fp8") + " items " +
-                          std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n) + " K=" +
-                          std::to_string(K);
+  const char* lname = layout == Mxfp4Layout::PackedBalanced ? "mxfp4-packed-balanced"
+                      : packed                              ? "mxfp4-packed"
+                                                            : "mxfp4";
+  const std::string tag = std::string(fp4 ? lname : "fp8") + " items " + std::to_string(out) + "x" +
+                          std::to_string(in) + " n=" + std::to_string(n) + " K=" + std::to_string(K);
   // vs the CPU: as the GEMV tests (one bf16 flip + tensor-core block sums, 2^-12·Σ|terms|).
   const Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
   if (layout == Mxfp4Layout::PackedBalanced) {
@@ -584,7 +588,8 @@ TEST(CudaGemvPacked, RepackIsTheDocumentedPermutationAndRejectsOddShapes) {
     for (int64_t kb = 0; kb < in / 32; ++kb)
       for (int t = 0; t < 4; ++t)
         for (int j = 0; j < 4; ++j)
-          ASSERT_EQ(packed[r * in / 2 + (kb / 4) * 64 + 16 * t + 4 * (kb % 4) + j], plain[r * in / 2 + kb * 16 + 4 * t + j])
+          ASSERT_EQ(packed[r * in / 2 + (kb / 4) * 64 + 16 * t + 4 * (kb % 4) + j],
+                    plain[r * in / 2 + kb * 16 + 4 * t + j])
               << "row " << r << " block " << kb << " thread " << t << " byte " << j;
   EXPECT_FALSE(repack_mxfp4(plain.data(), 3, 96, packed.data()).ok());
   EXPECT_FALSE(mxfp4_packable(16, 96));
@@ -616,7 +621,8 @@ void check_swiglu(int64_t rows, int64_t inter, bool weighted, float limit, uint3
   auto dh = alloc<float>(rows * inter);
   auto dcodes = alloc<uint16_t>(rows * inter);
   auto dscales = alloc<float>(rows * inter / 32);
-  SwigluArgs a{rows, inter, dg.get(), du.get(), weighted ? dw.get() : nullptr, limit, dh.get(), dcodes.get(), dscales.get()};
+  SwigluArgs a{rows,  inter,    dg.get(),     du.get(),     weighted ? dw.get() : nullptr,
+               limit, dh.get(), dcodes.get(), dscales.get()};
   ASSERT_TRUE(swiglu(a, nullptr).ok());
   std::vector<float> want(rows * inter);
   for (int64_t i = 0; i < rows * inter; ++i) want[i] = swiglu_ref(g[i], u[i], w[i / inter], weighted, limit);
@@ -659,7 +665,8 @@ TEST(CudaSwiglu, MatchesCpuRecipe) {
 TEST(CudaMoeCombine, BitExactInAscendingExpertOrder) {
   CEDAR_REQUIRE_GPU();
   const int64_t n = 4, K = 6, d = 5120;
-  std::vector<int32_t> experts = {5, 1, 300, 2, 9, 7, /**/ 3, 3, 1, 0, 8, 2, /**/ 0, 1, 2, 3, 4, 5, /**/ 9, 8, 7, 6, 5, 4};
+  std::vector<int32_t> experts = {5,      1, 300, 2, 9, 7, /**/ 3, 3, 1, 0, 8, 2,
+                                  /**/ 0, 1, 2,   3, 4, 5, /**/ 9, 8, 7, 6, 5, 4};
   const auto routed = random_acts(n * K * d, 401, 1.0f, -6, 6);
   const auto shared = random_acts(n * d, 402, 1.0f, -6, 6);
   auto de = upload(experts);
@@ -725,7 +732,8 @@ MoeLayerHost make_moe_layer(int64_t d, int64_t inter, int64_t E, int64_t K, uint
 
 // The device pipeline of one MoE layer (what the CUDA model runs per layer): route → quantize x →
 // items → w1/w3 → SwiGLU+quant → w2 → shared expert → combine.
-std::vector<float> run_moe_on_device(const MoeLayerHost& L, const std::vector<float>& x, int64_t n, Mxfp4Layout layout) {
+std::vector<float> run_moe_on_device(const MoeLayerHost& L, const std::vector<float>& x, int64_t n,
+                                     Mxfp4Layout layout) {
   const bool packed = layout != Mxfp4Layout::Plain;
   const int64_t d = L.d, inter = L.inter, E = L.E, K = L.K, P = n * K;
   std::vector<DeviceBuffer<uint8_t>> keep;
@@ -782,10 +790,24 @@ std::vector<float> run_moe_on_device(const MoeLayerHost& L, const std::vector<fl
   da.topk = K;
   da.n_experts = E;
   da.n_tables = 2;
-  da.tables[0] = MoeItemTable{2, {{t1d.get(), t1s.get()}, {t3d.get(), t3s.get()}}, {g.get(), u.get()}, xc.get(), xs.get(),
-                              false, items13.get(), counts.get(), 2 * P};
-  da.tables[1] = MoeItemTable{1, {{t2d.get(), t2s.get()}, {}}, {routed.get(), nullptr}, hc.get(), hs.get(), true,
-                              items2.get(), counts.get() + 1, P};
+  da.tables[0] = MoeItemTable{2,
+                              {{t1d.get(), t1s.get()}, {t3d.get(), t3s.get()}},
+                              {g.get(), u.get()},
+                              xc.get(),
+                              xs.get(),
+                              false,
+                              items13.get(),
+                              counts.get(),
+                              2 * P};
+  da.tables[1] = MoeItemTable{1,
+                              {{t2d.get(), t2s.get()}, {}},
+                              {routed.get(), nullptr},
+                              hc.get(),
+                              hs.get(),
+                              true,
+                              items2.get(),
+                              counts.get() + 1,
+                              P};
   EXPECT_TRUE(moe_build_items(da, nullptr).ok());
   const QuantWeightView shape13{.format = QuantWeightFormat::MXFP4, .out = inter, .in = d};
   const QuantWeightView shape2{.format = QuantWeightFormat::MXFP4, .out = d, .in = inter};

@@ -32,11 +32,11 @@ TEST(CudaArgmax, TiesToTheLowestIdAndNoFiniteLogit) {
   const int64_t rows = 5, vocab = 129280;
   auto logits = random_logits(rows, vocab, 1, 3.0f);
   logits[0 * vocab + 7000] = logits[0 * vocab + 90000] = 50.0f;  // tie: the lower id wins
-  logits[1 * vocab + 5] = NAN;                                    // a NaN past index 0 is never chosen
+  logits[1 * vocab + 5] = NAN;                                   // a NaN past index 0 is never chosen
   logits[1 * vocab + 6] = 60.0f;
-  logits[2 * vocab + 0] = NAN;                                    // NaN at 0: the CPU's "no finite logit"
-  logits[3 * vocab + 4242] = INFINITY;                            // the maximum is not finite
-  logits[4 * vocab + vocab - 1] = 70.0f;                          // the last id
+  logits[2 * vocab + 0] = NAN;            // NaN at 0: the CPU's "no finite logit"
+  logits[3 * vocab + 4242] = INFINITY;    // the maximum is not finite
+  logits[4 * vocab + vocab - 1] = 70.0f;  // the last id
   auto dl = upload(logits);
   auto dt = alloc<int32_t>(rows);
   ASSERT_TRUE(argmax_rows(dl.get(), rows, vocab, dt.get(), nullptr).ok());
@@ -113,7 +113,8 @@ void check_sampling(const SampleConfig& cfg, int64_t rows, int steps, uint32_t s
       for (const auto& [id, n] : outputs[r]) ids.insert(id);
       for (int64_t id : ids) {
         const auto it = outputs[r].find(id);
-        pen.push_back(PenaltyEntry{static_cast<int32_t>(id), it == outputs[r].end() ? 0 : static_cast<int32_t>(it->second),
+        pen.push_back(PenaltyEntry{static_cast<int32_t>(id),
+                                   it == outputs[r].end() ? 0 : static_cast<int32_t>(it->second),
                                    prompt[r].count(id) ? 1 : 0});
       }
       q.penalty_count = static_cast<int32_t>(pen.size()) - q.penalty_begin;
@@ -182,7 +183,8 @@ TEST(CudaSampler, SameTokensAndDistributionAsTheCpuSampler) {
     p.min_p = 0.01;
   });
   add("top_p 0.01 (one token)", 3000, [](engine::SamplingParams& p) { p.top_p = 0.01; });
-  add("bias + penalties", 20000,
+  add(
+      "bias + penalties", 20000,
       [](engine::SamplingParams& p) {
         p.temperature = 1.0;
         p.logit_bias = {{17, 5.0}, {18, -100.0}, {19999, 2.5}};
@@ -191,7 +193,8 @@ TEST(CudaSampler, SameTokensAndDistributionAsTheCpuSampler) {
         p.frequency_penalty = 0.2;
       },
       true);
-  add("greedy + bias + penalties", 20000,
+  add(
+      "greedy + bias + penalties", 20000,
       [](engine::SamplingParams& p) {
         p.temperature = 0;
         p.logit_bias = {{3, 9.0}};
@@ -211,8 +214,8 @@ TEST(CudaSampler, TiesAtTheTopKAndTopPBoundaries) {
   for (int i : {10, 20, 30, 40, 50}) logits[i] = 2.0f;  // five equal top logits
   logits[60] = 3.0f;
   engine::SamplingParams p;
-  p.top_k = 3;     // the 3rd largest is 2.0: all five ties stay
-  p.top_p = 0.6;   // crosses inside the tied group: the lower ids first
+  p.top_k = 3;    // the 3rd largest is 2.0: all five ties stay
+  p.top_p = 0.6;  // crosses inside the tied group: the lower ids first
   for (uint64_t seed = 0; seed < 20; ++seed) {
     auto s = engine::Sampler::create(p, V, seed);
     ASSERT_TRUE(s.ok());
@@ -231,9 +234,10 @@ TEST(CudaSampler, TiesAtTheTopKAndTopPBoundaries) {
     auto drng = upload(rng);
     auto ws = alloc<double>(2 * V);
     auto dtok = alloc<int32_t>(1);
-    ASSERT_TRUE(sample_rows(SampleArgs{1, V, dl.get(), dp.get(), db.get(), dpen.get(), drng.get(), ws.get(), dtok.get()},
-                            nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        sample_rows(SampleArgs{1, V, dl.get(), dp.get(), db.get(), dpen.get(), drng.get(), ws.get(), dtok.get()},
+                    nullptr)
+            .ok());
     EXPECT_EQ(download(dtok)[0], tok->token) << "seed " << seed;
     const auto wsh = download(ws);
     for (int64_t i = 0; i < V; ++i)

@@ -122,9 +122,14 @@ inline std::vector<float> abs_bound(const QuantWeightHost& w, const std::vector<
 }
 
 inline QuantWeightView view_of(const QuantWeightHost& w, const uint8_t* data, const uint8_t* scales) {
-  return QuantWeightView{.format = w.cpu.format == WeightFormat::MXFP4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block,
-                         .out = w.cpu.out, .in = w.cpu.in, .data = data, .scales = scales,
-                         .block_out = w.cpu.block_out, .block_in = w.cpu.block_in};
+  return QuantWeightView{
+      .format = w.cpu.format == WeightFormat::MXFP4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block,
+      .out = w.cpu.out,
+      .in = w.cpu.in,
+      .data = data,
+      .scales = scales,
+      .block_out = w.cpu.block_out,
+      .block_in = w.cpu.block_in};
 }
 
 // IEEE binary16 bits → float (exact; the GPU stores each e4m3 activation code as its f16 value).
