@@ -19,8 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_info.h"
+#include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/stream.h"
 
@@ -94,6 +96,41 @@ double time_graph_us(cudaStream_t stream, int count, const std::function<void(in
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return static_cast<double>(*ms) * 1e3 / (static_cast<double>(kReplays) * count);
+}
+
+// time_graph_us for launches that may be unsupported (e.g. programmatic dependent launch inside a
+// graph): returns a negative time instead of exiting when a launch, the capture or a replay fails.
+double try_time_graph_us(cudaStream_t stream, int count, const std::function<Status(int)>& launch) {
+  if (g_once) return launch(0).ok() && cudaStreamSynchronize(stream) == cudaSuccess ? 1.0 : -1.0;
+  for (int i = 0; i < count; ++i)  // eager first: a launch error is reported without a broken capture
+    if (!launch(i).ok()) return -1.0;
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return -1.0;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1.0;
+  bool ok = true;
+  for (int i = 0; i < count; ++i) ok = launch(i).ok() && ok;
+  if (cudaStreamEndCapture(stream, &graph) != cudaSuccess || !ok) {
+    cudaGetLastError();
+    return -1.0;
+  }
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return -1.0;
+  }
+  double us = -1.0;
+  EventTimer timer;
+  if (cudaGraphLaunch(exec, stream) == cudaSuccess && cudaStreamSynchronize(stream) == cudaSuccess && timer.init().ok() &&
+      timer.start(stream).ok()) {
+    for (int r = 0; r < kReplays; ++r) ok = cudaGraphLaunch(exec, stream) == cudaSuccess && ok;
+    auto ms = timer.stop_ms(stream);
+    if (ok && ms.ok()) us = static_cast<double>(*ms) * 1e3 / (static_cast<double>(kReplays) * count);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaGetLastError();
+  return us;
 }
 
 struct Row {
@@ -200,8 +237,15 @@ void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, c
 }
 
 // sinkhorn_iters = 20 is the model's; 1 isolates how much of the time the serial Sinkhorn tail costs.
+// cluster: mhc_fused_cluster (ffn_kernels.h) instead of mhc_fused.
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
-               std::vector<Row>& rows) {
+               std::vector<Row>& rows, bool cluster = false, bool pdl = false) {
+  if (cluster) {
+    if (Status s = mhc_cluster_supported(d); !s.ok()) {
+      std::printf("mhc_fused_cluster not benchmarked: %s\n", s.error().message.c_str());
+      return;
+    }
+  }
   const int64_t hc = 4, width = hc * d, mix = (2 + hc) * hc;
   const size_t fn_count = static_cast<size_t>(mix * width);
   const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (fn_count * 4) + 1));
@@ -217,7 +261,7 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   auto part = must(DeviceBuffer<float>::allocate(mhc_workspace_floats(n, d)));
   auto counter = must(DeviceBuffer<unsigned>::allocate(1));
   must(counter.zero());
-  const double us = time_graph_us(stream, copies, [&](int i) {
+  auto launch = [&](int i) {
     MhcFusedArgs a;
     a.n = n;
     a.hc = hc;
@@ -234,15 +278,337 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.scale = scale.get();
     a.mix_out = mix_out.get();
     a.sinkhorn_iters = sinkhorn_iters;
-    must(mhc_fused(a, MhcWorkspace{part.get(), counter.get()}, stream));
-  });
+    return cluster ? mhc_fused_cluster(a, stream, pdl) : mhc_fused(a, MhcWorkspace{part.get(), counter.get()}, stream);
+  };
+  // PDL may be unsupported inside graphs on some drivers: that row is skipped instead of ending the run.
+  const double us = pdl ? try_time_graph_us(stream, copies, launch)
+                        : time_graph_us(stream, copies, [&](int i) { must(launch(i)); });
+  if (us < 0) {
+    std::printf("mhc_fused_cluster with programmatic dependent launch: not supported here (skipped)\n");
+    return;
+  }
   // fn + X read + y read + X_out written + collapsed written (+ tiny coefficient traffic).
   const double bytes = 4.0 * (static_cast<double>(fn_count) + n * width + n * d + n * width + n * d);
-  Row r{sinkhorn_iters == 20 ? "mhc_fused" : "mhc_fused_sk" + std::to_string(sinkhorn_iters), "4x" + std::to_string(d),
-        n, us, bytes};
+  const std::string name = cluster ? (pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster") : "mhc_fused";
+  Row r{sinkhorn_iters == 20 ? name : name + "_sk" + std::to_string(sinkhorn_iters), "4x" + std::to_string(d), n, us,
+        bytes};
   r.gbps = bytes / (us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
   rows.push_back(r);
+}
+
+// ---- cuda-ffn kernels -------------------------------------------------------------------------------
+
+Row make_row(const std::string& kernel, const std::string& shape, int64_t n, double us, double bytes,
+             double copy_gbps) {
+  Row r{kernel, shape, n, us, bytes};
+  r.gbps = bytes / (us * 1e-6) / 1e9;
+  r.pct_copy = 100.0 * r.gbps / copy_gbps;
+  return r;
+}
+
+// Packed-layout MXFP4 GEMV next to the plain rows above (same shapes, same byte accounting). Weight
+// values do not change the timing; the packed kernel reads the same bytes in another order.
+void bench_packed(const GemvShape& s, int count, int64_t n, double copy_gbps, cudaStream_t stream,
+                  std::vector<Row>& rows, bool balanced = false) {
+  const size_t w_bytes = s.out * s.in / 2, s_bytes = s.out * s.in / 32;
+  const size_t group_bytes = (w_bytes + s_bytes) * count;
+  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / group_bytes + 1));
+  auto w = random_bytes(w_bytes * count * copies, 21, 0, 0, 0xFF);
+  auto sc = random_bytes(s_bytes * count * copies, 22, 118, 8);
+  auto x = random_floats(n * s.in, 23, 1.0f);
+  auto codes = must(DeviceBuffer<uint16_t>::allocate(n * s.in));
+  auto ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
+  auto y = must(DeviceBuffer<float>::allocate(n * s.out * count));
+  must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
+  const QuantWeightView shape{QuantWeightFormat::MXFP4, s.out, s.in, w.get(), sc.get(), 32, 32};
+  std::vector<GemvGroupItem> items(count);
+  const double us = time_graph_us(stream, copies, [&](int c) {
+    for (int i = 0; i < count; ++i)
+      items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
+                               sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
+                               y.get() + static_cast<size_t>(i) * n * s.out};
+    must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream, balanced));
+  });
+  const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
+                       4.0 * n * s.out * count;
+  rows.push_back(make_row(std::string(balanced ? "gemv_mxfp4_packbal" : "gemv_mxfp4_packed") +
+                              (count > 1 ? " x" + std::to_string(count) : ""),
+                          std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes,
+                          copy_gbps));
+}
+
+// The routed experts of a decode step as the CUDA model runs them: n tokens × top-6 of 384 experts
+// (random routing per graph node, so weights come from HBM), device item tables, one launch for w1+w3
+// and one for w2; plain and packed layouts; and the whole routed path (items + w1/w3 + SwiGLU + w2).
+// Bytes: the distinct experts' weights and scales + activations + outputs.
+// `pool` holds the 384 experts' weights (7.2 GB), allocated by the first call.
+void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, cudaStream_t stream,
+                     std::vector<Row>& rows) {
+  constexpr int64_t E = 384, K = 6, d = 5120, inter = 2304;
+  constexpr int kSteps = 8;  // routings in the graph
+  const size_t w13 = inter * d / 2, s13 = inter * d / 32, w2 = d * inter / 2, s2 = d * inter / 32;
+  const size_t per_expert = 2 * (w13 + s13) + w2 + s2;
+  if (pool.empty()) {
+    pool = must(DeviceBuffer<uint8_t>::allocate(per_expert * E));
+    must(cuda_status(cudaMemset(pool.get(), 0x3B, pool.bytes()), "cudaMemset(experts)"));  // finite codes and scales
+  }
+  std::vector<const uint8_t*> p1(E), q1(E), p3(E), q3(E), p2(E), q2(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const uint8_t* b = pool.get() + e * per_expert;
+    p1[e] = b;
+    q1[e] = b + w13;
+    p3[e] = b + w13 + s13;
+    q3[e] = p3[e] + w13;
+    p2[e] = q3[e] + s13;
+    q2[e] = p2[e] + w2;
+  }
+  auto t1 = must(DeviceBuffer<const uint8_t*>::from_host(p1)), u1 = must(DeviceBuffer<const uint8_t*>::from_host(q1));
+  auto t3 = must(DeviceBuffer<const uint8_t*>::from_host(p3)), u3 = must(DeviceBuffer<const uint8_t*>::from_host(q3));
+  auto t2 = must(DeviceBuffer<const uint8_t*>::from_host(p2)), u2 = must(DeviceBuffer<const uint8_t*>::from_host(q2));
+  const int64_t P = n * K;
+  std::mt19937 rng(static_cast<uint32_t>(n));
+  std::vector<int32_t> routing(kSteps * P);
+  std::vector<int64_t> distinct(kSteps);
+  for (int c = 0; c < kSteps; ++c) {
+    std::vector<int32_t> used;
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int32_t> sel;
+      while (static_cast<int64_t>(sel.size()) < K) {
+        const auto e = static_cast<int32_t>(rng() % E);
+        if (std::find(sel.begin(), sel.end(), e) == sel.end()) sel.push_back(e);
+      }
+      for (int64_t k = 0; k < K; ++k) routing[c * P + t * K + k] = sel[k];
+      used.insert(used.end(), sel.begin(), sel.end());
+    }
+    std::sort(used.begin(), used.end());
+    distinct[c] = std::unique(used.begin(), used.end()) - used.begin();
+  }
+  double mean_distinct = 0;
+  for (int64_t v : distinct) mean_distinct += static_cast<double>(v) / kSteps;
+  auto experts = must(DeviceBuffer<int32_t>::from_host(routing));
+  auto x = random_floats(n * d, 31, 1.0f);
+  auto xc = must(DeviceBuffer<uint16_t>::allocate(n * d));
+  auto xs = must(DeviceBuffer<float>::allocate(n * d / 32));
+  must(quantize_act_fp8(x.get(), n, d, xc.get(), xs.get(), stream));
+  auto g = must(DeviceBuffer<float>::allocate(P * inter)), u = must(DeviceBuffer<float>::allocate(P * inter));
+  auto hcodes = must(DeviceBuffer<uint16_t>::allocate(P * inter));
+  auto hscales = must(DeviceBuffer<float>::allocate(P * inter / 32));
+  auto out = must(DeviceBuffer<float>::allocate(P * d));
+  auto weights = random_floats(P, 32, 0.3f);
+  auto items13 = must(DeviceBuffer<DeviceGemvItem>::allocate(kSteps * 2 * P));
+  auto items2 = must(DeviceBuffer<DeviceGemvItem>::allocate(kSteps * P));
+  auto counts = must(DeviceBuffer<int32_t>::allocate(kSteps * 2));
+  auto dispatch = [&](int c) {
+    MoeDispatchArgs a;
+    a.experts = experts.get() + c * P;
+    a.n = n;
+    a.topk = K;
+    a.n_experts = E;
+    a.n_tables = 2;
+    a.tables[0] = MoeItemTable{2, {{t1.get(), u1.get()}, {t3.get(), u3.get()}}, {g.get(), u.get()}, xc.get(), xs.get(),
+                               false, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P};
+    a.tables[1] = MoeItemTable{1, {{t2.get(), u2.get()}, {}}, {out.get(), nullptr}, hcodes.get(), hscales.get(), true,
+                               items2.get() + c * P, counts.get() + 2 * c + 1, P};
+    must(moe_build_items(a, stream));
+  };
+  for (int c = 0; c < kSteps; ++c) dispatch(c);
+  must(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  const QuantWeightView shape13{QuantWeightFormat::MXFP4, inter, d, nullptr, nullptr, 32, 32};
+  const QuantWeightView shape2{QuantWeightFormat::MXFP4, d, inter, nullptr, nullptr, 32, 32};
+  const double act13 = static_cast<double>(n * d) * (2.0 + 4.0 / 32.0), act2 = static_cast<double>(P * inter) * (2.0 + 4.0 / 32.0);
+  const double bytes13 = mean_distinct * 2 * (w13 + s13) + act13 + 4.0 * 2 * P * inter;
+  const double bytes2 = mean_distinct * (w2 + s2) + act2 + 4.0 * P * d;
+  const std::string shape = "top6/384 n=" + std::to_string(n) + " (" + std::to_string(static_cast<int>(mean_distinct + 0.5)) +
+                            " experts)";
+  for (const Mxfp4Layout packed : {Mxfp4Layout::Plain, Mxfp4Layout::Packed, Mxfp4Layout::PackedBalanced}) {
+    const std::string tag = packed == Mxfp4Layout::Plain ? "" : packed == Mxfp4Layout::Packed ? "_packed" : "_packbal";
+    double us = time_graph_us(stream, kSteps, [&](int c) {
+      must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream));
+    });
+    rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
+    us = time_graph_us(stream, kSteps, [&](int c) {
+      must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream));
+    });
+    rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
+    // The routed path of one layer: dispatch + w1/w3 + SwiGLU/quant + w2 (4 graph nodes).
+    us = time_graph_us(stream, kSteps, [&](int c) {
+      dispatch(c);
+      must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream));
+      must(swiglu(SwigluArgs{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()}, stream));
+      must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream));
+    });
+    rows.push_back(make_row("moe_routed_path" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
+  }
+}
+
+// Router (logits + select) on the V4.1 gate, Engram gather (device and host-mapped table), the Engram
+// update, the final head and the samplers: the small per-layer / per-step kernels and their latency.
+void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  constexpr int64_t d = 5120, E = 384, K = 6;
+  {  // router
+    const size_t gate_bytes = E * d * 2;
+    const int copies = static_cast<int>(kRotateBytes / gate_bytes + 1);
+    auto gate = random_bytes(gate_bytes * copies, 41, 0x30, 16);  // small bf16 values
+    auto bias = random_floats(E, 42, 0.1f);
+    for (int64_t n : {1, 8, 64}) {
+      auto x = random_floats(n * d, 43, 1.0f);
+      auto logits = must(DeviceBuffer<float>::allocate(n * E));
+      auto ex = must(DeviceBuffer<int32_t>::allocate(n * K));
+      auto wt = must(DeviceBuffer<float>::allocate(n * K));
+      const double us = time_graph_us(stream, copies, [&](int c) {
+        RouterArgs a;
+        a.n = n;
+        a.d = d;
+        a.n_experts = E;
+        a.topk = K;
+        a.x = x.get();
+        a.gate = reinterpret_cast<const uint16_t*>(gate.get() + c * gate_bytes);
+        a.bias = bias.get();
+        a.route_scale = 1.5f;
+        a.logits = logits.get();
+        a.experts = ex.get();
+        a.weights = wt.get();
+        must(moe_route(a, stream));
+      });
+      rows.push_back(make_row("moe_route", "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
+    }
+  }
+  {  // Engram gather: 24 rows of 256 + 8 bytes per token from a 2 GiB table (device) or host-mapped
+    constexpr int64_t cols = 24, hd = 256, table_rows = int64_t{1} << 23;  // 8 Mi rows
+    auto table = must(DeviceBuffer<uint8_t>::allocate(table_rows * hd));
+    auto tscale = must(DeviceBuffer<uint8_t>::allocate(table_rows * hd / 32));
+    must(cuda_status(cudaMemset(table.get(), 0x30, table.bytes()), "cudaMemset(table)"));
+    must(cuda_status(cudaMemset(tscale.get(), 118, tscale.bytes()), "cudaMemset(table scales)"));
+    constexpr int64_t host_rows = int64_t{1} << 20;  // 256 MiB pinned
+    uint8_t* host = nullptr;
+    uint8_t* host_scale = nullptr;
+    must(cuda_status(cudaHostAlloc(reinterpret_cast<void**>(&host), host_rows * hd, cudaHostAllocMapped), "cudaHostAlloc"));
+    must(cuda_status(cudaHostAlloc(reinterpret_cast<void**>(&host_scale), host_rows * hd / 32, cudaHostAllocMapped),
+                     "cudaHostAlloc"));
+    std::memset(host, 0x30, host_rows * hd);
+    std::memset(host_scale, 118, host_rows * hd / 32);
+    uint8_t* host_dev = nullptr;
+    uint8_t* host_scale_dev = nullptr;
+    must(cuda_status(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0), "cudaHostGetDevicePointer"));
+    must(cuda_status(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_scale_dev), host_scale, 0),
+                     "cudaHostGetDevicePointer"));
+    constexpr int kSteps = 16;
+    for (int64_t n : {1, 64}) {
+      for (const bool mapped : {false, true}) {
+        const int64_t nrows = mapped ? host_rows : table_rows;
+        std::mt19937_64 rng(51);
+        std::vector<int64_t> r(kSteps * n * cols);
+        for (auto& v : r) v = static_cast<int64_t>(rng() % nrows);
+        auto drows = must(DeviceBuffer<int64_t>::from_host(r));
+        auto codes = must(DeviceBuffer<uint16_t>::allocate(n * cols * hd));
+        auto scales = must(DeviceBuffer<float>::allocate(n * cols * hd / 32));
+        const double us = time_graph_us(stream, kSteps, [&](int c) {
+          EngramGatherArgs a;
+          a.n = n;
+          a.cols = cols;
+          a.head_dim = hd;
+          a.rows = drows.get() + c * n * cols;
+          a.table_rows = nrows;
+          a.table = mapped ? host_dev : table.get();
+          a.table_scale = mapped ? host_scale_dev : tscale.get();
+          a.codes = codes.get();
+          a.scales = scales.get();
+          must(engram_gather_quant(a, stream));
+        });
+        const double bytes = static_cast<double>(n * cols) * (hd + hd / 32) + n * cols * hd * (2.0 + 4.0 / 32);
+        rows.push_back(make_row(mapped ? "engram_gather_hostmap" : "engram_gather", "24 rows x 256 fp8", n, us, bytes,
+                                copy_gbps));
+      }
+    }
+    cudaFreeHost(host);
+    cudaFreeHost(host_scale);
+  }
+  {  // Engram wkv (the largest GEMV of the model: 25600×6144 FP8, 157 MB) and the gated update
+    const GemvShape wkv{"engram_wkv", QuantWeightFormat::FP8Block, 25600, 6144};
+    bench_gemv(wkv, {1}, copy_gbps, stream, rows);
+    for (int64_t n : {1, 8}) {
+      auto X = random_floats(n * 4 * d, 61, 1.0f);
+      auto kv = random_floats(n * 5 * d, 62, 1.0f);
+      auto qk = random_floats(4 * d, 63, 1.0f);
+      const double us = time_graph_us(stream, 8, [&](int) {
+        EngramUpdateArgs a;
+        a.n = n;
+        a.hc = 4;
+        a.d = d;
+        a.X = X.get();
+        a.kv = kv.get();
+        a.qk = qk.get();
+        must(engram_update(a, stream));
+      });
+      rows.push_back(make_row("engram_update", "4x5120", n, us, 4.0 * (2.0 * n * 4 * d + n * 5 * d + 4 * d), copy_gbps));
+    }
+  }
+  {  // final collapse + RMSNorm + fp32 head (129280×5120 bf16, 1.3 GB: HBM every call)
+    constexpr int64_t vocab = 129280;
+    auto head = must(DeviceBuffer<uint16_t>::allocate(vocab * d));
+    must(cuda_status(cudaMemset(head.get(), 0x3C, head.bytes()), "cudaMemset(head)"));
+    auto normw = random_floats(d, 71, 1.0f);
+    const SplitKSize split = gemv_bf16_splitk_size(vocab, d);
+    auto part = must(DeviceBuffer<float>::allocate(split.partial_floats));
+    auto cnt = must(DeviceBuffer<unsigned>::allocate(split.counters));
+    must(cnt.zero());
+    for (int64_t n : {1, 8}) {
+      auto X = random_floats(n * 4 * d, 72, 1.0f);
+      auto pre = random_floats(n * 4, 73, 0.5f);
+      auto x = must(DeviceBuffer<float>::allocate(n * d));
+      auto logits = must(DeviceBuffer<float>::allocate(n * vocab));
+      auto tok = must(DeviceBuffer<int32_t>::allocate(n));
+      const double us = time_graph_us(stream, 1, [&](int) {
+        FinalHeadArgs a;
+        a.n = n;
+        a.d = d;
+        a.vocab = vocab;
+        a.X = X.get();
+        a.pre = pre.get();
+        a.norm_weight = normw.get();
+        a.head = head.get();
+        a.x = x.get();
+        a.logits = logits.get();
+        a.splitk = SplitKWorkspace{part.get(), cnt.get(), split.partial_floats, split.counters};
+        must(final_head(a, stream));
+      });
+      rows.push_back(make_row("final_head", "129280x5120 bf16", n, us, 2.0 * vocab * d + 4.0 * n * (vocab + 5 * d), copy_gbps));
+      const double us2 = time_graph_us(stream, 4, [&](int) { must(argmax_rows(logits.get(), n, vocab, tok.get(), stream)); });
+      rows.push_back(make_row("argmax", "129280", n, us2, 4.0 * n * vocab, copy_gbps));
+    }
+  }
+  {  // sampler: temperature only, top-k 50, top-p 0.9 (the radix passes), batch 1 and 64
+    constexpr int64_t vocab = 129280;
+    for (int64_t n : {1, 64}) {
+      auto logits = random_floats(n * vocab, 81, 2.5f);
+      auto ws = must(DeviceBuffer<double>::allocate(2 * n * vocab));
+      auto tok = must(DeviceBuffer<int32_t>::allocate(n));
+      auto rng = must(DeviceBuffer<Pcg32State>::from_host(std::vector<Pcg32State>(n, pcg32_seeded(1, kSamplerRngStream))));
+      auto bias = must(DeviceBuffer<LogitBiasEntry>::allocate(1));
+      auto pen = must(DeviceBuffer<PenaltyEntry>::allocate(1));
+      struct Variant {
+        const char* name;
+        double temperature, top_p;
+        int64_t top_k;
+      };
+      for (const Variant& v : {Variant{"sample_T0.8", 0.8, 1.0, 0}, Variant{"sample_topk50", 1.0, 1.0, 50},
+                               Variant{"sample_topp0.9", 0.7, 0.9, 0}}) {
+        std::vector<SamplingRowParams> p(n);
+        for (auto& q : p) {
+          q.temperature = v.temperature;
+          q.top_p = v.top_p;
+          q.top_k = v.top_k;
+        }
+        auto dp = must(DeviceBuffer<SamplingRowParams>::from_host(p));
+        const double us = time_graph_us(stream, 4, [&](int) {
+          must(sample_rows(SampleArgs{n, vocab, logits.get(), dp.get(), bias.get(), pen.get(), rng.get(), ws.get(), tok.get()},
+                           stream));
+        });
+        rows.push_back(make_row(v.name, "129280", n, us, 4.0 * n * vocab, copy_gbps));
+      }
+    }
+  }
 }
 
 int run(int argc, char** argv) {
@@ -286,12 +652,33 @@ int run(int argc, char** argv) {
   }
   for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows);
   bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows);
+  // cuda-ffn: the cluster mHC, the packed MXFP4 expert layout, the device-routed experts and the rest.
+  for (int64_t n : {1, 4, 8, 20}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, true);
+  bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, true);
+  for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, true, true);  // back-to-back, PDL
+  bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows);
+  bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows);
+  for (int64_t n : {1, 4}) {
+    bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows);
+    bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows);
+  }
+  bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows);
+  for (int64_t n : {1, 4}) {
+    bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows, true);
+    bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, true);
+  }
+  bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, true);
+  {
+    DeviceBuffer<uint8_t> expert_pool;
+    for (int64_t n : {1, 8, 64}) bench_moe_items(n, expert_pool, copy_gbps, stream->get(), rows);
+  }
+  bench_ffn_small(copy_gbps, stream->get(), rows);
 
-  std::printf("%-18s %-24s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
+  std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
               "%copy-floor");
   for (const auto& r : rows) {
     const double net = r.us > floor_us ? r.bytes / ((r.us - floor_us) * 1e-6) / 1e9 : 0.0;
-    std::printf("%-18s %-24s %3lld %10.2f %12.0f %8.0f %6.1f%% %11.1f%%\n", r.kernel.c_str(), r.shape.c_str(),
+    std::printf("%-24s %-30s %3lld %10.2f %12.0f %8.0f %6.1f%% %11.1f%%\n", r.kernel.c_str(), r.shape.c_str(),
                 static_cast<long long>(r.n), r.us, r.bytes, r.gbps, r.pct_copy, 100.0 * net / copy_gbps);
   }
   if (!json_path.empty()) {

@@ -22,25 +22,16 @@
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace cedar::cuda {
 namespace {
 
-constexpr int kQuantThreads = 256;
-constexpr int kGemvWarps = 8;       // warps per block, splitting K
-constexpr int kRowsPerBlock = 16;   // the MMA's M
-constexpr int kTokensPerTile = 8;   // the MMA's N
-// Consecutive K blocks in flight per warp, and blocks per SM the register budget must allow. The
-// kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
-// FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 4 K blocks in flight, 80 registers
-// without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 122 registers (ptxas -v; MXFP4 at 3
-// blocks/SM spills).
-template <bool kFp4>
-constexpr int kUnroll = kFp4 ? 8 : 4;
-template <bool kFp4>
-constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
+using namespace gemv_detail;
 
+constexpr int kQuantThreads = 256;
 // One warp per 32-value block: warp max of |x|, UE8M0 scale, e4m3 codes (cvt.rn.satfinite), stored
 // as their exact f16 values (the GEMV's MMA operand).
 __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const float* x, int64_t n_blocks,
@@ -57,16 +48,6 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const f
   if (lane == 0) scales[blk] = s;
 }
 
-constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
-
-struct GemvOperands {
-  const uint8_t* w;
-  const uint8_t* w_scales;
-  const uint16_t* act;     // [n_tile, in] e4m3 codes as f16
-  const float* act_scales;  // [n_tile, in/32]
-  float* y;                 // [n_tile, out]
-};
-
 struct GemvParams {
   GemvOperands ops[kMaxGroup];
   int64_t out, in;
@@ -79,26 +60,6 @@ struct GemvParams {
   float* split_partials;          // [group][ksplit][8][out]
   unsigned* split_counters;       // [group][row tiles], zero between launches
 };
-
-// d += A·B, m16n8k16, f16 × f16 → f32 (native HMMA on sm_80+; products of e4m3 values are exact).
-__device__ __forceinline__ void mma_f16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two e4m3 bytes (low 16 bits) → f16x2 (low byte → low half), exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
-// 4 packed e2m1 codes (one per byte, low nibble) → 4 e4m3 bytes of value e2m1 · 2^-6.
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
-  return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);
-}
 
 struct ChunkPointers {
   const uint8_t* w_lo;   // row g, this thread's bytes of K block 0
@@ -248,6 +209,70 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   if (writer) op.y[tok * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
 }
 
+// gemv_quantized_kernel over a device item table (DeviceGemvItem): the same tile computation (same K
+// runs per warp, same summation order; no split-K), with gathered activation rows and scattered output
+// rows. Blocks loop over the (item, row tile) units of the live items, so the grid (sized from the
+// capacity) never depends on the device-side count.
+struct GemvItemsParams {
+  const DeviceGemvItem* items;
+  const int32_t* count;
+  int64_t capacity;
+  int64_t out, in;
+  int64_t block_out, scale_cols;
+  int kb_shift;
+  int64_t tiles;  // row tiles per matrix
+  bool bf16_output;
+};
+
+template <bool kFp4>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_items_kernel(GemvItemsParams p) {
+  constexpr int kU = kUnroll<kFp4>;
+  __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int tok0 = 2 * t, tok1 = 2 * t + 1;
+  const int n_kb = static_cast<int>(p.in / 32);
+  const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
+  int64_t count = *p.count;
+  count = count < 0 ? 0 : (count > p.capacity ? p.capacity : count);
+  const int64_t units = count * p.tiles;
+  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const DeviceGemvItem* it = p.items + unit / p.tiles;
+    const int64_t row0 = (unit % p.tiles) * kRowsPerBlock;
+    const int n = min(max(it->n, 0), kTokensPerTile);
+    const uint8_t* w = it->data;
+    const uint8_t* ws = it->scales;
+    const int64_t r_lo = row0 + g < p.out ? row0 + g : 0;
+    const int64_t r_hi = row0 + g + 8 < p.out ? row0 + g + 8 : 0;
+    const uint8_t* s_lo = ws + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
+    const uint8_t* s_hi = kFp4 ? ws + r_hi * n_kb : s_lo;
+    const uint16_t* a_row = it->act_codes + static_cast<int64_t>(it->act_row[g < n ? g : 0]) * p.in + t * 8;
+    const float* as0 = it->act_scales + static_cast<int64_t>(it->act_row[tok0 < n ? tok0 : 0]) * n_kb;
+    const float* as1 = it->act_scales + static_cast<int64_t>(it->act_row[tok1 < n ? tok1 : 0]) * n_kb;
+    ChunkPointers cp{w + r_lo * w_stride + t * (kFp4 ? 4 : 8), w + r_hi * w_stride + t * (kFp4 ? 4 : 8), s_lo, s_hi,
+                     a_row, as0, as1};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int kb0 = warp * kU; kb0 < n_kb; kb0 += kGemvWarps * kU) {
+      if (kb0 + kU <= n_kb) gemv_chunk<kFp4, true>(cp, kb0, 0, n_kb, p.kb_shift, acc);
+      else gemv_chunk<kFp4, false>(cp, kb0, 0, n_kb, p.kb_shift, acc);
+    }
+    partial[warp][g][tok0] = acc[0];
+    partial[warp][g][tok1] = acc[1];
+    partial[warp][g + 8][tok0] = acc[2];
+    partial[warp][g + 8][tok1] = acc[3];
+    __syncthreads();
+    if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
+      const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
+      float sum = 0.0f;
+#pragma unroll
+      for (int ww = 0; ww < kGemvWarps; ++ww) sum += partial[ww][row][tok];
+      if (tok < n && row0 + row < p.out)
+        it->y[static_cast<int64_t>(it->y_row[tok]) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
+    }
+    __syncthreads();  // `partial` is reused by the next unit
+  }
+}
+
 Status check_weight(const QuantWeightView& w) {
   if (w.out <= 0 || w.in <= 0 || w.data == nullptr || w.scales == nullptr)
     return make_error("cuda::gemv_quantized: empty weight (out=" + std::to_string(w.out) + ", in=" +
@@ -352,6 +377,40 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
   return Status::Ok();
 }
 
+Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
+                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream) {
+  if (layout != Mxfp4Layout::Plain)
+    return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
+                                   layout == Mxfp4Layout::PackedBalanced);
+  QuantWeightView w = shape;
+  w.data = w.scales = reinterpret_cast<const uint8_t*>(&shape);  // per-item pointers live on the device
+  CEDAR_RETURN_IF_ERROR(check_weight(w));
+  if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
+    return make_error("cuda::gemv_quantized_items: items, count and a capacity in [1, 2^24] are required (capacity " +
+                      std::to_string(capacity) + ")");
+  GemvItemsParams p{};
+  p.items = items;
+  p.count = count;
+  p.capacity = capacity;
+  p.out = shape.out;
+  p.in = shape.in;
+  p.block_out = shape.block_out;
+  p.scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
+  p.kb_shift = 0;
+  while ((int64_t{32} << p.kb_shift) < shape.block_in) ++p.kb_shift;
+  p.tiles = (shape.out + kRowsPerBlock - 1) / kRowsPerBlock;
+  p.bf16_output = bf16_output;
+  const bool fp4 = shape.format == QuantWeightFormat::MXFP4;
+  const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
+  if (fp4) {
+    gemv_items_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+    return launch_status("gemv_items_kernel<MXFP4>");
+  }
+  gemv_items_kernel<false><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+  return launch_status("gemv_items_kernel<FP8Block>");
+}
+
 Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
                       float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
@@ -372,5 +431,7 @@ Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, con
 const void* quantize_act_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&quantize_act_fp8_kernel); }
 const void* gemv_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<false>); }
 const void* gemv_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<true>); }
+const void* gemv_items_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_items_kernel<false>); }
+const void* gemv_items_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_items_kernel<true>); }
 
 }  // namespace cedar::cuda

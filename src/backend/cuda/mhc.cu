@@ -7,8 +7,13 @@
 // last block to finish (atomic ticket, threadfence-reduction pattern) sums the slots in block order —
 // deterministic — and runs the Sinkhorn: one warp per two tokens, lane = entry (j, k) of the 4×4
 // matrix, sums gathered in index order to round as the CPU oracle does.
+#include <cooperative_groups.h>
+
+#include <string>
+
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/kernels.h"
 
 namespace cedar::cuda {
@@ -177,6 +182,236 @@ __global__ void __launch_bounds__(kThreads) mhc_fused_kernel(MhcKernelArgs args)
   if (threadIdx.x == 0) *args.counter = 0;  // ready for the next launch / graph replay
 }
 
+
+// ---- cluster variant (mhc_fused_cluster) ---------------------------------------------------------
+// One cluster of 16 blocks per tile of <= 8 tokens, block r owning a contiguous channel range of all
+// 4 streams. Thread 0 streams the block's fn slice (24 rows × 4 streams × its channels, contiguous
+// runs) into shared memory with TMA bulk copies on one mbarrier while the block expands / collapses X;
+// the per-token 25 partial sums are reduced in the block (butterfly + warps in order), exchanged
+// through distributed shared memory after one cluster barrier (block t sums token t's 16 partials in
+// rank order: deterministic), and the Sinkhorn of token t runs in one thread of block t.
+
+constexpr int kClusterBlocks = 16;
+constexpr int kClThreads = 256;
+constexpr int kClWarps = kClThreads / 32;
+
+struct MhcClusterArgs {
+  MhcFusedArgs a;
+  int64_t chunks_per_block;  // 32-channel chunks per block (the last blocks may own fewer)
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned phase) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(phase)
+      : "memory");
+}
+
+// Coefficients of one token by one thread: the CPU's op order (mhc.cpp hc_mix) with the Sinkhorn
+// normalizations as multiplications by a correctly rounded reciprocal (16 independent divisions per
+// half-step would dominate a single thread; the reciprocal differs from a division by <= 1 ulp, and
+// each normalization contracts the error).
+__device__ void finish_token_serial(const MhcFusedArgs& a, int64_t tok, const float* m_raw) {
+  const float width = static_cast<float>(kHc * a.d);
+  const float rstd = 1.0f / sqrtf(m_raw[kMix] / width + a.norm_eps);
+  const float eps = a.hc_eps;
+  float* out = a.mix_out + tok * kMix;
+  for (int k = 0; k < kHc; ++k) {
+    out[k] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m_raw[k], rstd), a.scale[0]), a.base[k])), eps);
+    out[kHc + k] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m_raw[kHc + k], rstd), a.scale[1]), a.base[kHc + k]));
+  }
+  float c[kHc][kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      const int idx = 2 * kHc + j * kHc + k;
+      c[j][k] = __fadd_rn(__fmul_rn(__fmul_rn(m_raw[idx], rstd), a.scale[2]), a.base[idx]);
+    }
+    const float mx = fmaxf(fmaxf(fmaxf(c[j][0], c[j][1]), c[j][2]), c[j][3]);
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) c[j][k] = expf(c[j][k] - mx);
+    const float sum = __fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]);
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) c[j][k] = __fadd_rn(c[j][k] / sum, eps);
+  }
+  auto columns = [&] {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps));
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) c[j][k] = __fmul_rn(c[j][k], r);
+    }
+  };
+  auto rows = [&] {
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) {
+      const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]), eps));
+#pragma unroll
+      for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r);
+    }
+  };
+  columns();
+  for (int64_t it = 1; it < a.sinkhorn_iters; ++it) {
+    rows();
+    columns();
+  }
+#pragma unroll
+  for (int j = 0; j < kHc; ++j)
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
+}
+
+__global__ void __launch_bounds__(kClThreads, 1) mhc_cluster_kernel(MhcClusterArgs args) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const MhcFusedArgs& a = args.a;
+  extern __shared__ __align__(128) float dyn[];
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float part[kMaxTokens][kSlot];  // this block's partial sums per token (read remotely)
+  __shared__ float red[kClWarps][kSlot];
+  __shared__ float m_tok[kSlot];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t tile = blockIdx.x / kClusterBlocks;
+  const int64_t d = a.d, width = kHc * d, n_chunks = d / kChannels;
+  const int64_t cb = rank * args.chunks_per_block;
+  const int64_t ce = cb + args.chunks_per_block < n_chunks ? cb + args.chunks_per_block : n_chunks;
+  const int64_t ncl = ce > cb ? (ce - cb) * kChannels : 0;  // channels of this block
+  const int64_t stride = args.chunks_per_block * kChannels;  // floats per (row, stream) in shared memory
+  const int64_t c_begin = cb * kChannels;
+  float* fs = dyn;                          // [kMix][kHc][stride]
+  float* xn = dyn + kMix * kHc * stride;    // [kMaxTokens][kHc][stride]
+  const int64_t t0 = tile * kMaxTokens;
+  const int nt = static_cast<int>(a.n - t0 < kMaxTokens ? a.n - t0 : kMaxTokens);
+
+  if (tid == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (tid == 0 && ncl > 0) {
+    const unsigned bytes = static_cast<unsigned>(ncl * sizeof(float));
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&bar)),
+                 "r"(bytes * kMix * kHc)
+                 : "memory");
+    for (int i = 0; i < kMix; ++i)
+      for (int k = 0; k < kHc; ++k)
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                smem_u32(fs + (i * kHc + k) * stride)),
+            "l"(a.fn + i * width + k * d + c_begin), "r"(bytes), "r"(smem_u32(&bar))
+            : "memory");
+  }
+  // Programmatic dependent launch: everything above touches only fn (a weight); X, y and the
+  // coefficients come from the previous kernel. A no-op unless launched with programmatic serialization.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // Expand + collapse while fn streams in: a thread owns one channel of one token (all 4 streams), so
+  // X_out may alias X. Same expressions as mhc_fused_kernel (bit-exact with model/mhc.h).
+  for (int64_t idx = tid; idx < nt * ncl; idx += kClThreads) {
+    const int t = static_cast<int>(idx / ncl);
+    const int64_t cl = idx % ncl, c = c_begin + cl, tok = t0 + t;
+    float x[kHc], v[kHc];
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) x[k] = a.X[tok * width + k * d + c];
+    if (a.y) {
+      const float* cmb = a.comb + tok * kHc * kHc;
+#pragma unroll
+      for (int k = 0; k < kHc; ++k) {
+        float mixed = __fmul_rn(cmb[k], x[0]);
+        for (int jj = 1; jj < kHc; ++jj) mixed = __fadd_rn(mixed, __fmul_rn(cmb[jj * kHc + k], x[jj]));
+        v[k] = detail::round_bf16(__fadd_rn(__fmul_rn(a.post[tok * kHc + k], a.y[tok * d + c]), mixed));
+      }
+#pragma unroll
+      for (int k = 0; k < kHc; ++k) a.X_out[tok * width + k * d + c] = v[k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < kHc; ++k) v[k] = x[k];
+    }
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) xn[(t * kHc + k) * stride + cl] = v[k];
+    if (a.collapse_w) {
+      const float* w = a.collapse_w + tok * kHc;
+      float acc = __fmul_rn(w[0], v[0]);
+      for (int kk = 1; kk < kHc; ++kk) acc = __fadd_rn(acc, __fmul_rn(w[kk], v[kk]));
+      a.collapsed[tok * d + c] = detail::round_bf16(acc);
+    }
+  }
+  if (ncl > 0) mbar_wait(&bar, 0);
+  __syncthreads();
+  // Per token: 24 dot products with fn + the sum of squares over this block's 4·ncl values (a thread
+  // sums its values in order), butterfly reduce-scatter per warp, then the warps in order.
+  for (int t = 0; t < nt; ++t) {
+    float acc[kSlot];
+#pragma unroll
+    for (int i = 0; i < kSlot; ++i) acc[i] = 0.0f;
+    for (int64_t q = tid; q < kHc * ncl; q += kClThreads) {
+      const int64_t k = q / ncl, cl = q % ncl;
+      const float x = xn[(t * kHc + k) * stride + cl];
+#pragma unroll
+      for (int i = 0; i < kMix; ++i) acc[i] = fmaf(fs[(i * kHc + k) * stride + cl], x, acc[i]);
+      acc[kMix] = fmaf(x, x, acc[kMix]);
+    }
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = i < kSlot ? acc[i] : 0.0f;
+#pragma unroll
+    for (int half = 16; half >= 1; half >>= 1) {
+      const bool upper = (lane & half) != 0;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float keep = upper ? v[i + half] : v[i];
+        const float send = upper ? v[i] : v[i + half];
+        v[i] = keep + __shfl_xor_sync(detail::kFullMask, send, half);
+      }
+    }
+    if (lane < kSlot) red[warp][lane] = v[0];
+    __syncthreads();
+    if (tid < kSlot) {
+      float s = 0.0f;
+      for (int w = 0; w < kClWarps; ++w) s += red[w][tid];
+      part[t][tid] = s;
+    }
+    __syncthreads();
+  }
+  cluster.sync();  // every block's partials are visible cluster-wide
+  if (rank < nt) {
+    if (tid < kSlot) {
+      float s = 0.0f;
+      for (int r = 0; r < kClusterBlocks; ++r) s += cluster.map_shared_rank(&part[rank][0], r)[tid];
+      m_tok[tid] = s;
+    }
+    __syncthreads();
+    if (tid == 0) finish_token_serial(a, t0 + rank, m_tok);
+  }
+  cluster.sync();  // no block leaves while its partials may still be read
+}
+
+size_t mhc_cluster_smem(int64_t d, int64_t* chunks_per_block) {
+  const int64_t n_chunks = d / kChannels;
+  *chunks_per_block = (n_chunks + kClusterBlocks - 1) / kClusterBlocks;
+  return static_cast<size_t>((kMix + kMaxTokens) * kHc * *chunks_per_block * kChannels) * sizeof(float);
+}
+
+Status check_mhc_args(const MhcFusedArgs& a, const char* who) {
+  if (a.hc != kHc) return make_error(std::string(who) + ": hc=" + std::to_string(a.hc) + " (the kernel is built for 4)");
+  if (a.d <= 0 || a.d % kChannels != 0 || a.d / kChannels > 0x7FFFFFFF)
+    return make_error(std::string(who) + ": d=" + std::to_string(a.d) + " must be a positive multiple of 32");
+  if (a.n < 0 || a.sinkhorn_iters < 1)
+    return make_error(std::string(who) + ": n=" + std::to_string(a.n) + ", sinkhorn_iters=" + std::to_string(a.sinkhorn_iters));
+  if (a.y && (!a.post || !a.comb || !a.X_out))
+    return make_error(std::string(who) + ": expand (y given) needs post, comb and X_out");
+  if (a.collapse_w && !a.collapsed) return make_error(std::string(who) + ": collapse_w given without collapsed");
+  return Status::Ok();
+}
+
 }  // namespace
 
 int64_t mhc_workspace_floats(int64_t n, int64_t d) {
@@ -218,6 +453,75 @@ Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t str
   return Status::Ok();
 }
 
+Status mhc_cluster_supported(int64_t d) {
+  if (d <= 0 || d % kChannels != 0) return make_error("cuda::mhc_fused_cluster: d=" + std::to_string(d) + " must be a positive multiple of 32");
+  int64_t cpb = 0;
+  const size_t smem = mhc_cluster_smem(d, &cpb);
+  int dev = 0, optin = 0, cc_major = 0;
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (cc_major < 9) return make_error("cuda::mhc_fused_cluster: needs thread-block clusters (compute capability 9.0+)");
+  if (smem + 4096 > static_cast<size_t>(optin))
+    return make_error("cuda::mhc_fused_cluster: d=" + std::to_string(d) + " needs " + std::to_string(smem) +
+                      " bytes of shared memory per block, the device allows " + std::to_string(optin));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CEDAR_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kClusterBlocks);
+  cfg.blockDim = dim3(kClThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterBlocks;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, mhc_cluster_kernel, &cfg));
+  if (clusters < 1)
+    return make_error("cuda::mhc_fused_cluster: the device cannot co-schedule a cluster of " +
+                      std::to_string(kClusterBlocks) + " blocks with " + std::to_string(smem) + " bytes each");
+  return Status::Ok();
+}
+
+Status mhc_fused_cluster(const MhcFusedArgs& a, cudaStream_t stream, bool programmatic_launch) {
+  const char* who = "cuda::mhc_fused_cluster";
+  CEDAR_RETURN_IF_ERROR(check_mhc_args(a, who));
+  if (!a.X || !a.fn || !a.base || !a.scale || !a.mix_out)
+    return make_error(std::string(who) + ": X, fn, base, scale and mix_out are required");
+  if (reinterpret_cast<uintptr_t>(a.fn) % 16 != 0) return make_error(std::string(who) + ": fn must be 16-byte aligned");
+  if (a.n == 0) return Status::Ok();
+  const int64_t tiles = (a.n + kMaxTokens - 1) / kMaxTokens;
+  if (tiles * kClusterBlocks > 0x7FFFFFFF) return make_error(std::string(who) + ": n=" + std::to_string(a.n) + " too large");
+  int64_t cpb = 0;
+  const size_t smem = mhc_cluster_smem(a.d, &cpb);
+  // The attributes are per function: setting them again costs nothing and keeps the call self-contained.
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CEDAR_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles * kClusterBlocks));
+  cfg.blockDim = dim3(kClThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kClusterBlocks;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic_launch ? 2 : 1;
+  MhcClusterArgs args{a, cpb};
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, mhc_cluster_kernel, args));
+  return launch_status("mhc_cluster_kernel");
+}
+
 const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_fused_kernel); }
+const void* mhc_cluster_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_cluster_kernel); }
 
 }  // namespace cedar::cuda

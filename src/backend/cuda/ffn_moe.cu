@@ -1,0 +1,234 @@
+// MoE glue on the device: the grouped-GEMV item tables built from the router's expert ids, SwiGLU
+// (+ the W2 activation quantization), and the combine of the routed and shared expert outputs.
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/ffn_device.cuh"
+#include "backend/cuda/ffn_kernels.h"
+
+namespace cedar::cuda {
+namespace {
+
+constexpr int kDispatchThreads = 1024;
+constexpr int kSwigluThreads = 256;  // 8 warps = 8 blocks of 32 values
+constexpr int kCombineThreads = 256;
+constexpr int kMaxCombineTopk = 64;
+
+// Exclusive scan of v[0..count) in place (count <= 4 * blockDim.x), fixed order; returns the total.
+// All threads call it.
+__device__ int32_t block_exclusive_scan(int32_t* v, int64_t count, int32_t* warp_tot) {
+  constexpr int kPer = 4;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int32_t local[kPer];
+  int32_t sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t at = static_cast<int64_t>(tid) * kPer + i;
+    local[i] = at < count ? v[at] : 0;
+    sum += local[i];
+  }
+  // Inclusive warp scan of the per-thread sums, then the warp totals.
+  int32_t incl = sum;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int32_t up = __shfl_up_sync(detail::kFullMask, incl, o);
+    if (lane >= o) incl += up;
+  }
+  __syncthreads();
+  if (lane == 31) warp_tot[warp] = incl;
+  __syncthreads();
+  int32_t warp_base = 0, total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
+    if (w < warp) warp_base += warp_tot[w];
+    total += warp_tot[w];
+  }
+  int32_t run = warp_base + incl - sum;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t at = static_cast<int64_t>(tid) * kPer + i;
+    if (at < count) v[at] = run;
+    run += local[i];
+  }
+  __syncthreads();
+  return total;
+}
+
+// One block: pairs p = t·K + k grouped by expert (counts → offsets → each expert's thread lists its
+// pairs in order), then items of <= 8 pairs per expert, n_mats items per group, for each table.
+__global__ void __launch_bounds__(kDispatchThreads) moe_build_items_kernel(MoeDispatchArgs a) {
+  extern __shared__ int32_t sm[];
+  const int64_t P = a.n * a.topk, E = a.n_experts;
+  int32_t* pair_expert = sm;       // [P]
+  int32_t* num = pair_expert + P;  // [E] pairs per expert
+  int32_t* offset = num + E;       // [E] first position of expert e in `order`
+  int32_t* group = offset + E;     // [E] first item group of expert e
+  int32_t* order = group + E;      // [P] pairs sorted by (expert, pair)
+  __shared__ int32_t warp_tot[32];
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) pair_expert[p] = a.experts[p];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) num[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    const int32_t e = pair_expert[p];
+    if (e >= 0 && e < E) atomicAdd(num + e, 1);  // integer counts: order-independent
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    offset[e] = num[e];
+    group[e] = (num[e] + kGemvItemRows - 1) / kGemvItemRows;
+  }
+  __syncthreads();
+  block_exclusive_scan(offset, E, warp_tot);
+  const int32_t n_groups = block_exclusive_scan(group, E, warp_tot);
+  // Stable lists: the thread of expert e appends its pairs in pair order.
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    if (num[e] == 0) continue;
+    int32_t at = offset[e];
+    for (int64_t p = 0; p < P; ++p)
+      if (pair_expert[p] == e) order[at++] = static_cast<int32_t>(p);
+  }
+  __syncthreads();
+  for (int ti = 0; ti < a.n_tables; ++ti) {
+    const MoeItemTable& tb = a.tables[ti];
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+      const int32_t pairs = num[e];
+      for (int32_t g = 0; g * kGemvItemRows < pairs; ++g) {
+        const int32_t off = offset[e] + g * kGemvItemRows;
+        const int32_t rows = pairs - g * kGemvItemRows < kGemvItemRows ? pairs - g * kGemvItemRows : kGemvItemRows;
+        for (int m = 0; m < tb.n_mats; ++m) {
+          DeviceGemvItem it;
+          it.data = tb.mats[m].data[e];
+          it.scales = tb.mats[m].scales[e];
+          it.act_codes = tb.act_codes;
+          it.act_scales = tb.act_scales;
+          it.y = tb.y[m];
+          it.n = rows;
+          for (int j = 0; j < kGemvItemRows; ++j) {  // rows past `rows` repeat the first (never written)
+            const int32_t p = order[off + (j < rows ? j : 0)];
+            it.act_row[j] = tb.act_by_pair ? p : static_cast<int32_t>(p / a.topk);
+            it.y_row[j] = p;
+          }
+          tb.items[static_cast<int64_t>(group[e] + g) * tb.n_mats + m] = it;
+        }
+      }
+    }
+    if (threadIdx.x == 0) *tb.count = n_groups * tb.n_mats;
+  }
+}
+
+// One warp per 32-value block of h: SwiGLU with the CPU's rounding steps, then (optionally) the FP8
+// activation quantization of the block.
+__global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluArgs a, int64_t n_blocks) {
+  const int64_t blk = (static_cast<int64_t>(blockIdx.x) * kSwigluThreads + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (blk >= n_blocks) return;  // whole warps
+  const int64_t i = blk * 32 + lane;
+  const int64_t row = i / a.inter;
+  float gv = a.g[i], uv = a.u[i];
+  if (a.limit > 0.0f) {  // gate from above only, up on both sides; NaN passes through
+    gv = gv > a.limit ? a.limit : gv;
+    uv = uv > a.limit ? a.limit : (uv < -a.limit ? -a.limit : uv);
+  }
+  // silu(g)·u = g / (1 + exp(−g)) · u, each step one fp32 rounding as the CPU's expression.
+  float h = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, detail::expf_cr(-gv))), uv);
+  if (a.row_weights) h = __fmul_rn(a.row_weights[row], h);
+  h = detail::round_bf16(h);
+  if (a.h) a.h[i] = h;
+  if (a.codes) {
+    float s;
+    a.codes[i] = detail::quantize_act_value(h, detail::warp_max(fabsf(h)), &s);
+    if (lane == 0) a.scales[blk] = s;
+  }
+}
+
+// Block (token, channel slice): the token's slots sorted by (expert id, slot) once, then each channel
+// sums its routed rows in that order from 0.0f and adds the shared row, as moe_forward.
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(MoeCombineArgs a) {
+  __shared__ int32_t order[kMaxCombineTopk];
+  const int64_t t = blockIdx.y, K = a.topk, d = a.d;
+  if (threadIdx.x == 0) {
+    for (int64_t k = 0; k < K; ++k) order[k] = static_cast<int32_t>(k);
+    for (int64_t i = 1; i < K; ++i) {  // insertion sort: stable, so equal ids keep slot order
+      const int32_t cur = order[i];
+      const int32_t cur_e = a.experts[t * K + cur];
+      int64_t j = i - 1;
+      while (j >= 0 && a.experts[t * K + order[j]] > cur_e) {
+        order[j + 1] = order[j];
+        --j;
+      }
+      order[j + 1] = cur;
+    }
+  }
+  __syncthreads();
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x; c < d;
+       c += static_cast<int64_t>(gridDim.x) * kCombineThreads) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; ++k) acc = __fadd_rn(acc, a.routed[(t * K + order[k]) * d + c]);
+    a.y[t * d + c] = detail::round_bf16(a.shared ? __fadd_rn(acc, a.shared[t * d + c]) : acc);
+  }
+}
+
+}  // namespace
+
+Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream) {
+  auto fail = [](const std::string& m) { return make_error("cuda::moe_build_items: " + m); };
+  const int64_t P = a.n * a.topk;
+  if (a.n < 0 || a.topk <= 0 || P > kMoeMaxPairs)
+    return fail("n=" + std::to_string(a.n) + ", topk=" + std::to_string(a.topk) +
+                " (n·topk <= " + std::to_string(kMoeMaxPairs) + " per dispatch)");
+  if (a.n_experts <= 0 || a.n_experts > kMoeMaxExperts || a.n_experts > 4 * kDispatchThreads)
+    return fail("n_experts=" + std::to_string(a.n_experts) + " (1.." + std::to_string(kMoeMaxExperts) + ")");
+  if (!a.experts) return fail("experts is required");
+  if (a.n_tables < 1 || a.n_tables > 2) return fail("n_tables=" + std::to_string(a.n_tables) + " (1 or 2)");
+  for (int i = 0; i < a.n_tables; ++i) {
+    const MoeItemTable& t = a.tables[i];
+    const std::string which = "table " + std::to_string(i) + ": ";
+    if (t.n_mats < 1 || t.n_mats > 2) return fail(which + "n_mats=" + std::to_string(t.n_mats) + " (1 or 2)");
+    for (int m = 0; m < t.n_mats; ++m)
+      if (!t.mats[m].data || !t.mats[m].scales || !t.y[m])
+        return fail(which + "matrix " + std::to_string(m) + " needs weight pointer tables and an output");
+    if (!t.act_codes || !t.act_scales || !t.items || !t.count)
+      return fail(which + "activations, items and count are required");
+    if (t.capacity < P * t.n_mats)
+      return fail(which + "capacity " + std::to_string(t.capacity) +
+                  " < n·topk·n_mats = " + std::to_string(P * t.n_mats));
+  }
+  const size_t smem = static_cast<size_t>(2 * P + 3 * a.n_experts) * sizeof(int32_t);
+  if (smem > 48 * 1024) {
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_build_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(smem)));
+  }
+  moe_build_items_kernel<<<1, kDispatchThreads, smem, stream>>>(a);
+  return launch_status("moe_build_items_kernel");
+}
+
+Status swiglu(const SwigluArgs& a, cudaStream_t stream) {
+  if (a.rows < 0 || a.inter <= 0 || a.inter % 32 != 0)
+    return make_error("cuda::swiglu: rows=" + std::to_string(a.rows) + ", inter=" + std::to_string(a.inter) +
+                      " (inter must be a positive multiple of 32)");
+  if (!a.g || !a.u || (!a.h && !a.codes) || (a.codes && !a.scales))
+    return make_error("cuda::swiglu: g, u and an output (h, or codes with scales) are required");
+  const int64_t n_blocks = a.rows * a.inter / 32;
+  if (n_blocks == 0) return Status::Ok();
+  const int64_t grid = (n_blocks * 32 + kSwigluThreads - 1) / kSwigluThreads;
+  if (grid > 0x7FFFFFFF) return make_error("cuda::swiglu: too many rows (" + std::to_string(a.rows) + ")");
+  swiglu_kernel<<<static_cast<unsigned>(grid), kSwigluThreads, 0, stream>>>(a, n_blocks);
+  return launch_status("swiglu_kernel");
+}
+
+Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
+  if (a.n < 0 || a.n > 65535 || a.topk < 1 || a.topk > kMaxCombineTopk || a.d <= 0)
+    return make_error("cuda::moe_combine: n=" + std::to_string(a.n) + " (<= 65535), topk=" + std::to_string(a.topk) +
+                      " (1.." + std::to_string(kMaxCombineTopk) + "), d=" + std::to_string(a.d));
+  if (!a.experts || !a.routed || !a.y) return make_error("cuda::moe_combine: experts, routed and y are required");
+  if (a.n == 0) return Status::Ok();
+  const int64_t slices = (a.d + kCombineThreads * 4 - 1) / (kCombineThreads * 4);
+  moe_combine_kernel<<<dim3(static_cast<unsigned>(slices), static_cast<unsigned>(a.n)), kCombineThreads, 0, stream>>>(
+      a);
+  return launch_status("moe_combine_kernel");
+}
+
+const void* moe_build_items_kernel_ptr() { return reinterpret_cast<const void*>(&moe_build_items_kernel); }
+const void* swiglu_kernel_ptr() { return reinterpret_cast<const void*>(&swiglu_kernel); }
+const void* moe_combine_kernel_ptr() { return reinterpret_cast<const void*>(&moe_combine_kernel); }
+
+}  // namespace cedar::cuda

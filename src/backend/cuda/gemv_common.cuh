@@ -1,0 +1,78 @@
+// Pieces shared by the block-scaled GEMV kernels (gemv.cu: plain FP8 / MXFP4, gemv_packed.cu: the
+// repacked MXFP4 layout): tile shape, the f16 HMMA, and the exact e4m3 / e2m1 conversions.
+#pragma once
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/ffn_kernels.h"
+
+namespace cedar::cuda::gemv_detail {
+
+constexpr int kGemvWarps = 8;      // warps per block, splitting K
+constexpr int kRowsPerBlock = 16;  // the MMA's M
+constexpr int kTokensPerTile = 8;  // the MMA's N
+// Consecutive K blocks in flight per warp, and blocks per SM the register budget must allow. The
+// kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
+// FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 4 K blocks in flight, 80 registers
+// without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 122 registers (ptxas -v; MXFP4 at 3
+// blocks/SM spills).
+template <bool kFp4>
+constexpr int kUnroll = kFp4 ? 8 : 4;
+template <bool kFp4>
+constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
+
+constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
+
+struct GemvOperands {
+  const uint8_t* w;
+  const uint8_t* w_scales;
+  const uint16_t* act;      // [n_tile, in] e4m3 codes as f16
+  const float* act_scales;  // [n_tile, in/32]
+  float* y;                 // [n_tile, out]
+};
+
+// d += A·B, m16n8k16, f16 × f16 → f32 (native HMMA on sm_80+; products of e4m3 values are exact).
+__device__ __forceinline__ void mma_f16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 bytes (low 16 bits) → f16x2 (low byte → low half), exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// 4 packed e2m1 codes (one per byte, low nibble) → 4 e4m3 bytes of value e2m1 · 2^-6.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
+  return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);
+}
+
+// One 32-bit word of 8 e2m1 nibbles (values 0..7 of a thread's K slice, low nibble first) → the two
+// e4m3 words of values 0..3 and 4..7 in value order (each e2m1 · 2^-6, exact).
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t v, uint32_t& w0, uint32_t& w1) {
+  const uint32_t even = e2m1x4_to_e4m3x4(v & 0x0F0F0F0Fu), odd = e2m1x4_to_e4m3x4((v >> 4) & 0x0F0F0F0Fu);
+  w0 = __byte_perm(even, odd, 0x5140);  // values 0,1,2,3
+  w1 = __byte_perm(even, odd, 0x7362);  // values 4,5,6,7
+}
+
+// Multiprocessors of the current device (132 on an H200; 132 if the query fails): sizes persistent grids.
+inline int device_sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+    return 132;
+  return sms;
+}
+
+// gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu).
+Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced);
+
+}  // namespace cedar::cuda::gemv_detail
