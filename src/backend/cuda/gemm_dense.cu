@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
@@ -107,8 +108,12 @@ Status blas_status(cublasStatus_t s, const char* call) {
 }
 #define CEDAR_BLAS_RETURN_IF_ERROR(call) CEDAR_RETURN_IF_ERROR(blas_status((call), #call))
 
+// The library: $CEDAR_CUBLASLT if set (a path, e.g. the copy inside a PyTorch wheel), else the loader's
+// search path, then the toolkit's default location.
 Status load_api(BlasApi& api) {
-  const char* names[] = {"libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.13", "libcublasLt.so"};
+  const char* env = std::getenv("CEDAR_CUBLASLT");
+  const char* names[] = {env != nullptr && *env != '\0' ? env : "libcublasLt.so.13",
+                         "/usr/local/cuda/lib64/libcublasLt.so.13", "libcublasLt.so"};
   std::string tried;
   for (const char* name : names) {
     api.lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
