@@ -246,7 +246,7 @@ void bench_moe(int64_t n, cudaStream_t stream, std::vector<Row>& rows) {
   r.us = time_us(stream, reps, [&] {
     must(moe_permute(route, tile_rows, perm, stream));
     must(moe_experts(a, stream));
-    must(moe_combine(MoeCombineArgs{dids.get(), sr.get(), yr.get(), nullptr, n, K, d, E, y.get()}, stream));
+    must(moe_prefill_combine(MoePrefillCombineArgs{dids.get(), sr.get(), yr.get(), nullptr, n, K, d, E, y.get()}, stream));
   });
   r.tflops = flops / (r.us * 1e-6) / 1e12;
   print_row(r);

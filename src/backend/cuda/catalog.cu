@@ -1,6 +1,9 @@
 // The list of CUDA kernels this build carries, and the check that each has device code the current
 // GPU can load (`cedar doctor`, tests).
 #include "backend/cuda/cuda_status.h"
+#include "backend/cuda/attention_kernels.h"
+#include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/gemm_kernels.h"
 #include "backend/cuda/kernels.h"
 
 namespace cedar::cuda {
@@ -32,6 +35,9 @@ const Entry kEntries[] = {
 std::vector<KernelInfo> kernel_catalog() {
   std::vector<KernelInfo> out;
   for (const Entry& e : kEntries) out.push_back(KernelInfo{e.name, e.what});
+  // Each kernel family keeps its own list next to its kernels.
+  for (auto family : {attention_kernel_catalog, ffn_kernel_catalog, gemm_kernel_catalog})
+    for (KernelInfo& k : family()) out.push_back(std::move(k));
   return out;
 }
 
@@ -41,7 +47,9 @@ Status check_kernels_loadable() {
     if (cudaError_t err = cudaFuncGetAttributes(&attr, e.ptr()); err != cudaSuccess)
       return cuda_status(err, (std::string("cudaFuncGetAttributes(") + e.name + ")").c_str());
   }
-  return Status::Ok();
+  CEDAR_RETURN_IF_ERROR(check_attention_kernels_loadable());
+  CEDAR_RETURN_IF_ERROR(ffn_check_kernels_loadable());
+  return check_gemm_kernels_loadable();
 }
 
 }  // namespace cedar::cuda

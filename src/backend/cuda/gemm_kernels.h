@@ -9,7 +9,7 @@
 //      operands), y = Σ_kblocks (Σ q_a·q_w)·s_a·s_w in fp32 with the blocks added in ascending K order,
 //      as cpu::linear does. swiglu_gemm runs W1 and W3 together and fuses the SwiGLU (clamps, routing
 //      weight) and the FP8 quantization of its output (the input of W2).
-//   2. moe_permute / moe_experts / moe_combine — the routed experts of a prefill chunk: tokens grouped
+//   2. moe_permute / moe_experts / moe_prefill_combine — the routed experts of a prefill chunk: tokens grouped
 //      per expert in token order (device-side counting sort), one grouped launch for all experts' W1/W3
 //      (+SwiGLU), one for W2, and the combine back to token order in the CPU's summation order.
 //   3. dense_gemm — BF16 / F32 weights through cuBLASLt (fp32 accumulation), the CPU's output rounding.
@@ -93,9 +93,9 @@ Status swiglu_gemm(const SwigluGemmArgs& a, cudaStream_t stream);
 struct MoeRouteView {
   const int32_t* expert_ids = nullptr;
   const float* weights = nullptr;
-  int64_t n = 0, topk = 0, n_experts = 0;  // n_experts <= kMoeMaxExperts
+  int64_t n = 0, topk = 0, n_experts = 0;  // n_experts <= kMoePrefillMaxExperts
 };
-constexpr int64_t kMoeMaxExperts = 1024;
+constexpr int64_t kMoePrefillMaxExperts = 1024;
 
 // Tokens grouped per expert: row r of the permuted space (rows of expert e are
 // [row_offsets[e], row_offsets[e+1])) is slot (row_token[r], ·) of the routing, rows of one expert in
@@ -149,7 +149,7 @@ Status moe_experts(const MoeExpertArgs& a, cudaStream_t stream);
 
 // y[t] = bf16( Σ_{slots of t, ascending expert id, then slot} y_rows[slot_row] + shared[t] ) in fp32,
 // the CPU's order (model/moe.cpp), so the combine adds nothing of its own to the rounding.
-struct MoeCombineArgs {
+struct MoePrefillCombineArgs {
   const int32_t* expert_ids = nullptr;            // [n, topk] (the routing moe_permute saw)
   const int32_t* slot_row = nullptr;              // [n, topk]
   const uint16_t* y_rows = nullptr;               // [n·topk, d] bf16 bits
@@ -157,7 +157,7 @@ struct MoeCombineArgs {
   int64_t n = 0, topk = 0, d = 0, n_experts = 0;  // d % 8 == 0
   float* y = nullptr;                             // [n, d]
 };
-Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
+Status moe_prefill_combine(const MoePrefillCombineArgs& a, cudaStream_t stream);
 
 // ---- BF16 / F32 weights through cuBLASLt ------------------------------------------------------
 // cuBLASLt is loaded at run time (dlopen of libcublasLt.so.13): binaries start on machines without it,

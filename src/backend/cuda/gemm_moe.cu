@@ -24,7 +24,7 @@ using gemm_detail::Epilogue;
 using gemm_detail::Problem;
 
 constexpr int kChunk = 256;         // routing entries per histogram chunk (8 rounds of one warp)
-constexpr int kScanThreads = 1024;  // one thread per expert in the scan (kMoeMaxExperts)
+constexpr int kScanThreads = 1024;  // one thread per expert in the scan (kMoePrefillMaxExperts)
 
 // Per chunk of entries: how many go to each expert.
 __global__ void moe_hist_kernel(const int32_t* ids, int64_t entries, int n_experts, int32_t* hist) {
@@ -165,10 +165,10 @@ std::string route_str(const MoeRouteView& r) {
 }
 
 Status check_route(const MoeRouteView& r, const char* who) {
-  if (r.n < 0 || r.topk < 1 || r.topk > 32 || r.n_experts < 1 || r.n_experts > kMoeMaxExperts ||
+  if (r.n < 0 || r.topk < 1 || r.topk > 32 || r.n_experts < 1 || r.n_experts > kMoePrefillMaxExperts ||
       r.n * r.topk > 0x7FFFFFFF)
     return make_error(std::string("cuda::") + who + ": routing " + route_str(r) + " (topk 1..32, n_experts 1.." +
-                      std::to_string(kMoeMaxExperts) + ")");
+                      std::to_string(kMoePrefillMaxExperts) + ")");
   return Status::Ok();
 }
 
@@ -298,16 +298,16 @@ Status moe_experts(const MoeExpertArgs& a, cudaStream_t stream) {
   return gemm_detail::launch(down, a.tile_rows, tiles, 1, stream);
 }
 
-Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
+Status moe_prefill_combine(const MoePrefillCombineArgs& a, cudaStream_t stream) {
   if (a.n < 0 || a.topk < 1 || a.topk > 32 || a.d <= 0 || a.d % 8 != 0 || a.n_experts < 1 || a.n * a.topk > 0x7FFFFFFF)
-    return make_error("cuda::moe_combine: n=" + std::to_string(a.n) + ", topk=" + std::to_string(a.topk) +
+    return make_error("cuda::moe_prefill_combine: n=" + std::to_string(a.n) + ", topk=" + std::to_string(a.topk) +
                       ", d=" + std::to_string(a.d) + " (topk 1..32, d a multiple of 8)");
   if (a.n == 0) return Status::Ok();
   if (a.expert_ids == nullptr || a.slot_row == nullptr || a.y_rows == nullptr || a.y == nullptr)
-    return make_error("cuda::moe_combine: null pointer");
+    return make_error("cuda::moe_prefill_combine: null pointer");
   if (reinterpret_cast<uintptr_t>(a.y_rows) % 16 != 0)
-    return make_error("cuda::moe_combine: y_rows is not 16-byte aligned");
-  if (a.n > 0x7FFFFFFF) return make_error("cuda::moe_combine: n=" + std::to_string(a.n));
+    return make_error("cuda::moe_prefill_combine: y_rows is not 16-byte aligned");
+  if (a.n > 0x7FFFFFFF) return make_error("cuda::moe_prefill_combine: n=" + std::to_string(a.n));
   const int threads = static_cast<int>(std::min<int64_t>(256, (a.d / 8 + 31) / 32 * 32));
   moe_combine_kernel<<<static_cast<unsigned>(a.n), threads, static_cast<size_t>(a.topk) * sizeof(int32_t), stream>>>(
       a.expert_ids, a.slot_row, a.y_rows, a.shared, static_cast<int>(a.topk), a.d, static_cast<int>(a.n_experts), a.y);

@@ -1,4 +1,4 @@
-// Parity of the prefill MoE on the device (gemm_kernels.h: moe_permute, moe_experts, moe_combine) with
+// Parity of the prefill MoE on the device (gemm_kernels.h: moe_permute, moe_experts, moe_prefill_combine) with
 // the CPU oracle (model/moe.h: route_tokens, expert_forward, moe_forward).
 #include <gtest/gtest.h>
 
@@ -153,8 +153,8 @@ TEST(CudaMoeCombine, SumsInExpertOrder) {
   auto dy_rows = upload(y_rows);
   auto dshared = upload(shared);
   auto dy = alloc<float>(static_cast<size_t>(n * d));
-  const Status s = moe_combine(
-      MoeCombineArgs{dids.get(), perm.slot_row.get(), dy_rows.get(), dshared.get(), n, k, d, E, dy.get()}, nullptr);
+  const Status s = moe_prefill_combine(
+      MoePrefillCombineArgs{dids.get(), perm.slot_row.get(), dy_rows.get(), dshared.get(), n, k, d, E, dy.get()}, nullptr);
   ASSERT_TRUE(s.ok()) << s.error().message;
   std::vector<float> want(static_cast<size_t>(n * d));
   for (int64_t t = 0; t < n; ++t) {
@@ -165,7 +165,7 @@ TEST(CudaMoeCombine, SumsInExpertOrder) {
           for (int64_t c = 0; c < d; ++c) acc[c] += bf16_to_f32(y_rows[slot_row[t * k + j] * d + c]);
     for (int64_t c = 0; c < d; ++c) want[t * d + c] = round_to_bf16(acc[c] + shared[t * d + c]);
   }
-  EXPECT_TRUE(parity("moe_combine", download(dy), want, Tolerance{.max_nmse = 0, .min_cosine = 0, .rel = 0, .abs = 0}));
+  EXPECT_TRUE(parity("moe_prefill_combine", download(dy), want, Tolerance{.max_nmse = 0, .min_cosine = 0, .rel = 0, .abs = 0}));
 }
 
 // The whole routed + shared MoE of a chunk against moe_forward, with the intermediate results checked
@@ -299,7 +299,7 @@ void check_moe(const MoeCase& c, uint32_t seed) {
                   {}, nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
   auto dy = alloc<float>(static_cast<size_t>(n * d));
-  st = moe_combine(MoeCombineArgs{dids.get(), perm.slot_row.get(), dyr.get(), dshared.get(), n, K, d, E, dy.get()},
+  st = moe_prefill_combine(MoePrefillCombineArgs{dids.get(), perm.slot_row.get(), dyr.get(), dshared.get(), n, K, d, E, dy.get()},
                    nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
 
