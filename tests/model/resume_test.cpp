@@ -605,6 +605,7 @@ TEST_F(ResumeTest, ErrorsNameWhatIsWrong) {
   };
 
   ASSERT_TRUE(m.resume_sequence(so, spec(P, 20)).ok());  // the baseline is valid
+  EXPECT_TRUE(m.resume_sequence(so, ResumeSpec{}).ok());   // nothing cached: a new sequence
 
   expect_error(so, spec(24, 20), "cached_tokens 24 is not a multiple of tokens_per_block 16");
   expect_error(so, spec(P, 33), "restart 33 is outside [0, cached_tokens 32]");
