@@ -153,13 +153,12 @@ TEST_F(DeepseekV41Test, SwaHistorySlotsDoNotChangeTheNumerics) {
   // reads only the window. Chunks larger and smaller than the ring.
   const auto ids = prompt(29, 4);
   const Trace plain = run(ids, 0);
-  for (int64_t history : {1, 5, 24})
-    for (int64_t chunk : {0, 1, 3, 13}) {
-      SequenceOptions so;
-      so.swa_history = history;
-      expect_bitwise_equal(plain, run(ids, chunk, so), "swa_history " + std::to_string(history) + ", chunk " +
-                                                           std::to_string(chunk));
-    }
+  for (const auto& [history, chunk] : {std::pair<int64_t, int64_t>{1, 1}, {5, 13}, {24, 3}, {24, 0}}) {
+    SequenceOptions so;
+    so.swa_history = history;
+    expect_bitwise_equal(plain, run(ids, chunk, so),
+                         "swa_history " + std::to_string(history) + ", chunk " + std::to_string(chunk));
+  }
   auto state = model_->new_sequence(SequenceOptions{.swa_history = 5});
   ASSERT_TRUE(state.ok());
   ASSERT_TRUE(model_->forward(ids, *state, {}).ok());

@@ -205,8 +205,8 @@ fs::path* ResumeTest::root_ = nullptr;
 
 // (a) Exact mode with a snapshot: P at several block boundaries, snapshots at even and odd lengths L,
 // odd and even N, one-shot / chunked / token-by-token continuation; every R of the restorable range for
-// one (P, L) per block size of the first model, the range's ends and middle elsewhere (each row of the
-// tiny model costs milliseconds).
+// one (P, L) per block size of the first model, the range's ends (and middle, first model) elsewhere
+// (each row of the tiny model costs milliseconds, tens under ASan).
 TEST_F(ResumeTest, ExactModeWithSnapshotEqualsUncachedAtEveryRestorableR) {
   int64_t resumed = 0;
   for (size_t mi = 0; mi < models_.size(); ++mi) {
@@ -237,7 +237,7 @@ TEST_F(ResumeTest, ExactModeWithSnapshotEqualsUncachedAtEveryRestorableR) {
           const bool sweep = mi == 0 && P == 2 * tpb && L == P + 3;
           std::vector<int64_t> rs;
           for (int64_t R = lo; R <= hi; ++R)
-            if (sweep || R == lo || R == mid || R == hi || (mi == 0 && (R == lo + 1 || R == hi - 1))) rs.push_back(R);
+            if (sweep || R == lo || R == hi || (mi == 0 && R == mid)) rs.push_back(R);
           for (int64_t R : rs) {
             const int64_t N = P + 5 + (R + L) % 2;  // odd and even
             const int64_t chunk = R % 3 == 0 ? 0 : R % 3 == 1 ? 5 : 1;
@@ -325,8 +325,10 @@ TEST_F(ResumeTest, CedModeWithSnapshotEqualsUncachedCed) {
             const bool sweep =
                 mi == 0 && tpb == 16 && boundary == CedBoundary::ExactSource && src == &ced_src && N == P + 6;
             std::vector<int64_t> rs;
+            // The exact-mode snapshot (a superset of the layers ced needs) at one configuration.
+            if (src == &exact_src && (mi > 0 || tpb != 16)) continue;
             for (int64_t R = lo; R <= hi; ++R)
-              if (sweep || R == hi || (src == &ced_src && R == lo)) rs.push_back(R);
+              if (sweep || R == hi || (R == lo && N == P + 6)) rs.push_back(R);
             for (int64_t R : rs) {
               const std::string what =
                   describe("seed %lld, tpb %lld, boundary %lld, N %lld", static_cast<int64_t>(kSeeds[mi]), tpb,
@@ -604,8 +606,8 @@ TEST_F(ResumeTest, ErrorsNameWhatIsWrong) {
     std::printf("  [error] %s\n", st.error().message.c_str());
   };
 
-  ASSERT_TRUE(m.resume_sequence(so, spec(P, 20)).ok());  // the baseline is valid
-  EXPECT_TRUE(m.resume_sequence(so, ResumeSpec{}).ok());   // nothing cached: a new sequence
+  ASSERT_TRUE(m.resume_sequence(so, spec(P, 20)).ok());   // the baseline is valid
+  EXPECT_TRUE(m.resume_sequence(so, ResumeSpec{}).ok());  // nothing cached: a new sequence
 
   expect_error(so, spec(24, 20), "cached_tokens 24 is not a multiple of tokens_per_block 16");
   expect_error(so, spec(P, 33), "restart 33 is outside [0, cached_tokens 32]");
