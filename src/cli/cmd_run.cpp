@@ -32,6 +32,7 @@ CommandSpec make_spec() {
           {"stats-json", "write timings, token counts and KV bytes per token here as JSON", true, "", "FILE"},
       }};
   for (auto& o : sampling_option_specs("64")) spec.options.push_back(o);
+  for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
   return spec;
 }
 
@@ -76,12 +77,15 @@ int cmd_run(const Args& args) {
   if (!a.flag("no-bos")) prompt.push_back(model.config().bos_token_id);
   prompt.insert(prompt.end(), ids->begin(), ids->end());
 
-  auto cache = kv_cache_from_args(a, model);
+  auto prefix = prefix_cache_from_args(a, model);
+  if (!prefix.ok()) return std::fprintf(stderr, "cedar run: %s\n", prefix.error().message.c_str()), 2;
+  auto cache = kv_cache_from_args(a, model, swa_history_of(*prefix));
   if (!cache.ok()) return std::fprintf(stderr, "cedar run: %s\n", cache.error().message.c_str()), 2;
   engine::DeepseekRunner runner(model, &pool, cache->kv);
   engine::EngineOptions eo;
   eo.mode = *mode;
   eo.tokenizer = loaded->tokenizer.get();
+  eo.prefix_cache = *prefix;
   engine::Engine eng(runner, *cache->budget, eo);
   engine::GenerationRequest req;
   req.prompt = prompt;
@@ -128,6 +132,9 @@ int cmd_run(const Args& args) {
         {"kv_cache_capacity_bytes", cache->budget->capacity_bytes()},
         {"kv_pool_peak_used_bytes", cache->budget->pool()->stats().peak_used_bytes},
         {"preemptions", es.preemptions},
+        {"cached_tokens", r.stats.cached_tokens},
+        {"replayed_tokens", r.stats.replayed_tokens},
+        {"prefix_cache", eng.prefix_cache() != nullptr ? "on" : eng.prefix_cache_status().empty() ? "off" : eng.prefix_cache_status()},
         {"swa_bytes_per_sequence", kv.swa_bytes_per_sequence},
         {"token_ids", r.tokens},
         {"text", r.text},
