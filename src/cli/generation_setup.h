@@ -12,6 +12,7 @@
 #include "core/threads.h"
 #include "engine/pool_cache_budget.h"
 #include "engine/sampler.h"
+#include "kv/kv_disk_store.h"
 #include "model/deepseek_v41.h"
 #include "text/tokenizer.h"
 
@@ -51,5 +52,18 @@ struct KvCacheSetup {
   KvCacheOptions kv;  // kv.pool = budget->pool()
 };
 Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model);
+
+// --kv-cache-dir DIR: the SSD tier of the prefix cache (kv/kv_disk_store.h), one file per 64-token
+// block of global KV, kept across restarts; --kv-cache-dir-gb N: its size budget in GiB (fractions
+// allowed, default 64), least recently used blocks are deleted past it.
+std::vector<OptionSpec> kv_disk_option_specs();
+// The store for `model` (loaded from `model_path`: its fingerprint keys the files, so blocks of another
+// model are never used) with the layout of its packed global-KV streams at `tokens_per_block`
+// (KvCacheSetup::kv.tokens_per_block); null without --kv-cache-dir. `log` receives the store's
+// messages (null: stderr).
+Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& args, const DeepseekV41Model& model,
+                                                             const std::filesystem::path& model_path,
+                                                             int64_t tokens_per_block,
+                                                             std::function<void(const std::string&)> log = nullptr);
 
 }  // namespace cedar::cli

@@ -147,6 +147,13 @@ KvDiskLayout kv_disk_layout(std::span<const KvStreamSpec> streams, int64_t token
   return layout;
 }
 
+Result<KvDiskLayout> kv_disk_layout_for(const ModelConfig& config, const LayerPlan& plan, int64_t tokens_per_block) {
+  const KvDims dims{config.arch, config.head_dim, config.index_head_dim, config.qk_rope_head_dim};
+  CEDAR_ASSIGN_OR_RETURN(const KvFormats formats, kv_formats(dims, KvStorage::Packed));
+  CEDAR_ASSIGN_OR_RETURN(const std::vector<KvStreamSpec> specs, global_kv_streams(plan, formats, tokens_per_block));
+  return kv_disk_layout(specs, tokens_per_block);
+}
+
 KvDiskFileLayout kv_disk_file_layout(const KvDiskLayout& layout, std::string_view model_fingerprint) {
   KvDiskFileLayout fl;
   fl.header_bytes = round_up8(kFixedHeaderBytes + static_cast<int64_t>(model_fingerprint.size()) +

@@ -74,6 +74,8 @@ struct KvDiskLayout {
   bool operator==(const KvDiskLayout&) const = default;
 };
 KvDiskLayout kv_disk_layout(std::span<const KvStreamSpec> streams, int64_t tokens_per_block);
+// The layout of a model's packed global-KV streams (what the engine's shared block pool holds).
+Result<KvDiskLayout> kv_disk_layout_for(const ModelConfig& config, const LayerPlan& plan, int64_t tokens_per_block);
 
 struct KvDiskFileLayout {
   int64_t header_bytes = 0;  // H
