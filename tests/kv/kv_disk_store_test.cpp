@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "core/checksum.h"
+#include "io/config.h"
+#include "model/layer_plan.h"
 
 namespace cedar {
 namespace {
@@ -196,6 +198,44 @@ TEST_F(KvDiskStoreTest, FileHasTheDocumentedFormat) {
   EXPECT_EQ(fl.header_bytes, static_cast<int64_t>(H));
   EXPECT_EQ(fl.record_bytes, static_cast<int64_t>(P));
   EXPECT_EQ(fl.file_bytes, static_cast<int64_t>(f.size()));
+}
+
+// The released layouts, from the spec's record sizes (architecture.md §3.12, docs/kv.md): V4.1-Flash has
+// 4 KV sources (layers 2, 8, 14 at ratio 2, layer 20 at ratio 1), each with a 288-byte main-KV record
+// and a 68-byte indexer key; V4-Flash has 21 ratio-4 sources (584 + 68 bytes) and 20 ratio-128 sources
+// (584 bytes, no indexer), cached in 128-token blocks (its largest ratio).
+TEST(KvDiskLayoutFor, ReleasedConfigs) {
+  const std::string configs = std::string(CEDAR_TEST_DATA_DIR) + "/configs/";
+  auto v41 = load_model_config(configs + "deepseek_v41_flash");
+  ASSERT_TRUE(v41.ok()) << v41.error().message;
+  auto v41_plan = build_layer_plan(*v41);
+  ASSERT_TRUE(v41_plan.ok());
+  auto l41 = kv_disk_layout_for(*v41, *v41_plan, 64);
+  ASSERT_TRUE(l41.ok()) << l41.error().message;
+  const std::vector<KvDiskStreamLayout> expected41 = {{288, 32}, {68, 32}, {288, 32}, {68, 32},
+                                                      {288, 32}, {68, 32}, {288, 64}, {68, 64}};
+  EXPECT_EQ(l41->streams, expected41);
+  EXPECT_EQ(l41->record_bytes(), 890 * 64);
+  // 72 fixed + 64 fingerprint + 8·8 streams + 64·8 tokens = 712 header bytes, + 4 checksum bytes.
+  EXPECT_EQ(kv_disk_file_layout(*l41, std::string(64, '0')).file_bytes, 712 + 890 * 64 + 4);
+
+  auto v4 = load_model_config(configs + "deepseek_v4_flash");
+  ASSERT_TRUE(v4.ok()) << v4.error().message;
+  auto v4_plan = build_layer_plan(*v4);
+  ASSERT_TRUE(v4_plan.ok());
+  auto l4 = kv_disk_layout_for(*v4, *v4_plan, 128);
+  ASSERT_TRUE(l4.ok()) << l4.error().message;
+  int csa_main = 0, csa_index = 0, hca = 0;
+  for (const KvDiskStreamLayout& s : l4->streams) {
+    if (s.record_bytes == 584 && s.entries_per_block == 32) ++csa_main;
+    if (s.record_bytes == 68 && s.entries_per_block == 32) ++csa_index;
+    if (s.record_bytes == 584 && s.entries_per_block == 1) ++hca;
+  }
+  EXPECT_EQ(csa_main, 21);
+  EXPECT_EQ(csa_index, 21);
+  EXPECT_EQ(hca, 20);
+  EXPECT_EQ(l4->streams.size(), 62u);
+  EXPECT_EQ(l4->record_bytes(), 21 * 32 * (584 + 68) + 20 * 584);  // 3514.25 B/token × 128
 }
 
 TEST_F(KvDiskStoreTest, BlocksWrittenByAnEarlierStoreAreFoundAfterARestart) {
