@@ -273,7 +273,7 @@ Status KvDiskStore::scan() {
   std::unique_lock files(files_mu_);
   std::unique_lock lock(mu_);
   for (const Found& f : found) {
-    touch_locked(f.key, f.bytes);  // oldest first, so the newest ends at the front
+    touch_locked(f.key, f.bytes, -1);  // oldest first, so the newest ends at the front
     last_stamp_ = std::max(last_stamp_, f.mtime);
   }
   const int64_t evicted_before = stats_.evictions;
@@ -296,17 +296,18 @@ int64_t KvDiskStore::next_stamp_locked() {
   return last_stamp_;
 }
 
-void KvDiskStore::touch_locked(const PrefixKey& key, int64_t bytes) {
+void KvDiskStore::touch_locked(const PrefixKey& key, int64_t bytes, int exact) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     lru_.push_front(key);
-    entries_.emplace(key, Entry{bytes, lru_.begin()});
+    entries_.emplace(key, Entry{bytes, lru_.begin(), exact});
     ++stats_.files;
     stats_.bytes += bytes;
     return;
   }
   stats_.bytes += bytes - it->second.bytes;
   it->second.bytes = bytes;
+  it->second.exact = exact;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
 }
 
@@ -352,8 +353,21 @@ Status KvDiskStore::put(const StoredPrefixBlock& block) {
     return fail("a block file is " + std::to_string(file_layout_.file_bytes) + " bytes, more than the budget of " +
                 std::to_string(options_.budget_bytes));
 
-  const std::vector<uint8_t> image = encode_block(block, layout, options_.model_fingerprint, file_layout_);
   const fs::path path = path_of(block.key);
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(block.key);
+    if (it != entries_.end() && (it->second.exact == 1 || (it->second.exact == 0 && !block.exact))) {
+      // Same key, same prefix: the stored copy is as good. Only its recency changes.
+      const timespec t = to_timespec(next_stamp_locked());
+      const timespec times[2] = {t, t};
+      ::utimensat(AT_FDCWD, path.c_str(), times, 0);
+      touch_locked(block.key, it->second.bytes, it->second.exact);
+      ++stats_.puts_skipped;
+      return Status::Ok();
+    }
+  }
+  const std::vector<uint8_t> image = encode_block(block, layout, options_.model_fingerprint, file_layout_);
   const size_t sub = static_cast<size_t>(block.key.hi >> 56);
   bool made;
   {
@@ -377,7 +391,7 @@ Status KvDiskStore::put(const StoredPrefixBlock& block) {
   const timespec t = to_timespec(next_stamp_locked());
   const timespec times[2] = {t, t};
   ::utimensat(AT_FDCWD, path.c_str(), times, 0);  // best effort: without it the order is the write time's
-  touch_locked(block.key, file_layout_.file_bytes);
+  touch_locked(block.key, file_layout_.file_bytes, block.exact ? 1 : 0);
   ++stats_.puts;
   stats_.bytes_written += file_layout_.file_bytes;
   evict_locked(&block.key);
@@ -535,7 +549,7 @@ std::optional<StoredPrefixBlock> KvDiskStore::get(const PrefixKey& key) {
     ::futimens(fd, times);  // the access order survives a restart
     ++stats_.hits;
     stats_.bytes_read += file_layout_.file_bytes;
-    if (entries_.contains(key)) touch_locked(key, file_layout_.file_bytes);
+    if (entries_.contains(key)) touch_locked(key, file_layout_.file_bytes, block->exact ? 1 : 0);
   }
   ::close(fd);
   return block;

@@ -97,6 +97,7 @@ struct KvDiskStoreOptions {
 struct KvDiskStoreStats {
   int64_t files = 0, bytes = 0, budget_bytes = 0;  // blocks on disk now, Σ their file sizes
   int64_t puts = 0, put_errors = 0;
+  int64_t puts_skipped = 0;                // puts of a block already stored (as exact, or approximate again)
   int64_t gets = 0, hits = 0, misses = 0;  // misses include corrupt files
   int64_t corrupt = 0;                     // files found damaged or foreign by get(), deleted
   int64_t evictions = 0;                   // files deleted for the budget
@@ -113,6 +114,8 @@ class KvDiskStore final : public PrefixBlockStore {
   KvDiskStore& operator=(const KvDiskStore&) = delete;
 
   // Errors: a block that does not match the layout, a file larger than the budget, I/O failures.
+  // A block already stored with the same key is not written again (it only becomes the most recently
+  // used) unless the new copy upgrades an approximate one to exact (or the stored flag is not known).
   Status put(const StoredPrefixBlock& block) override;
   std::optional<StoredPrefixBlock> get(const PrefixKey& key) override;
   bool contains(const PrefixKey& key) const override;
@@ -127,12 +130,13 @@ class KvDiskStore final : public PrefixBlockStore {
   struct Entry {
     int64_t bytes = 0;
     std::list<PrefixKey>::iterator lru;  // position in lru_ (front = most recently used)
+    int exact = -1;                      // the file's exact flag: -1 not known yet (found at open), 0, 1
   };
   KvDiskStore(const KvDiskStoreOptions& options, int lock_fd);
   Status scan();
   void log(const std::string& line) const;
   int64_t next_stamp_locked();
-  void touch_locked(const PrefixKey& key, int64_t bytes);  // insert or move to the front
+  void touch_locked(const PrefixKey& key, int64_t bytes, int exact);  // insert or move to the front
   void erase_locked(const PrefixKey& key);
   void evict_locked(const PrefixKey* keep);  // needs files_mu_ and mu_
   // Drops a damaged file: deleted if `path` still names the inode that was read.
