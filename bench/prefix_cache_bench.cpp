@@ -223,6 +223,7 @@ void BM_SsdLoad(benchmark::State& state) {
   const int64_t bytes = prefix->store->file_layout().file_bytes * static_cast<int64_t>(prefix->keys.size());
   state.SetBytesProcessed(state.iterations() * bytes);
   state.counters["blocks"] = static_cast<double>(prefix->keys.size());
+  state.counters["file_bytes"] = static_cast<double>(prefix->store->file_layout().file_bytes);
   state.counters["recompute_ms"] = prefix->recompute_ms;
   state.counters["recompute_x"] = prefix->recompute_ms / (load_ms / static_cast<double>(state.iterations()));
 }

@@ -568,8 +568,14 @@ TEST_F(KvDiskStoreTest, InterruptedWritesAreCleanedAndOtherFilesLeftAlone) {
   }
   // What a crash between AtomicFile::create and commit leaves: a partial temporary next to the files,
   // here one for the stored block and one for a block never committed.
-  const fs::path tmp1 = dir_ / sub / ("." + b[0].key.hex() + ".kvb.tmp.Ab12Cd");
-  const fs::path tmp2 = dir_ / sub / ("." + b[1].key.hex() + ".kvb.tmp.Zz99Yy");
+  auto temporary = [&](const PrefixKey& key, const char* suffix) {
+    std::string name(".");
+    name += key.hex();
+    name += suffix;
+    return dir_ / sub / name;
+  };
+  const fs::path tmp1 = temporary(b[0].key, ".kvb.tmp.Ab12Cd");
+  const fs::path tmp2 = temporary(b[1].key, ".kvb.tmp.Zz99Yy");
   write_bytes(tmp1, std::vector<uint8_t>(17, 0xAB));
   write_bytes(tmp2, std::vector<uint8_t>(3, 0xCD));
   write_bytes(dir_ / "README.txt", std::vector<uint8_t>(5, 'x'));
