@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <map>
 
+namespace cedar {
+class PrefixIndex;
+}
+
 namespace cedar::engine {
 
 using RequestId = uint64_t;
@@ -31,6 +35,16 @@ class CacheBudget {
   virtual int64_t used_bytes() const = 0;
   virtual int64_t capacity_bytes() const = 0;
   virtual int64_t sequences() const = 0;  // reservations held
+
+  // Prefix caching (docs/prefix_cache.md). A budget that accounts the blocks a PrefixIndex holds (once,
+  // however many sequences share them) and evicts its unused blocks before refusing a reservation says
+  // so by accepting the index; the others refuse and the engine runs without a prefix cache.
+  virtual bool attach_prefix_index(PrefixIndex* /*index*/) { return false; }
+  // `bytes` more of the blocks of `id`'s sequence are held by the index too (a resume from cached blocks,
+  // or blocks the index adopted from it): they leave the reservation's charge.
+  virtual void share(RequestId /*id*/, int64_t /*bytes*/) {}
+  // Bytes the index may hold now: the capacity less what the reservations hold.
+  virtual int64_t index_byte_limit() const { return 0; }
 };
 
 class ByteCacheBudget final : public CacheBudget {

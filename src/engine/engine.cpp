@@ -30,6 +30,10 @@ struct Engine::Active {
   std::unique_ptr<ModelSequence> sequence;
   int64_t computed = 0;   // tokens of `tokens` fed to `sequence`
   bool reserved = false;  // holds a cache reservation
+  bool admitted = false;  // the prefix cache chose how the current sequence starts
+  CacheAdmission cache;   // that choice (pins held until the sequence ends)
+  bool prompt_recorded = false;
+  bool started = false;   // a sequence of it has been created (a later one recomputes)
   bool preempt_now = false;
   bool done = false;
   std::optional<Sampler> sampler;
@@ -50,9 +54,51 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 }  // namespace
 
 Engine::Engine(ModelRunner& runner, CacheBudget& budget, EngineOptions options)
-    : runner_(&runner), budget_(&budget), options_(options) {}
+    : runner_(&runner), budget_(&budget), options_(std::move(options)) {
+  if (!options_.prefix_cache.enabled) return;
+  const std::optional<PrefixCacheSupport> support = runner_->prefix_cache();
+  if (!support) {
+    cache_status_ = "prefix cache off: the model runner does not support it";
+    return;
+  }
+  auto cache = PrefixCache::create(*support, options_.prefix_cache, *budget_);
+  if (!cache.ok()) {
+    cache_status_ = "prefix cache off: " + cache.error().message;
+    return;
+  }
+  cache_ = std::move(*cache);
+}
 
 Engine::~Engine() = default;
+
+PrefixCacheStats Engine::prefix_cache_stats() const { return cache_ ? cache_->stats() : PrefixCacheStats{}; }
+
+// Chooses how the request's next sequence starts: from the longest cached prefix the policy admits, or
+// empty. Runs once per sequence, before the planner reserves room for it.
+void Engine::admit_from_cache(Active& r) {
+  r.admitted = true;
+  if (!cache_) return;
+  AdmitRequest q;
+  q.id = r.id;
+  q.tokens = r.tokens;
+  q.prompt_length = r.prompt_length;
+  q.mode = options_.mode;
+  q.ced_tail = options_.ced_tail;
+  q.recompute = r.started;
+  r.cache = cache_->admit(q);
+  r.computed = r.cache.restart;
+  if (!r.started) {
+    r.result.stats.cached_tokens = r.cache.cached_tokens;
+    r.result.stats.replayed_tokens = r.cache.cached_tokens - r.cache.restart;
+    r.result.stats.cache_approximate = r.cache.approximate;
+  }
+}
+
+void Engine::record_in_cache(Active& r) {
+  if (cache_ && r.sequence) cache_->record(r.id, *r.sequence, r.tokens);
+}
+
+bool Engine::holds_cache(const Active& a) const { return a.reserved || !a.cache.pinned.empty(); }
 
 Result<RequestId> Engine::submit(GenerationRequest request) {
   const int64_t vocab = runner_->vocab_size();
@@ -127,6 +173,8 @@ void Engine::drain_inbox() {
 
 void Engine::finish(Active& r, FinishReason reason, std::string error) {
   r.done = true;
+  if (reason != FinishReason::kError) record_in_cache(r);  // a failed forward leaves unusable state
+  if (cache_) cache_->release(r.cache);
   if (r.sequence) {
     r.result.stats.kv_bytes_packed = r.sequence->kv_bytes_packed();
     r.result.stats.kv_bytes_allocated = r.sequence->kv_bytes_allocated();
@@ -143,6 +191,7 @@ void Engine::finish(Active& r, FinishReason reason, std::string error) {
       StreamEvent ev;
       ev.id = r.id;
       ev.finish = reason;
+      ev.cached_tokens = r.result.stats.cached_tokens;
       r.request.on_event(ev);
     }
   }
@@ -153,6 +202,8 @@ void Engine::finish(Active& r, FinishReason reason, std::string error) {
 
 void Engine::preempt(Active& r) {
   r.sequence.reset();
+  if (cache_) cache_->release(r.cache);
+  r.admitted = false;
   budget_->release(r.id);
   r.reserved = false;
   r.computed = 0;
@@ -168,20 +219,24 @@ bool Engine::reserve_or_preempt(Active& r, int64_t tokens) {
                " tokens of one sequence (" + std::to_string(budget_->bytes_for(tokens)) + " bytes)");
     return false;
   }
+  // A resumed sequence's tables cover the cached prefix from the start.
+  tokens = std::max(tokens, r.cache.cached_tokens);
   while (!budget_->reserve(r.id, tokens)) {
-    Active* victim = nullptr;  // the newest request younger than r that holds cache
+    // The newest request younger than r that holds cache (a reservation, or pinned cached blocks).
+    Active* victim = nullptr;
     for (auto& a : running_)
-      if (a->id > r.id && !a->done && a->reserved && (victim == nullptr || a->id > victim->id)) victim = a.get();
+      if (a->id > r.id && !a->done && holds_cache(*a) && (victim == nullptr || a->id > victim->id)) victim = a.get();
     if (victim != nullptr) {
       preempt(*victim);
       continue;
     }
-    const bool others_hold = budget_->sequences() > (r.reserved ? 1 : 0);
+    bool others_hold = budget_->sequences() > (r.reserved ? 1 : 0);
+    for (auto& a : running_) others_hold = others_hold || (a.get() != &r && !a->done && holds_cache(*a));
     if (!others_hold) {  // alone and still refused (page rounding, fragmentation): can never run
       finish(r, FinishReason::kError, "the cache refused " + std::to_string(tokens) + " tokens with nothing else in it");
       return false;
     }
-    if (r.reserved) preempt(r);  // older requests hold the memory: give ours back and wait
+    if (holds_cache(r)) preempt(r);  // older requests hold the memory: give ours back and wait
     return false;
   }
   r.reserved = true;
@@ -229,6 +284,7 @@ void Engine::handle_token(Active& r, const SampledToken& token) {
   StreamEvent ev;
   ev.id = r.id;
   ev.token = token;
+  ev.cached_tokens = res.stats.cached_tokens;
   if (r.decoder && !stop_id) {
     std::string piece;
     if (Status st = r.decoder->push(token.token, piece); !st.ok()) {
@@ -265,6 +321,8 @@ Status Engine::step() {
     running_.insert(at, std::move(a));
   }
   stats_.max_running_seen = std::max<int64_t>(stats_.max_running_seen, static_cast<int64_t>(running_.size()));
+  for (auto& a : running_)
+    if (!a->done && !a->sequence && !a->admitted) admit_from_cache(*a);
 
   std::vector<PlanItem> plan_items = plan();
   std::vector<BatchItem> batch;
@@ -273,12 +331,21 @@ Status Engine::step() {
   for (const PlanItem& p : plan_items) {
     Active& r = *p.request;
     if (!r.sequence) {
-      auto seq = runner_->create_sequence(SequenceSpec{options_.mode, r.prompt_length, options_.ced_tail});
+      SequenceSpec spec{options_.mode, r.prompt_length, options_.ced_tail};
+      if (cache_) spec.swa_history = cache_->swa_history();
+      if (r.cache.cached_tokens > 0) {
+        r.cache.resume.history = std::span<const int64_t>(r.tokens).first(static_cast<size_t>(r.cache.restart));
+        spec.resume = &r.cache.resume;
+      }
+      auto seq = runner_->create_sequence(spec);
+      r.cache.resume.blocks.clear();  // the sequence holds its own references now
+      r.cache.resume.snapshot.reset();
       if (!seq.ok()) {
         finish(r, FinishReason::kError, seq.error().message);
         continue;
       }
       r.sequence = std::move(*seq);
+      r.started = true;
     }
     BatchItem item;
     item.sequence = r.sequence.get();
@@ -298,6 +365,10 @@ Status Engine::step() {
       continue;
     }
     r.computed += ran[i].count;
+    if (!r.prompt_recorded && r.computed >= r.prompt_length) {
+      r.prompt_recorded = true;
+      record_in_cache(r);
+    }
     const bool decode = ran[i].count == 1 && ran[i].begin >= r.prompt_length;
     (decode ? stats_.decode_tokens : stats_.prefill_tokens) += ran[i].count;
     (decode ? stats_.decode_seconds : stats_.prefill_seconds) += item.seconds;

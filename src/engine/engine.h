@@ -6,6 +6,12 @@
 // generated (the recompute is exact, so its output is the same as without preemption). A request
 // that cannot fit even alone finishes with an error; nothing crashes and no request is lost.
 //
+// Prefix cache (prefix_cache.h, docs/prefix_cache.md; EngineOptions::prefix_cache): at admission a request
+// resumes from the longest cached prefix of its tokens when the restart-point policy allows it; its
+// blocks and a snapshot of its SWA rings are recorded when its prompt is done and when it finishes.
+// Unused cached blocks are evicted (by the budget) before any request is preempted. The recompute of a
+// preempted request uses the cache only where the result is bitwise equal to an uncached run.
+//
 // Threading: submit() and cancel() may be called from any thread; step() from one thread at a time.
 // Callbacks run on the step() thread.
 #pragma once
@@ -25,6 +31,7 @@
 #include "core/status.h"
 #include "engine/cache_budget.h"
 #include "engine/model_runner.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "text/tokenizer.h"
@@ -43,6 +50,9 @@ struct EngineOptions {
   // rejected at submit.
   const text::Tokenizer* tokenizer = nullptr;
   uint64_t default_seed = 0;  // seed of requests without one (mixed with the request id)
+  // Needs a runner with prefix_cache() support and a budget that accounts shared blocks
+  // (PoolCacheBudget); otherwise the engine runs without (prefix_cache_status() says why).
+  PrefixCacheOptions prefix_cache;
 };
 
 struct RequestStats {
@@ -54,6 +64,12 @@ struct RequestStats {
   int64_t kv_bytes_packed = 0;  // global KV of the sequence at its end, packed format (0: not modelled)
   int64_t kv_bytes_allocated = 0;  // the same, as allocated in the pool (page padding included)
   int64_t kv_tokens = 0;        // tokens the sequence held then
+  // Prefix cache, at the request's first admission: prompt tokens whose global KV came from the cache
+  // (P), the cached tokens replayed to rebuild SWA state (P − R), and whether the continuation is not
+  // promised bitwise equal to an uncached run (an approximate SWA replay, or approximate blocks).
+  int64_t cached_tokens = 0;
+  int64_t replayed_tokens = 0;
+  bool cache_approximate = false;
   double decode_tokens_per_s() const;  // (output − 1) / (total − ttft)
 };
 
@@ -64,6 +80,7 @@ struct StreamEvent {
   std::optional<SampledToken> token;
   std::string text;                          // newly released text (stop strings withheld)
   FinishReason finish = FinishReason::kNone; // set on the last event
+  int64_t cached_tokens = 0;                 // the request's RequestStats::cached_tokens
 };
 using StreamCallback = std::function<void(const StreamEvent&)>;
 
@@ -112,6 +129,10 @@ class Engine {
 
   const EngineStats& stats() const { return stats_; }
   const EngineOptions& options() const { return options_; }
+  // The prefix cache (null when off) and why it is off ("" when on or disabled by the options).
+  const PrefixCache* prefix_cache() const { return cache_.get(); }
+  const std::string& prefix_cache_status() const { return cache_status_; }
+  PrefixCacheStats prefix_cache_stats() const;  // zeros when off
 
  private:
   struct Active;
@@ -121,6 +142,9 @@ class Engine {
   };
 
   void drain_inbox();
+  void admit_from_cache(Active& r);
+  void record_in_cache(Active& r);
+  bool holds_cache(const Active& a) const;
   void finish(Active& r, FinishReason reason, std::string error = {});
   void preempt(Active& r);
   std::vector<PlanItem> plan();
@@ -132,6 +156,8 @@ class Engine {
   CacheBudget* budget_;
   EngineOptions options_;
   EngineStats stats_;
+  std::unique_ptr<PrefixCache> cache_;
+  std::string cache_status_;
 
   mutable std::mutex inbox_mu_;
   std::vector<std::unique_ptr<Active>> inbox_;

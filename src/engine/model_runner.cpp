@@ -5,6 +5,15 @@
 #include "model/model_stats.h"
 
 namespace cedar::engine {
+
+Result<std::vector<std::vector<BlockId>>> ModelSequence::prefix_blocks(int64_t) const {
+  return make_error("this model runner does not export prefix-cache blocks");
+}
+
+Result<std::shared_ptr<const SequenceSnapshot>> ModelSequence::snapshot() const {
+  return make_error("this model runner does not snapshot SWA state");
+}
+
 namespace {
 
 class DeepseekSequence final : public ModelSequence {
@@ -46,6 +55,7 @@ DeepseekRunner::DeepseekRunner(const DeepseekV41Model& model, ThreadPool* pool, 
 int64_t DeepseekRunner::eos_token() const { return model_->config().eos_token_id; }
 
 Result<std::unique_ptr<ModelSequence>> DeepseekRunner::create_sequence(const SequenceSpec& spec) {
+  if (spec.resume != nullptr) return make_error("DeepseekRunner: resuming from the prefix cache is not available yet");
   SequenceOptions so;
   so.mode = spec.mode;
   so.prompt_length = spec.prompt_length;

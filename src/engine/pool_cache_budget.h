@@ -4,6 +4,11 @@
 // per-sequence state (SWA rings). The budget owns the shared BlockPool the sequences allocate from; its
 // capacity equals the budget's, and since a reservation always covers the blocks a sequence's forward
 // allocates, the scheduler preempts before the pool could ever refuse an allocation.
+//
+// With a prefix index attached (attach_prefix_index), the blocks the index holds are charged once, to the
+// index (PrefixIndex::held_bytes), and a sequence's reservation leaves out the blocks it shares with the
+// index (share()). A reservation that does not fit first evicts unused index blocks (LRU), and only
+// then is refused (the scheduler preempts). Pool bytes in use <= used_bytes() holds throughout.
 #pragma once
 
 #include <cstdint>
@@ -44,12 +49,16 @@ class PoolCacheBudget final : public CacheBudget {
   int64_t bytes_for(int64_t tokens) const override {
     return layout_.global_bytes_for(tokens) + layout_.bytes_per_sequence;
   }
-  int64_t used_bytes() const override { return used_; }
+  int64_t used_bytes() const override;
   int64_t capacity_bytes() const override { return capacity_; }
   int64_t sequences() const override { return static_cast<int64_t>(held_.size()); }
+  bool attach_prefix_index(PrefixIndex* index) override;
+  void share(RequestId id, int64_t bytes) override;
+  int64_t index_byte_limit() const override { return capacity_ - used_; }
 
-  // Global-KV part of used_bytes() (what the pool may hold in use at most).
-  int64_t global_used_bytes() const { return global_used_; }
+  // Global-KV part of used_bytes() (what the pool may hold in use at most), index blocks included.
+  int64_t global_used_bytes() const;
+  int64_t index_bytes() const;  // held by the attached index (0 without one)
   const std::shared_ptr<BlockPool>& pool() const { return pool_; }
   const PoolCacheLayout& layout() const { return layout_; }
 
@@ -60,11 +69,15 @@ class PoolCacheBudget final : public CacheBudget {
   struct Held {
     int64_t tokens = 0, bytes = 0, global_bytes = 0;
   };
+  Held charge(int64_t tokens, int64_t shared) const;
+
   PoolCacheLayout layout_;
   int64_t capacity_ = 0;
   std::shared_ptr<BlockPool> pool_;
-  int64_t used_ = 0, global_used_ = 0;
+  PrefixIndex* index_ = nullptr;
+  int64_t used_ = 0, global_used_ = 0;  // reservations only
   std::map<RequestId, Held> held_;
+  std::map<RequestId, int64_t> shared_;  // bytes of each request's blocks the index holds too
 };
 
 }  // namespace cedar::engine

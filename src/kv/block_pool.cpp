@@ -122,6 +122,12 @@ int32_t BlockPool::ref_count(BlockId id) const {
   return blocks_[static_cast<size_t>(id)].refs;
 }
 
+Result<int64_t> BlockPool::block_bytes(BlockId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CEDAR_RETURN_IF_ERROR(check_in_use_locked(id, "adoption"));
+  return classes_[static_cast<size_t>(blocks_[static_cast<size_t>(id)].size_class)].bytes;
+}
+
 uint8_t* BlockPool::data(BlockId id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (id < 0 || id >= static_cast<BlockId>(blocks_.size()) || blocks_[static_cast<size_t>(id)].refs <= 0)
@@ -228,6 +234,29 @@ Result<uint8_t*> BlockTable::writable(int64_t j) {
   }
   uint8_t* base = data_[b];
   return base == nullptr ? nullptr : base + (j % entries_per_block_) * record_bytes_;
+}
+
+Status BlockTable::adopt(std::span<const BlockId> ids) {
+  if (pool_ == nullptr) return make_error("KV block table has no pool");
+  if (!ids_.empty()) return make_error("KV block table: adopting blocks needs an empty table, it holds " + str(blocks()));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Result<int64_t> bytes = pool_->block_bytes(ids[i]);
+    if (!bytes.ok())
+      return bytes.error().with_context("KV block table: block " + str(static_cast<int64_t>(i)) + " to adopt");
+    if (*bytes != block_bytes())
+      return make_error("KV block table: block " + str(static_cast<int64_t>(i)) + " to adopt (id " + str(ids[i]) +
+                        ") holds " + str(*bytes) + " B, the table's blocks " + str(block_bytes()) + " B");
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Status st = pool_->retain(ids[i]);  // fails only if another thread freed the block meanwhile
+    if (!st.ok()) {
+      clear();
+      return st.error().with_context("KV block table: block " + str(static_cast<int64_t>(i)) + " to adopt");
+    }
+    ids_.push_back(ids[i]);
+    data_.push_back(pool_->data(ids[i]));
+  }
+  return Status::Ok();
 }
 
 void BlockTable::shrink(int64_t entries) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -63,6 +64,8 @@ class BlockPool {
   Status retain(BlockId id);
   Status release(BlockId id);
   int32_t ref_count(BlockId id) const;  // 0 for free or unknown blocks
+  // Block size in bytes of a block in use. Errors: unknown id, or a block that is not in use.
+  Result<int64_t> block_bytes(BlockId id) const;
   // Memory of a block in use (null in a dry run). Stable until the block is freed.
   uint8_t* data(BlockId id);
 
@@ -123,6 +126,10 @@ class BlockTable {
     const uint8_t* base = data_[static_cast<size_t>(j / entries_per_block_)];
     return base == nullptr ? nullptr : base + (j % entries_per_block_) * record_bytes_;
   }
+  // Shares existing blocks of the pool (a cached prefix): appends `ids` to an empty table and retains
+  // each. Errors name the block: unknown, not in use (freed, or from another pool) or of another size
+  // than the table's blocks; the table is unchanged then.
+  Status adopt(std::span<const BlockId> ids);
   // Drops blocks past the first `entries` entries (truncation to a prefix).
   void shrink(int64_t entries);
   void clear() { shrink(0); }

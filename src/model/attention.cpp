@@ -63,15 +63,15 @@ Status query_path(std::span<const float> x, int64_t n, int64_t pos0, const Atten
 }
 
 // The layer's own SWA KV for the chunk: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) [n, head_dim]. The rows
-// before quantization of the last `window` positions go to `ring_raw` (the ring quantizes on write).
-Status window_kv(std::span<const float> x, int64_t n, int64_t pos0, const AttentionWeights& w,
+// before quantization of the last `slots` positions go to `ring_raw` (the ring quantizes on write).
+Status window_kv(std::span<const float> x, int64_t n, int64_t pos0, int64_t slots, const AttentionWeights& w,
                  const AttentionParams& p, const cpu::RopeTable& rope, std::vector<float>& kv,
                  std::vector<float>& ring_raw, ThreadPool* pool) {
   std::vector<float> k(static_cast<size_t>(n * p.head_dim));
   CEDAR_RETURN_IF_ERROR(cpu::linear(w.wkv, x, n, k, {}, pool));
   kv.resize(k.size());
   cpu::rms_norm(k, p.head_dim, w.kv_norm, p.eps, kv);
-  const int64_t first_kept = std::max<int64_t>(0, n - p.window);
+  const int64_t first_kept = std::max<int64_t>(0, n - slots);
   ring_raw.clear();
   for (int64_t t = 0; t < n; ++t) {
     std::span<float> row(kv.data() + t * p.head_dim, static_cast<size_t>(p.head_dim));
@@ -162,9 +162,10 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
   SwaRing& ring = st.rings[static_cast<size_t>(call.layer)];
   if (attend) {
     CEDAR_RETURN_IF_ERROR(ctx(check_own_weights(w, p)));
-    if (ring.slots() != p.window || ring.width() != p.head_dim)
-      return fail("ring has " + str(ring.slots()) + "×" + str(ring.width()) + " slots, expected " + str(p.window) +
-                  "×" + str(p.head_dim));
+    // Slots beyond the window keep older positions for prefix-cache snapshots (swa_history).
+    if (ring.slots() < p.window || ring.width() != p.head_dim)
+      return fail("ring has " + str(ring.slots()) + "×" + str(ring.width()) + " slots, expected at least " +
+                  str(p.window) + "×" + str(p.head_dim));
     if (!accepts_recipe(ring.format(), KvRecipe::Fp8Block32Ue8m0))
       return fail("ring stores " + ring.format().name() + ", expected the FP8 SWA format or raw fp32");
     // Window keys before the chunk come from the ring; all of them must be there.
@@ -199,7 +200,7 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
 
   std::vector<float> qr, q, kv, ring_raw;
   CEDAR_RETURN_IF_ERROR(ctx(query_path(x, n, pos0, w, p, rope, qr, q, pool)));
-  CEDAR_RETURN_IF_ERROR(ctx(window_kv(x, n, pos0, w, p, rope, kv, ring_raw, pool)));
+  CEDAR_RETURN_IF_ERROR(ctx(window_kv(x, n, pos0, ring.slots(), w, p, rope, kv, ring_raw, pool)));
   // Window keys before the chunk, decoded once from the ring: positions [ring_first, pos0).
   const int64_t ring_first = std::max(call.swa_start, pos0 - p.window + 1);
   std::vector<float> ring_kv(static_cast<size_t>(std::max<int64_t>(0, pos0 - ring_first) * p.head_dim));
@@ -257,7 +258,7 @@ Status attention_forward(const AttentionCall& call, std::span<const float> x, co
   if (pool) pool->parallel_for(n, rows, 1);
   else rows(0, n);
 
-  const int64_t first_kept = std::max<int64_t>(0, n - p.window);
+  const int64_t first_kept = std::max<int64_t>(0, n - ring.slots());
   for (int64_t t = first_kept; t < n; ++t)
     CEDAR_RETURN_IF_ERROR(ctx(write_quantized(
         ring, pos0 + t,

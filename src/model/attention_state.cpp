@@ -67,6 +67,18 @@ void KvEntries::truncate(int64_t size) {
   table_.shrink(size);
 }
 
+Status KvEntries::adopt(std::span<const BlockId> blocks, int64_t entries) {
+  if (size_ != 0) return make_error("KV entries: adopting a cached prefix needs an empty list, it holds " + str(size_));
+  if (stride_ <= 0) return make_error("KV entries: adopting a cached prefix needs derived positions (packed caches)");
+  const int64_t epb = table_.entries_per_block();
+  if (entries < 0 || entries != static_cast<int64_t>(blocks.size()) * epb)
+    return make_error("KV entries: " + str(entries) + " entries cannot be held in exactly " +
+                      str(static_cast<int64_t>(blocks.size())) + " full blocks of " + str(epb));
+  CEDAR_RETURN_IF_ERROR(table_.adopt(blocks));
+  size_ = entries;
+  return Status::Ok();
+}
+
 SwaRing::SwaRing(int64_t slots, int64_t width) : SwaRing(slots, KvRecordFormat::raw_f32(width)) {}
 
 SwaRing::SwaRing(int64_t slots, const KvRecordFormat& format)
@@ -103,6 +115,11 @@ Status SwaRing::write(int64_t pos, std::span<const float> kv) {
   return Status::Ok();
 }
 
+void SwaRing::forget_from(int64_t pos) {
+  for (int64_t& p : positions_)
+    if (p >= pos) p = -1;
+}
+
 bool accepts_recipe(const KvRecordFormat& f, KvRecipe recipe) {
   return f.recipe == recipe || f.recipe == KvRecipe::None;
 }
@@ -135,7 +152,8 @@ Status write_quantized(SwaRing& ring, int64_t pos, std::span<const float> raw, K
 }
 
 Result<AttentionState> AttentionState::create(const LayerPlan& plan, const AttentionParams& p,
-                                              const KvCacheOptions& options) {
+                                              const KvCacheOptions& options, int64_t swa_history) {
+  if (swa_history < 0) return make_error("SWA history " + str(swa_history) + " must not be negative");
   const KvDims dims{plan.arch, p.head_dim, p.index_head_dim, p.rope_dim};
   KvFormats f{KvRecordFormat::raw_f32(p.head_dim), KvRecordFormat::raw_f32(p.index_head_dim),
               KvRecordFormat::raw_f32(p.head_dim)};
@@ -152,7 +170,7 @@ Result<AttentionState> AttentionState::create(const LayerPlan& plan, const Atten
   st.rings.reserve(static_cast<size_t>(n));
   st.source_slot.assign(static_cast<size_t>(n), -1);
   for (const LayerRole& role : plan.layers) {
-    st.rings.emplace_back(p.window, f.swa);
+    st.rings.emplace_back(p.window + swa_history, f.swa);
     if (!role.owns_compressor) continue;
     KvSourceState src;
     src.layer = role.layer;
@@ -182,6 +200,23 @@ KvSourceState* AttentionState::source(int64_t layer) {
 
 const KvSourceState* AttentionState::source(int64_t layer) const {
   return const_cast<AttentionState*>(this)->source(layer);
+}
+
+Result<std::vector<KvEntries*>> AttentionState::global_kv_entries(const LayerPlan& plan) {
+  std::vector<KvEntries*> out;
+  for (const LayerRole& role : plan.layers) {
+    if (!role.owns_compressor || role.compress_ratio <= 0) continue;
+    KvSourceState* src = source(role.layer);
+    if (src == nullptr) return make_error("the attention state has no cache of KV source layer " + str(role.layer));
+    out.push_back(&src->kv);
+    if (role.owns_indexer_keys) out.push_back(&src->index_k);
+  }
+  return out;
+}
+
+Result<std::vector<const KvEntries*>> AttentionState::global_kv_entries(const LayerPlan& plan) const {
+  CEDAR_ASSIGN_OR_RETURN(const std::vector<KvEntries*> e, const_cast<AttentionState*>(this)->global_kv_entries(plan));
+  return std::vector<const KvEntries*>(e.begin(), e.end());
 }
 
 AttentionScratch::TopK& AttentionScratch::topk_of(int64_t layer) {

@@ -3,8 +3,10 @@
 //
 // Everything that must survive from one chunk to the next lives here, so chunked prefill and
 // token-by-token decode reproduce a one-shot prefill exactly:
-//   * one SWA ring per layer: `window` slots, slot = pos % window, each holding the layer's FP8 KV
-//     record (e4m3 + UE8M0/32, 528 B for head_dim 512) and the position it belongs to;
+//   * one SWA ring per layer: `window + swa_history` slots (swa_history = 0 unless the sequence keeps
+//     extra history for prefix-cache snapshots), slot = pos % slots, each holding the layer's FP8 KV
+//     record (e4m3 + UE8M0/32, 528 B for head_dim 512) and the position it belongs to; the attention
+//     reads only the last `window` positions and writes the last `slots` of every chunk;
 //   * per KV source layer: the compressed (main) KV entries (FP4 E2M1 + E4M3/16, 288 B, after RoPE at
 //     the group's first position) and the indexer keys (FP4 E2M1 + UE8M0/32, 68 B, after RoPE), in
 //     paged blocks of a BlockPool (kv/block_pool.h), and the fp32 projections of the tokens of a not
@@ -62,6 +64,10 @@ class KvEntries {
   std::vector<float> decoded(int64_t j) const;  // read() into a new vector
   // Drops entries from `size` on (rollback to a prefix).
   void truncate(int64_t size);
+  // Starts an empty list with `entries` entries held in existing full blocks of the list's pool (a
+  // cached prefix, shared by reference count; later appends go to new blocks). Needs derived
+  // positions (position_stride > 0) and entries == blocks.size() · entries_per_block.
+  Status adopt(std::span<const BlockId> blocks, int64_t entries);
 
  private:
   std::span<const uint8_t> record(int64_t j) const {
@@ -95,6 +101,8 @@ class SwaRing {
   int64_t slot_position(int64_t slot) const { return positions_[static_cast<size_t>(slot)]; }
   // Quantizes `kv` (raw, width values) with the format's recipe into the slot of `pos`.
   Status write(int64_t pos, std::span<const float> kv);
+  // Empties the slots of positions >= pos (a ring restored at an earlier length).
+  void forget_from(int64_t pos);
 
  private:
   int64_t slots_ = 0;
@@ -150,14 +158,21 @@ struct AttentionState {
   // get raw-f32 containers (their forward quantizes). Global-KV blocks come from options.pool, or from
   // a private unbounded pool. Errors: shapes the formats cannot hold, a tokens_per_block that does not
   // nest with a compress ratio.
+  // Rings get p.window + swa_history slots (swa_history >= 0).
   static Result<AttentionState> create(const LayerPlan& plan, const AttentionParams& p,
-                                       const KvCacheOptions& options);
+                                       const KvCacheOptions& options, int64_t swa_history = 0);
   // The same with default options (packed, private pool); shapes are assumed valid (validated params):
   // an invalid shape gives empty caches that every forward call then rejects.
   static AttentionState create(const LayerPlan& plan, const AttentionParams& p);
 
   KvSourceState* source(int64_t layer);
   const KvSourceState* source(int64_t layer) const;
+
+  // The global-KV streams in kv_layout.h's global_kv_streams order: per KV source layer with a ratio,
+  // its main KV, then its indexer keys when the layer owns them. Errors: a source the plan names is
+  // missing from the state.
+  Result<std::vector<KvEntries*>> global_kv_entries(const LayerPlan& plan);
+  Result<std::vector<const KvEntries*>> global_kv_entries(const LayerPlan& plan) const;
 };
 
 // Results that layers of one forward (one chunk) hand to later layers. Each entry records the chunk

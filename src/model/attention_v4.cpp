@@ -122,9 +122,9 @@ Status attention_v4_forward(const AttentionCall& call, std::span<const float> x,
                   " positions");
   }
   SwaRing& ring = st.rings[static_cast<size_t>(call.layer)];
-  if (ring.slots() != p.window || ring.width() != hd)
-    return fail("ring has " + str(ring.slots()) + "×" + str(ring.width()) + " slots, expected " + str(p.window) + "×" +
-                str(hd));
+  if (ring.slots() < p.window || ring.width() != hd)
+    return fail("ring has " + str(ring.slots()) + "×" + str(ring.width()) + " slots, expected at least " +
+                str(p.window) + "×" + str(hd));
   for (int64_t k = std::max<int64_t>(0, pos0 - p.window + 1); k < pos0; ++k)
     if (!ring.holds(k)) return fail("SWA key of position " + str(k) + " is not in the ring");
 
@@ -222,7 +222,7 @@ Status attention_v4_forward(const AttentionCall& call, std::span<const float> x,
   else
     rows(0, n);
 
-  for (int64_t t = std::max<int64_t>(0, n - p.window); t < n; ++t)
+  for (int64_t t = std::max<int64_t>(0, n - ring.slots()); t < n; ++t)
     CEDAR_RETURN_IF_ERROR(
         ctx(ring.write(pos0 + t, std::span<const float>(kv).subspan(static_cast<size_t>(t * hd), static_cast<size_t>(hd)))));
   return ctx(attention_output_projection(o, n, w, p, out, pool));

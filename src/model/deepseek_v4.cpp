@@ -73,7 +73,8 @@ Result<SequenceState> DeepseekV4Model::new_sequence(const SequenceOptions& optio
     return make_error("ced mode is unavailable for deepseek_v4 models (no causal encoder-decoder split; exact only)");
   SequenceState s;
   s.options_ = options;
-  CEDAR_ASSIGN_OR_RETURN(s.attention_, AttentionState::create(plan_, attn_, options.kv));
+  s.exact_swa_layers_ = plan_.num_layers();
+  CEDAR_ASSIGN_OR_RETURN(s.attention_, AttentionState::create(plan_, attn_, options.kv, options.swa_history));
   return s;
 }
 

@@ -40,6 +40,12 @@ std::filesystem::path engram_map_path(const std::filesystem::path& dir, const Lo
 
 }  // namespace
 
+int64_t SwaSnapshot::bytes() const {
+  int64_t total = static_cast<int64_t>(sizeof(SwaSnapshot));
+  for (const SwaRing& r : rings) total += r.bytes() + r.slots() * static_cast<int64_t>(sizeof(int64_t));
+  return total;
+}
+
 std::string_view forward_mode_name(ForwardMode m) { return m == ForwardMode::Exact ? "exact" : "ced"; }
 
 Result<ForwardMode> parse_forward_mode(std::string_view text) {
@@ -52,7 +58,9 @@ struct DeepseekV41Model::Rows {
   std::span<const int64_t> tokens;
   int64_t pos0 = 0;
   int64_t n = 0;
-  bool tail = true;  // false: rows before the CED replay start (encoder + boundary layer only)
+  bool tail = true;     // false: rows before the CED replay start (encoder + boundary layer only)
+  bool replay = false;  // rows of a resumed sequence's cached prefix: KV sources do not write global KV
+  bool last = true;     // holds the chunk's last row (LogitRows::Last)
 };
 
 struct DeepseekV41Model::Buffers {
@@ -106,17 +114,30 @@ Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& pat
   return m;
 }
 
-Result<SequenceState> DeepseekV41Model::new_sequence(const SequenceOptions& options) const {
+Result<SequenceState> DeepseekV41Model::init_sequence(const SequenceOptions& options) const {
   SequenceState s;
   s.options_ = options;
+  if (options.swa_history < 0) return make_error("swa_history " + str(options.swa_history) + " must not be negative");
+  s.exact_swa_layers_ = plan_.num_layers();
   if (options.mode == ForwardMode::Ced) {
     if (!plan_.ced) return make_error("ced mode is unavailable for this model: " + plan_.ced_unavailable_reason);
     if (options.prompt_length <= 0) return make_error("ced mode needs the prompt length (> 0)");
     const int64_t tail = options.ced_tail > 0 ? options.ced_tail : config_.sliding_window;
     s.replay_start_ = std::max<int64_t>(0, options.prompt_length - tail);
+    s.exact_swa_layers_ = ced_exact_layers(options);
   }
-  CEDAR_ASSIGN_OR_RETURN(s.attention_, AttentionState::create(plan_, attn_, options.kv));
+  CEDAR_ASSIGN_OR_RETURN(s.attention_, AttentionState::create(plan_, attn_, options.kv, options.swa_history));
   return s;
+}
+
+// Layers whose rings a ced run computes as the exact run does: the encoder, and the boundary (last KV
+// source) when its attention runs on every row. The decoder's rings start at the replay start.
+int64_t DeepseekV41Model::ced_exact_layers(const SequenceOptions& options) const {
+  return options.ced_boundary == CedBoundary::ExactSource ? plan_.last_kv_source + 1 : plan_.encoder_layers;
+}
+
+Result<SequenceState> DeepseekV41Model::new_sequence(const SequenceOptions& options) const {
+  return init_sequence(options);
 }
 
 Result<ForwardOutput> DeepseekV41Model::forward(std::span<const int64_t> tokens, SequenceState& state,
@@ -129,14 +150,22 @@ Result<ForwardOutput> DeepseekV41Model::forward(std::span<const int64_t> tokens,
                         str(config_.vocab_size) + ")");
   ForwardOutput out;
   out.vocab = config_.vocab_size;
-  // Rows before the CED replay start run fewer layers than the rest: split the chunk there. The split
-  // is exact since a chunk boundary anywhere gives the same result.
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t head = std::clamp<int64_t>(state.replay_start_ - state.length_, 0, n);
-  const Rows parts[2] = {{tokens.first(static_cast<size_t>(head)), state.length_, head, false},
-                         {tokens.subspan(static_cast<size_t>(head)), state.length_ + head, n - head, true}};
-  for (const Rows& rows : parts) {
-    if (rows.n == 0) continue;
+  // Rows before the CED replay start run fewer layers than the rest, replay rows of a resumed sequence
+  // (before its cached end P) run their KV sources without global writes: split the chunk at both
+  // points. The split is exact since a chunk boundary anywhere gives the same result.
+  const int64_t n = static_cast<int64_t>(tokens.size()), pos0 = state.length_;
+  int64_t cuts[4] = {0, std::clamp<int64_t>(state.replay_start_ - pos0, 0, n),
+                     std::clamp<int64_t>(state.cached_end_ - pos0, 0, n), n};
+  std::sort(cuts + 1, cuts + 3);
+  for (int k = 0; k < 3; ++k) {
+    const int64_t a = cuts[k], b = cuts[k + 1];
+    if (a == b) continue;
+    const Rows rows{.tokens = tokens.subspan(static_cast<size_t>(a), static_cast<size_t>(b - a)),
+                    .pos0 = pos0 + a,
+                    .n = b - a,
+                    .tail = pos0 + a >= state.replay_start_,
+                    .replay = pos0 + a < state.cached_end_,
+                    .last = b == n};
     Status st = run_rows(rows, state, options, out);
     if (!st.ok()) {
       state.failed_ = true;
@@ -188,7 +217,9 @@ Status DeepseekV41Model::run_rows(const Rows& rows, SequenceState& state, const 
   }
 
   AttentionScratch scratch;
-  const int64_t last_layer = rows.tail ? plan_.num_layers() - 1 : plan_.last_kv_source;
+  int64_t last_layer = rows.tail ? plan_.num_layers() - 1 : plan_.last_kv_source;
+  // A GlobalKvOnly boundary has nothing to do on pre-tail rows whose global KV is cached.
+  if (!rows.tail && rows.replay && state.options_.ced_boundary == CedBoundary::GlobalKvOnly) --last_layer;
   for (int64_t l = 0; l <= last_layer; ++l) CEDAR_RETURN_IF_ERROR(run_layer(l, rows, b, state, scratch, options));
   state.length_ = rows.pos0 + n;
   if (!rows.tail) return Status::Ok();
@@ -233,7 +264,9 @@ Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, Sequ
   const bool boundary = l == plan_.last_kv_source;
   const bool global_kv_only = state.options_.ced_boundary == CedBoundary::GlobalKvOnly;
   if (rows.tail && (l > plan_.last_kv_source || (boundary && global_kv_only))) call.swa_start = state.replay_start_;
+  call.swa_start = std::max(call.swa_start, state.swa_floor_);  // SWA bounded replay of a resumed sequence
   if (!rows.tail && boundary && global_kv_only) call.pass = AttentionPass::GlobalKvOnly;
+  if (rows.replay && role.owns_compressor) call.pass = AttentionPass::SwaReplay;  // global KV is cached
   Status st = attention_forward(call, b.xn, W.attn, attn_, state.attention_, scratch,
                                 call.pass == AttentionPass::GlobalKvOnly ? std::span<float>() : std::span<float>(b.y),
                                 pool);
@@ -282,7 +315,7 @@ Status DeepseekV41Model::finish_rows(const Rows& rows, Buffers& b, const Forward
   });
   cpu::rms_norm(b.x, d, weights_.tensors().final_norm, config_.rms_norm_eps, b.xn);
   emit(options, "final_norm", rows.pos0, n, d, b.xn);
-  if (options.logits == LogitRows::None) return Status::Ok();
+  if (options.logits == LogitRows::None || (options.logits == LogitRows::Last && !rows.last)) return Status::Ok();
 
   const int64_t first = options.logits == LogitRows::Last ? n - 1 : 0;
   const int64_t m = n - first;

@@ -23,6 +23,13 @@
 //     Global KV of every prompt token is exact either way. Logits exist only for rows >= s.
 // A chunk of any size gives the same result as one call over the whole sequence, and token-by-token
 // decode the same as a one-shot prefill: all cross-chunk state lives in SequenceState.
+//
+// Prefix caching (docs/prefix_cache.md): resume_sequence starts a sequence at length R from cached
+// global-KV blocks covering [0, P) (shared through the block pool, not copied) and either a snapshot of
+// the SWA rings restorable at R (exact continuation) or nothing (SWA bounded replay from R, §3.11 use
+// 2: every layer's SWA keys start at R; approximate). Rows [R, P) are replay rows: KV source layers run
+// AttentionPass::SwaReplay (no global writes), everything else as usual; rows from P on are normal. The
+// forward splits chunks at P as it does at the CED replay start, which becomes max(N − tail, R).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +66,21 @@ class DeepseekV41Model {
 
   Result<SequenceState> new_sequence(const SequenceOptions& options = {}) const;
 
+  // A sequence of length resume.restart (R) whose global caches hold the cached prefix [0, P). Errors
+  // name what is wrong: P not a multiple of tokens_per_block (or of a compress ratio), R outside [0, P],
+  // a stream count or a stream's block count that does not match P, blocks not in use in
+  // options.kv.pool (or no pool) or of the wrong size, history not of R valid tokens; with a snapshot:
+  // slot count != window + swa_history, fewer layers than the mode needs (exact: all; ced: encoder +
+  // ExactSource boundary), R outside [earliest_restore, length], rings of another format; exact mode
+  // without a snapshot and R > 0, or from a prefix that is not exact.
+  Result<SequenceState> resume_sequence(const SequenceOptions& options, const ResumeSpec& resume) const;
+  // Copies the rings of layers [0, state.exact_swa_layers()) at state.length().
+  Result<SwaSnapshot> snapshot_swa(const SequenceState& state) const;
+  // Block ids of every global-KV stream (global_kv_streams order) covering [0, tokens): tokens a
+  // multiple of tokens_per_block (and of every compress ratio), <= what the caches hold. The ids stay
+  // valid while the state (or anyone else who retained them) holds them.
+  Result<std::vector<std::vector<BlockId>>> prefix_blocks(const SequenceState& state, int64_t tokens) const;
+
   // Processes `tokens` at positions [state.length(), state.length() + n) and advances the state.
   // Token ids must be in [0, vocab). After an error the state must be discarded.
   Result<ForwardOutput> forward(std::span<const int64_t> tokens, SequenceState& state,
@@ -68,6 +90,8 @@ class DeepseekV41Model {
   struct Rows;     // one contiguous run of rows of a chunk, all at the same depth (deepseek_v41.cpp)
   struct Buffers;  // activations of those rows
 
+  Result<SequenceState> init_sequence(const SequenceOptions& options) const;
+  int64_t ced_exact_layers(const SequenceOptions& options) const;
   Status run_rows(const Rows& rows, SequenceState& state, const ForwardOptions& options, ForwardOutput& out) const;
   Status run_layer(int64_t layer, const Rows& rows, Buffers& b, SequenceState& state, AttentionScratch& scratch,
                    const ForwardOptions& options) const;

@@ -92,6 +92,11 @@ class EngramHasher {
   // Chunked calls give exactly the rows of one call over the whole sequence.
   Status hash_chunk(int64_t pos0, std::span<const int64_t> tokens, std::span<const uint8_t> is_image,
                     EngramHistory& hist, std::span<int64_t> rows_out) const;
+  // The history a sequence carries at position `pos` (resuming it there, e.g. from a prefix cache):
+  // `preceding` holds the token ids of positions [pos − preceding.size(), pos) (text tokens) and must
+  // cover the last min(pos, N−1) positions. Hashing from there on gives the rows of an uninterrupted
+  // run. Errors: pos < 0, preceding longer than pos or too short, an id outside the token map.
+  Result<EngramHistory> history_at(int64_t pos, std::span<const int64_t> preceding) const;
 
  private:
   EngramLayout layout_;

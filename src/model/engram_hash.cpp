@@ -344,4 +344,28 @@ Status EngramHasher::hash_chunk(int64_t pos0, std::span<const int64_t> tokens, s
   return Status::Ok();
 }
 
+Result<EngramHistory> EngramHasher::history_at(int64_t pos, std::span<const int64_t> preceding) const {
+  const int64_t have = static_cast<int64_t>(preceding.size());
+  const int64_t keep = std::min(pos, std::max<int64_t>(layout_.max_ngram() - 1, 0));
+  if (pos < 0) return make_error("Engram history: negative position " + std::to_string(pos));
+  if (have > pos)
+    return make_error("Engram history: " + std::to_string(have) + " preceding tokens before position " +
+                      std::to_string(pos));
+  if (layout_.n_slots() > 0 && have < keep)
+    return make_error("Engram history at position " + std::to_string(pos) + " needs the last " +
+                      std::to_string(keep) + " tokens, got " + std::to_string(have));
+  EngramHistory h;
+  h.next_pos = pos;
+  if (layout_.n_slots() == 0) return h;
+  for (int64_t i = have - keep; i < have; ++i) {
+    const int64_t id = preceding[static_cast<size_t>(i)];
+    if (id < 0 || id >= static_cast<int64_t>(map_.size()))
+      return make_error("Engram history: token id " + std::to_string(id) + " at position " +
+                        std::to_string(pos - have + i) + " is outside the token map (" + std::to_string(map_.size()) +
+                        " ids)");
+    h.recent.push_back(map_[static_cast<size_t>(id)]);
+  }
+  return h;
+}
+
 }  // namespace cedar

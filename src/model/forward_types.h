@@ -57,6 +57,44 @@ struct SequenceOptions {
   int64_t ced_tail = 0;       // ced: replayed decoder rows; 0 = sliding_window
   CedBoundary ced_boundary = CedBoundary::ExactSource;
   KvCacheOptions kv = {};     // cache formats / shared block pool (kv/kv_layout.h)
+  // Extra SWA ring slots beyond the window (ring slots = sliding_window + swa_history), so that a
+  // snapshot taken at length L can restore the sequence at any R in [L − swa_history, L]. No effect
+  // on the numerics.
+  int64_t swa_history = 0;
+};
+
+// Copies of a sequence's SWA rings (layers [0, exact_layers)) at length `length` (DeepseekV41Model::
+// snapshot_swa; docs/prefix_cache.md).
+struct SwaSnapshot {
+  int64_t length = 0;
+  int64_t exact_layers = 0;  // rings captured: layers [0, exact_layers); 0 = nothing usable
+  int64_t slots = 0;         // ring slots (window + swa_history of the sequence it came from)
+  // Every ring holds the keys of positions [held_from, length): max(0, length − slots), or later when
+  // the sequence was itself resumed at a point before the snapshot it came from.
+  int64_t held_from = 0;
+  std::vector<SwaRing> rings;  // [exact_layers]
+
+  int64_t bytes() const;  // host memory it holds
+  // The earliest length the snapshot restores a sequence at: max(0, length − (slots − window)) for a
+  // ring that has wrapped (held_from = length − slots); 0 when it holds every position (held_from = 0).
+  int64_t earliest_restore(int64_t window) const { return held_from > 0 ? held_from + window : 0; }
+};
+
+// Resume a sequence from a cached prefix (DeepseekV41Model::resume_sequence).
+struct ResumeSpec {
+  int64_t cached_tokens = 0;  // P, a multiple of options.kv.tokens_per_block (and of every compress ratio)
+  // Per global-KV stream (global_kv_streams order): the full blocks covering floor(P / ratio) entries,
+  // blocks of options.kv.pool; the new state retains them (shared, never written).
+  std::vector<std::vector<BlockId>> blocks;
+  int64_t restart = 0;  // R <= P: the state starts at length R; the caller feeds tokens[R..]
+  // Restore rings at R (R in [earliest_restore, length]); null: SWA bounded replay, every layer's SWA
+  // keys start at R (approximate unless R == 0; refused in exact mode).
+  const SwaSnapshot* swa = nullptr;
+  std::span<const int64_t> history;  // the sequence's tokens [0, R) (Engram history needs the last few)
+  // Whether the cached global KV equals the reference's (false: it came from a sequence that went
+  // through an approximate replay). Exact mode refuses an approximate prefix; ced mode carries it on
+  // (global_kv_exact() false).
+  bool prefix_exact = true;
 };
 
 // Everything one sequence carries from one forward call to the next.
@@ -66,6 +104,16 @@ class SequenceState {
   int64_t replay_start() const { return replay_start_; }  // 0 in exact mode
   const SequenceOptions& options() const { return options_; }
   const AttentionState& attention() const { return attention_; }
+  // Rows below this position are replay rows of a resumed sequence (the global caches already cover
+  // them); 0 for a new sequence.
+  int64_t cached_end() const { return cached_end_; }
+  // False once the sequence — or the prefix it resumed from — went through an approximate SWA replay:
+  // its later global KV differs from the reference's.
+  bool global_kv_exact() const { return global_kv_exact_; }
+  // Rings [0, exact_swa_layers()) equal those of an uncached run of the same mode: exact mode every
+  // layer; ced mode the encoder layers + the boundary layer when CedBoundary::ExactSource; 0 after an
+  // approximate replay.
+  int64_t exact_swa_layers() const { return global_kv_exact_ ? exact_swa_layers_ : 0; }
 
  private:
   friend class DeepseekV41Model;
@@ -75,6 +123,11 @@ class SequenceState {
   EngramHistory engram_;
   int64_t length_ = 0;
   int64_t replay_start_ = 0;
+  int64_t cached_end_ = 0;       // P of a resumed sequence
+  int64_t swa_floor_ = 0;        // every layer's swa_start is at least this (R of an SWA replay)
+  int64_t swa_held_from_ = 0;    // the rings never held positions before this
+  int64_t exact_swa_layers_ = 0;
+  bool global_kv_exact_ = true;
   bool failed_ = false;  // a forward failed midway: the state is inconsistent
 };
 
