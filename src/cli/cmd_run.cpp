@@ -32,6 +32,7 @@ CommandSpec make_spec() {
           {"stats-json", "write timings, token counts and KV bytes per token here as JSON", true, "", "FILE"},
       }};
   for (auto& o : sampling_option_specs("64")) spec.options.push_back(o);
+  for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
   return spec;
 }
 
@@ -78,11 +79,16 @@ int cmd_run(const Args& args) {
 
   auto cache = kv_cache_from_args(a, model);
   if (!cache.ok()) return std::fprintf(stderr, "cedar run: %s\n", cache.error().message.c_str()), 2;
+  auto disk = kv_disk_store_from_args(a, model, loaded->path, cache->kv.tokens_per_block);
+  if (!disk.ok()) return fail(disk.error().message);
   engine::DeepseekRunner runner(model, &pool, cache->kv);
   engine::EngineOptions eo;
   eo.mode = *mode;
   eo.tokenizer = loaded->tokenizer.get();
+  eo.prefix_cache.store = disk->get();
   engine::Engine eng(runner, *cache->budget, eo);
+  if (*disk && eng.prefix_cache() == nullptr)
+    std::fprintf(stderr, "cedar run: --kv-cache-dir is not used: %s\n", eng.prefix_cache_status().c_str());
   engine::GenerationRequest req;
   req.prompt = prompt;
   req.params = *params;
@@ -128,10 +134,19 @@ int cmd_run(const Args& args) {
         {"kv_cache_capacity_bytes", cache->budget->capacity_bytes()},
         {"kv_pool_peak_used_bytes", cache->budget->pool()->stats().peak_used_bytes},
         {"preemptions", es.preemptions},
+        {"cached_tokens", r.stats.cached_tokens},
+        {"replayed_tokens", r.stats.replayed_tokens},
         {"swa_bytes_per_sequence", kv.swa_bytes_per_sequence},
         {"token_ids", r.tokens},
         {"text", r.text},
     };
+    if (*disk) {
+      const KvDiskStoreStats ds = (*disk)->stats();
+      j["kv_disk"] = {{"files", ds.files},          {"bytes", ds.bytes},     {"budget_bytes", ds.budget_bytes},
+                      {"puts", ds.puts},            {"gets", ds.gets},       {"hits", ds.hits},
+                      {"misses", ds.misses},        {"corrupt", ds.corrupt}, {"evictions", ds.evictions},
+                      {"bytes_read", ds.bytes_read}, {"bytes_written", ds.bytes_written}};
+    }
     const std::string text = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (Status st = io::write_file_atomically(
             a.get("stats-json"), std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));

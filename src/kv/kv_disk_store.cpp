@@ -357,8 +357,9 @@ Status KvDiskStore::put(const StoredPrefixBlock& block) {
   {
     std::lock_guard lock(mu_);
     auto it = entries_.find(block.key);
-    if (it != entries_.end() && (it->second.exact == 1 || (it->second.exact == 0 && !block.exact))) {
-      // Same key, same prefix: the stored copy is as good. Only its recency changes.
+    if (it != entries_.end() && (it->second.exact == 1 || !block.exact)) {
+      // Same key, same prefix: the stored copy is as good (an approximate copy never replaces a file
+      // that may be exact). Only its recency changes.
       const timespec t = to_timespec(next_stamp_locked());
       const timespec times[2] = {t, t};
       ::utimensat(AT_FDCWD, path.c_str(), times, 0);

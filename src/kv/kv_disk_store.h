@@ -115,7 +115,7 @@ class KvDiskStore final : public PrefixBlockStore {
 
   // Errors: a block that does not match the layout, a file larger than the budget, I/O failures.
   // A block already stored with the same key is not written again (it only becomes the most recently
-  // used) unless the new copy upgrades an approximate one to exact (or the stored flag is not known).
+  // used), except that an exact copy replaces one that is approximate or not read since open().
   Status put(const StoredPrefixBlock& block) override;
   std::optional<StoredPrefixBlock> get(const PrefixKey& key) override;
   bool contains(const PrefixKey& key) const override;

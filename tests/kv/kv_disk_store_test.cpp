@@ -277,6 +277,24 @@ TEST_F(KvDiskStoreTest, BlocksWrittenByAnEarlierStoreAreFoundAfterARestart) {
   EXPECT_EQ(store->stats().puts, 1);
 }
 
+TEST_F(KvDiskStoreTest, AfterARestartAnApproximateCopyDoesNotReplaceAFileNotYetRead) {
+  const auto blocks = chain(2);
+  {
+    auto store = open(options());
+    for (const auto& b : blocks) ASSERT_TRUE(store->put(b).ok());  // exact
+  }
+  auto store = open(options());
+  StoredPrefixBlock approximate = blocks[0];
+  approximate.exact = false;
+  ASSERT_TRUE(store->put(approximate).ok());
+  EXPECT_EQ(store->stats().puts, 0);
+  EXPECT_EQ(store->stats().puts_skipped, 1);
+  EXPECT_TRUE(store->get(blocks[0].key)->exact);
+  // An exact copy of a block not read yet is written (the file might have been approximate).
+  ASSERT_TRUE(store->put(blocks[1]).ok());
+  EXPECT_EQ(store->stats().puts, 1);
+}
+
 TEST_F(KvDiskStoreTest, OneStorePerDirectory) {
   auto first = open(options());
   ASSERT_TRUE(first);

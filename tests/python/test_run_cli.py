@@ -144,3 +144,30 @@ def test_bench_json_has_every_point(tmp_path):
         assert p["exact_cpu_s"] > 0 and p["ced_cpu_s"] > 0
         assert abs(p["exact_over_ced"] - p["exact_cpu_s"] / p["ced_cpu_s"]) < 1e-9
     assert data["prefill"]["ced_tail"] == data["sliding_window"]
+
+
+def test_run_kv_cache_dir(default_model, tmp_path):
+    """--kv-cache-dir: the SSD tier of the prefix cache (docs/prefix_cache.md). Two runs of one prompt on
+    the same directory: once the model runner supports prefix caching the second run must take its
+    prefix from disk; until then cedar must say that the directory is not used (never silently)."""
+    cache = tmp_path / "kv"
+    prompt = "In the beginning " * 12  # > 64 tokens: at least one full cache block
+    args = ("--prompt", prompt, "--max-tokens", "3", "--kv-cache-dir", str(cache), "--kv-cache-dir-gb", "0.05")
+    first_proc, first = run_stats(tmp_path, "kv1", *args)
+    assert (cache / "lock").exists()
+    assert first["kv_disk"]["budget_bytes"] == int(0.05 * 2**30)
+    assert first["kv_disk"]["corrupt"] == 0
+    second_proc, second = run_stats(tmp_path, "kv2", *args)
+    if "is not used" in second_proc.stderr:
+        # The runner has no prefix-cache support yet: nothing is written, nothing is read.
+        assert "prefix cache off" in second_proc.stderr
+        assert second["kv_disk"]["files"] == 0 and second["cached_tokens"] == 0
+    else:
+        assert first["kv_disk"]["puts"] > 0
+        assert second["kv_disk"]["hits"] > 0
+        assert second["cached_tokens"] >= 64
+    # Bad values are usage errors that name the option.
+    bad = cedar("run", "--prompt", "x", "--kv-cache-dir-gb", "1", check=False)
+    assert bad.returncode != 0 and "--kv-cache-dir-gb needs --kv-cache-dir" in bad.stderr
+    bad = cedar("run", "--prompt", "x", "--kv-cache-dir", str(cache), "--kv-cache-dir-gb", "0", check=False)
+    assert bad.returncode != 0 and "--kv-cache-dir-gb must be a positive number" in bad.stderr
