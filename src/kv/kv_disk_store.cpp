@@ -239,7 +239,8 @@ Status KvDiskStore::scan() {
   for (fs::directory_iterator top(options_.dir, ec), end; !ec && top != end; top.increment(ec)) {
     const std::string sub = top->path().filename().string();
     if (sub == "lock") continue;
-    if (!(sub.size() == 2 && is_hex(sub) && top->is_directory(ec))) {
+    std::error_code type_ec;
+    if (!(sub.size() == 2 && is_hex(sub) && top->is_directory(type_ec))) {
       ++stats_.foreign_files;
       continue;
     }
