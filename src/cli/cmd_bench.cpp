@@ -48,6 +48,12 @@ const CommandSpec kSpec{
         {"threads", "worker threads (0 = all cores)", true, "0", "N"},
         kv_cache_option_spec(),
         {"json", "write the JSON here instead of stdout", true, "", "FILE"},
+        // prefix_cache_option_specs() (generation_setup.h), spelled out for this static spec:
+        {"no-prefix-cache", "do not reuse the global KV of earlier requests' prefixes", false, "", ""},
+        {"swa-pool-mb", "host memory for SWA snapshots of cached prefixes, MiB (0: hits replay the window)", true,
+         "1024", "N"},
+        {"swa-ttl-s", "seconds an SWA snapshot stays after its last use", true, "600", "S"},
+        {"swa-history", "extra SWA ring slots per sequence (default: sliding window + 64)", true, "", "N"},
     }};
 
 Result<std::vector<int64_t>> parse_list(const std::string& text, const std::string& name) {
@@ -110,11 +116,14 @@ struct LoadPoint {
 
 Result<json> run_load(const DeepseekV41Model& model, ThreadPool& pool, const LoadPoint& lp, ForwardMode mode,
                       int64_t step_tokens, const ParsedArgs& args) {
-  CEDAR_ASSIGN_OR_RETURN(KvCacheSetup cache, kv_cache_from_args(args, model));  // a fresh pool per point
+  CEDAR_ASSIGN_OR_RETURN(engine::PrefixCacheOptions prefix, prefix_cache_from_args(args, model));
+  // A fresh pool (and prefix cache) per point.
+  CEDAR_ASSIGN_OR_RETURN(KvCacheSetup cache, kv_cache_from_args(args, model, swa_history_of(prefix)));
   engine::DeepseekRunner runner(model, &pool, cache.kv);
   engine::CacheBudget& budget = *cache.budget;
   engine::EngineOptions eo;
   eo.mode = mode;
+  eo.prefix_cache = prefix;
   eo.step_token_budget = step_tokens;
   eo.max_running = lp.concurrency;
   engine::Engine eng(runner, budget, eo);
@@ -169,7 +178,8 @@ Result<json> run_load(const DeepseekV41Model& model, ThreadPool& pool, const Loa
                kv_tokens > 0 ? static_cast<double>(kv_allocated) / static_cast<double>(kv_tokens) : 0.0},
               {"kv_cache_capacity_bytes", cache.budget->capacity_bytes()},
               {"kv_pool_peak_used_bytes", cache.budget->pool()->stats().peak_used_bytes},
-              {"preemptions", eng.stats().preemptions}};
+              {"preemptions", eng.stats().preemptions},
+              {"prefix_cache_hit_tokens", eng.prefix_cache_stats().hit_tokens}};
 }
 
 struct PrefillTime {

@@ -36,7 +36,10 @@ CommandSpec make_spec() {
           {"exact", "same as --mode exact", false, "", ""},
           {"threads", "worker threads (0 = all cores)", true, "0", "N"},
       }};
+  spec.options.push_back(kv_cache_option_spec());
   for (auto& o : sampling_option_specs("128")) spec.options.push_back(o);
+  for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
+  for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
   return spec;
 }
 
@@ -116,12 +119,24 @@ int cmd_chat(const Args& args) {
   ThreadPool pool(static_cast<int>(*threads));
   auto loaded = load_for_generation(LoadRequest{a.positional(0), &pool, true, "chat"});
   if (!loaded.ok()) return fail(loaded.error().message);
-  engine::DeepseekRunner runner(*loaded->model, &pool);
-  engine::ByteCacheBudget budget(runner.cache_footprint(), int64_t{1} << 40);
+  // Each turn re-sends the conversation: the prefix cache resumes it from the previous turn's KV.
+  auto prefix = prefix_cache_from_args(a, *loaded->model);
+  if (!prefix.ok()) return std::fprintf(stderr, "cedar chat: %s\n", prefix.error().message.c_str()), 2;
+  auto cache = kv_cache_from_args(a, *loaded->model, swa_history_of(*prefix));
+  if (!cache.ok()) return std::fprintf(stderr, "cedar chat: %s\n", cache.error().message.c_str()), 2;
+  // The SSD tier: conversations resume from disk after a restart.
+  auto disk = kv_disk_store_from_args(a, *loaded->model, loaded->path, cache->kv.tokens_per_block);
+  if (!disk.ok()) return fail(disk.error().message);
+  engine::DeepseekRunner runner(*loaded->model, &pool, cache->kv,
+                                *disk ? (*disk)->options().model_fingerprint : "");
   engine::EngineOptions eo;
   eo.mode = *mode;
   eo.tokenizer = loaded->tokenizer.get();
-  engine::Engine eng(runner, budget, eo);
+  eo.prefix_cache = *prefix;
+  eo.prefix_cache.store = disk->get();
+  engine::Engine eng(runner, *cache->budget, eo);
+  if (*disk && eng.prefix_cache() == nullptr)
+    std::fprintf(stderr, "cedar chat: --kv-cache-dir is not used: %s\n", eng.prefix_cache_status().c_str());
   if (interactive) std::fprintf(stderr, "cedar chat: %s (/reset, /exit)\n", loaded->path.string().c_str());
 
   std::vector<text::Message> history;

@@ -32,6 +32,7 @@ CommandSpec make_spec() {
           {"stats-json", "write timings, token counts and KV bytes per token here as JSON", true, "", "FILE"},
       }};
   for (auto& o : sampling_option_specs("64")) spec.options.push_back(o);
+  for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
   for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
   return spec;
 }
@@ -77,14 +78,18 @@ int cmd_run(const Args& args) {
   if (!a.flag("no-bos")) prompt.push_back(model.config().bos_token_id);
   prompt.insert(prompt.end(), ids->begin(), ids->end());
 
-  auto cache = kv_cache_from_args(a, model);
+  auto prefix = prefix_cache_from_args(a, model);
+  if (!prefix.ok()) return std::fprintf(stderr, "cedar run: %s\n", prefix.error().message.c_str()), 2;
+  auto cache = kv_cache_from_args(a, model, swa_history_of(*prefix));
   if (!cache.ok()) return std::fprintf(stderr, "cedar run: %s\n", cache.error().message.c_str()), 2;
   auto disk = kv_disk_store_from_args(a, model, loaded->path, cache->kv.tokens_per_block);
   if (!disk.ok()) return fail(disk.error().message);
-  engine::DeepseekRunner runner(model, &pool, cache->kv);
+  // With an SSD tier, the index keys are rooted in the fingerprint its files carry.
+  engine::DeepseekRunner runner(model, &pool, cache->kv, *disk ? (*disk)->options().model_fingerprint : "");
   engine::EngineOptions eo;
   eo.mode = *mode;
   eo.tokenizer = loaded->tokenizer.get();
+  eo.prefix_cache = *prefix;
   eo.prefix_cache.store = disk->get();
   engine::Engine eng(runner, *cache->budget, eo);
   if (*disk && eng.prefix_cache() == nullptr)
@@ -136,6 +141,7 @@ int cmd_run(const Args& args) {
         {"preemptions", es.preemptions},
         {"cached_tokens", r.stats.cached_tokens},
         {"replayed_tokens", r.stats.replayed_tokens},
+        {"prefix_cache", eng.prefix_cache() != nullptr ? "on" : eng.prefix_cache_status().empty() ? "off" : eng.prefix_cache_status()},
         {"swa_bytes_per_sequence", kv.swa_bytes_per_sequence},
         {"token_ids", r.tokens},
         {"text", r.text},
@@ -143,7 +149,7 @@ int cmd_run(const Args& args) {
     if (*disk) {
       const KvDiskStoreStats ds = (*disk)->stats();
       j["kv_disk"] = {{"files", ds.files},          {"bytes", ds.bytes},     {"budget_bytes", ds.budget_bytes},
-                      {"puts", ds.puts},            {"gets", ds.gets},       {"hits", ds.hits},
+                      {"puts", ds.puts},            {"puts_skipped", ds.puts_skipped},            {"gets", ds.gets},       {"hits", ds.hits},
                       {"misses", ds.misses},        {"corrupt", ds.corrupt}, {"evictions", ds.evictions},
                       {"bytes_read", ds.bytes_read}, {"bytes_written", ds.bytes_written}};
     }

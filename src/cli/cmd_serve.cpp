@@ -21,7 +21,7 @@ namespace cedar::cli {
 namespace {
 
 CommandSpec make_spec() {
-  return CommandSpec{
+  CommandSpec spec{
       "serve",
       "Serve MODEL over HTTP with the OpenAI / DeepSeek API (POST /v1/chat/completions, /v1/completions,\n"
       "/v1/messages (Anthropic), "
@@ -47,6 +47,9 @@ CommandSpec make_spec() {
           {"context-length", "fake backend: context length to report", true, "4096", "N"},
           {"fake-cached-tokens", "fake backend: prompt tokens to report as prefix-cache hits", true, "0", "N"},
       }};
+  for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
+  for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
+  return spec;
 }
 
 Result<std::unique_ptr<text::Tokenizer>> load_v41_tokenizer() {
@@ -121,6 +124,8 @@ int cmd_serve(const Args& args) {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<engine::DeepseekRunner> runner;
+  std::unique_ptr<KvCacheSetup> kv_cache;
+  std::unique_ptr<KvDiskStore> kv_disk;  // outlives the backend's engine, which writes through to it
   std::unique_ptr<server::GenerationBackend> backend;
   if (a.flag("fake-backend")) {
     auto tok = load_v41_tokenizer();
@@ -139,13 +144,26 @@ int cmd_serve(const Args& args) {
     auto loaded = load_for_generation(LoadRequest{a.positional(0), pool.get(), true, "serve"});
     if (!loaded.ok()) return std::fprintf(stderr, "cedar serve: %s\n", loaded.error().message.c_str()), 1;
     model = std::make_unique<LoadedModel>(std::move(*loaded));
+    auto prefix = prefix_cache_from_args(a, *model->model);
+    if (!prefix.ok()) return std::fprintf(stderr, "cedar serve: %s\n", prefix.error().message.c_str()), 2;
+    // One paged pool for every sequence's global KV, so cached prefixes are shared by reference.
+    auto setup = kv_cache_setup(*model->model, std::max<int64_t>(1, *kv_bytes), swa_history_of(*prefix));
+    if (!setup.ok()) return std::fprintf(stderr, "cedar serve: --kv-bytes: %s\n", setup.error().message.c_str()), 2;
+    kv_cache = std::make_unique<KvCacheSetup>(std::move(*setup));
+    auto disk = kv_disk_store_from_args(a, *model->model, model->path, kv_cache->kv.tokens_per_block);
+    if (!disk.ok()) return std::fprintf(stderr, "cedar serve: %s\n", disk.error().message.c_str()), 2;
+    kv_disk = std::move(*disk);
+    prefix->store = kv_disk.get();
     server::EngineBackendOptions eo;
     eo.kv_capacity_bytes = *kv_bytes;
+    eo.budget = kv_cache->budget.get();
+    eo.prefix_cache = *prefix;
     eo.max_running = std::max<int64_t>(1, *max_running);
     eo.mode = *mode;
     eo.context_length = model->model->config().max_position_embeddings;
     eo.bos_token = model->model->config().bos_token_id;
-    runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get());
+    runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get(), kv_cache->kv,
+                                                      kv_disk ? kv_disk->options().model_fingerprint : "");
     backend = std::make_unique<server::EngineBackend>(*runner, *model->tokenizer, eo);
   }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -134,16 +135,15 @@ OptionSpec kv_cache_option_spec() {
           "N"};
 }
 
-Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& a, const DeepseekV41Model& model) {
-  auto mb = a.get_int("kv-cache-mb");
-  if (!mb.ok() || *mb <= 0 || *mb > (int64_t{1} << 30))
-    return make_error("--kv-cache-mb must be a positive number of MiB, got '" + a.get("kv-cache-mb") + "'");
+Result<KvCacheSetup> kv_cache_setup(const DeepseekV41Model& model, int64_t capacity_bytes, int64_t swa_history) {
   KvCacheSetup setup;
   const KvBudget kv = compute_kv_budget(model.config(), model.plan());
+  // SWA rings of window + swa_history slots (compute_kv_budget charges window slots).
+  const int64_t window = model.config().sliding_window;
+  const int64_t ring_bytes = window > 0 ? kv.swa_bytes_per_sequence / window * (window + swa_history) : 0;
   CEDAR_ASSIGN_OR_RETURN(engine::PoolCacheLayout layout,
-                         engine::pool_cache_layout(model.config(), model.plan(), kv.swa_bytes_per_sequence,
-                                                   setup.kv.tokens_per_block));
-  CEDAR_ASSIGN_OR_RETURN(setup.budget, engine::PoolCacheBudget::create(std::move(layout), *mb << 20));
+                         engine::pool_cache_layout(model.config(), model.plan(), ring_bytes, setup.kv.tokens_per_block));
+  CEDAR_ASSIGN_OR_RETURN(setup.budget, engine::PoolCacheBudget::create(std::move(layout), capacity_bytes));
   setup.kv.pool = setup.budget->pool();
   return setup;
 }
@@ -165,6 +165,7 @@ Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& a
     return std::unique_ptr<KvDiskStore>();
   }
   if (a.get("kv-cache-dir").empty()) return make_error("--kv-cache-dir: empty directory name");
+  if (a.flag("no-prefix-cache")) return make_error("--kv-cache-dir is a tier of the prefix cache: drop --no-prefix-cache");
   CEDAR_ASSIGN_OR_RETURN(const double gib, get_double(a, "kv-cache-dir-gb"));
   if (!(gib > 0) || gib > 1e6)
     return make_error("--kv-cache-dir-gb must be a positive number of GiB, got '" + a.get("kv-cache-dir-gb") + "'");
@@ -180,5 +181,44 @@ Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& a
   if (!store.ok()) return store.error().with_context("--kv-cache-dir");
   return std::move(*store);
 }
+
+Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& a, const DeepseekV41Model& model, int64_t swa_history) {
+  auto mb = a.get_int("kv-cache-mb");
+  if (!mb.ok() || *mb <= 0 || *mb > (int64_t{1} << 30))
+    return make_error("--kv-cache-mb must be a positive number of MiB, got '" + a.get("kv-cache-mb") + "'");
+  return kv_cache_setup(model, *mb << 20, swa_history);
+}
+
+std::vector<OptionSpec> prefix_cache_option_specs() {
+  return {
+      {"no-prefix-cache", "do not reuse the global KV of earlier requests' prefixes", false, "", ""},
+      {"swa-pool-mb", "host memory for SWA snapshots of cached prefixes, MiB (0: hits replay the window)", true,
+       "1024", "N"},
+      {"swa-ttl-s", "seconds an SWA snapshot stays after its last use", true, "600", "S"},
+      {"swa-history", "extra SWA ring slots per sequence (default: sliding window + 64)", true, "", "N"},
+  };
+}
+
+Result<engine::PrefixCacheOptions> prefix_cache_from_args(const ParsedArgs& a, const DeepseekV41Model& model) {
+  engine::PrefixCacheOptions o;
+  o.enabled = !a.flag("no-prefix-cache");
+  auto mb = a.get_int("swa-pool-mb");
+  if (!mb.ok() || *mb < 0 || *mb > (int64_t{1} << 30))
+    return make_error("--swa-pool-mb must be a number of MiB >= 0, got '" + a.get("swa-pool-mb") + "'");
+  o.swa_pool_bytes = *mb << 20;
+  CEDAR_ASSIGN_OR_RETURN(o.swa_ttl_seconds, get_double(a, "swa-ttl-s"));
+  if (!(o.swa_ttl_seconds >= 0)) return make_error("--swa-ttl-s must be >= 0");
+  if (a.has("swa-history")) {
+    auto h = a.get_int("swa-history");
+    if (!h.ok() || *h < 0) return make_error("--swa-history must be >= 0, got '" + a.get("swa-history") + "'");
+    o.swa_history = *h;
+  } else {
+    o.swa_history = model.config().sliding_window + KvCacheOptions{}.tokens_per_block;
+  }
+  // o.store (the SSD tier) comes from kv_disk_store_from_args: it needs the model's directory.
+  return o;
+}
+
+int64_t swa_history_of(const engine::PrefixCacheOptions& o) { return o.enabled ? std::max<int64_t>(0, o.swa_history) : 0; }
 
 }  // namespace cedar::cli

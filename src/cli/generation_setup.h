@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "core/threads.h"
 #include "engine/pool_cache_budget.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "kv/kv_disk_store.h"
 #include "model/deepseek_v41.h"
@@ -47,11 +48,22 @@ Result<ForwardMode> mode_from_args(const ParsedArgs& args);
 // preempts (and later recomputes) requests when it is full.
 OptionSpec kv_cache_option_spec();
 // The budget (with its shared block pool) and the cache options the model runner gives its sequences.
+// `swa_history`: extra SWA ring slots per sequence (the prefix cache's), charged per sequence.
 struct KvCacheSetup {
   std::unique_ptr<engine::PoolCacheBudget> budget;
   KvCacheOptions kv;  // kv.pool = budget->pool()
 };
-Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model);
+Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model, int64_t swa_history = 0);
+Result<KvCacheSetup> kv_cache_setup(const DeepseekV41Model& model, int64_t capacity_bytes, int64_t swa_history);
+
+// Prefix cache options (docs/prefix_cache.md): --no-prefix-cache, --swa-pool-mb N, --swa-ttl-s S,
+// --swa-history N. The SSD tier's --kv-cache-dir DIR / --kv-cache-dir-gb N (engineer "disk") plug in here
+// as PrefixCacheOptions::store.
+std::vector<OptionSpec> prefix_cache_option_specs();
+// Options with swa_history resolved (sliding_window + tokens_per_block unless given; 0 when off).
+Result<engine::PrefixCacheOptions> prefix_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model);
+// The swa_history sequences get with these options (0 when the cache is off).
+int64_t swa_history_of(const engine::PrefixCacheOptions& options);
 
 // --kv-cache-dir DIR: the SSD tier of the prefix cache (kv/kv_disk_store.h), one file per 64-token
 // block of global KV, kept across restarts; --kv-cache-dir-gb N: its size budget in GiB (fractions

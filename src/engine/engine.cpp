@@ -75,9 +75,7 @@ PrefixCacheStats Engine::prefix_cache_stats() const { return cache_ ? cache_->st
 
 // Chooses how the request's next sequence starts: from the longest cached prefix the policy admits, or
 // empty. Runs once per sequence, before the planner reserves room for it.
-void Engine::admit_from_cache(Active& r) {
-  r.admitted = true;
-  if (!cache_) return;
+AdmitRequest Engine::admit_request(const Active& r) const {
   AdmitRequest q;
   q.id = r.id;
   q.tokens = r.tokens;
@@ -85,13 +83,25 @@ void Engine::admit_from_cache(Active& r) {
   q.mode = options_.mode;
   q.ced_tail = options_.ced_tail;
   q.recompute = r.started;
-  r.cache = cache_->admit(q);
+  return q;
+}
+
+void Engine::admit_from_cache(Active& r) {
+  r.admitted = true;
+  if (!cache_) return;
+  r.cache = cache_->admit(admit_request(r));
   r.computed = r.cache.restart;
+}
+
+// The request's sequence exists now: its stats report how the first one started.
+void Engine::sequence_started(Active& r) {
+  if (cache_) cache_->started(admit_request(r), r.cache);
   if (!r.started) {
     r.result.stats.cached_tokens = r.cache.cached_tokens;
     r.result.stats.replayed_tokens = r.cache.cached_tokens - r.cache.restart;
     r.result.stats.cache_approximate = r.cache.approximate;
   }
+  r.started = true;
 }
 
 void Engine::record_in_cache(Active& r) {
@@ -345,7 +355,7 @@ Status Engine::step() {
         continue;
       }
       r.sequence = std::move(*seq);
-      r.started = true;
+      sequence_started(r);
     }
     BatchItem item;
     item.sequence = r.sequence.get();

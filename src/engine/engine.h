@@ -142,7 +142,9 @@ class Engine {
   };
 
   void drain_inbox();
+  AdmitRequest admit_request(const Active& r) const;
   void admit_from_cache(Active& r);
+  void sequence_started(Active& r);
   void record_in_cache(Active& r);
   bool holds_cache(const Active& a) const;
   void finish(Active& r, FinishReason reason, std::string error = {});

@@ -59,6 +59,10 @@ class FakeSequence final : public ModelSequence {
       return make_error("fake model: malformed resume (P " + std::to_string(r.cached_tokens) + ", R " +
                         std::to_string(r.restart) + ")");
     cached_ = r.cached_tokens;
+    if (!r.prefix_exact) {
+      if (spec_.mode == ForwardMode::Exact) return make_error("fake model: exact mode from an approximate prefix");
+      approximate_ = true;
+    }
     for (size_t s = 0; s < streams_.size(); ++s) {
       const size_t need = static_cast<size_t>(r.cached_tokens / B);
       if (r.blocks[s].size() != need) return make_error("fake model: resume with a wrong number of blocks");

@@ -32,6 +32,7 @@ struct SequenceResume {
   int64_t restart = 0;                       // R <= P: the sequence starts at length R; the engine feeds tokens[R..]
   std::shared_ptr<const SequenceSnapshot> snapshot;  // rings at R; null: SWA bounded replay from R
   std::span<const int64_t> history;          // tokens [0, R)
+  bool prefix_exact = true;                  // every cached block is exact (ResumeSpec::prefix_exact)
 };
 
 struct SequenceSpec {
@@ -97,20 +98,24 @@ class ModelRunner {
 // The DeepSeek-V4.1 CPU reference model. The model and pool must outlive the runner. `kv`: every
 // sequence's cache options; kv.pool is the shared block pool its global KV is allocated from
 // (PoolCacheBudget::pool(), with the same tokens_per_block as the budget's layout); null: a private
-// unbounded pool per sequence.
+// unbounded pool per sequence (and no prefix caching). `fingerprint` names the model in the prefix
+// cache's keys (io/model_fingerprint.h for caches that outlive the process, the SSD tier); empty: the
+// config's identity, good for one process.
 class DeepseekRunner final : public ModelRunner {
  public:
-  DeepseekRunner(const DeepseekV41Model& model, ThreadPool* pool, KvCacheOptions kv = {});
+  DeepseekRunner(const DeepseekV41Model& model, ThreadPool* pool, KvCacheOptions kv = {}, std::string fingerprint = {});
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t eos_token() const override;
   CacheFootprint cache_footprint() const override { return footprint_; }
   Result<std::unique_ptr<ModelSequence>> create_sequence(const SequenceSpec& spec) override;
   void run_batch(std::span<BatchItem> items) override;
+  std::optional<PrefixCacheSupport> prefix_cache() const override { return prefix_; }
 
  private:
   const DeepseekV41Model* model_;
   ThreadPool* pool_;
   KvCacheOptions kv_;
+  std::optional<PrefixCacheSupport> prefix_;
   CacheFootprint footprint_;
   int64_t main_entry_bytes_ = 0, indexer_entry_bytes_ = 0;
 };

@@ -44,10 +44,6 @@ PrefixCache::~PrefixCache() {
 CacheAdmission PrefixCache::admit(const AdmitRequest& req) {
   CacheAdmission a;
   const bool exact = req.mode == ForwardMode::Exact;
-  if (!req.recompute) {
-    ++stats_.lookups;
-    stats_.lookup_tokens += req.prompt_length;
-  }
   const int64_t n = static_cast<int64_t>(req.tokens.size());
   // At least one token must be fed (the next logits come from it).
   Result<PrefixMatch> m = index_->lookup(req.tokens, {.exact_only = exact || req.recompute, .max_tokens = n - 1});
@@ -74,20 +70,28 @@ CacheAdmission PrefixCache::admit(const AdmitRequest& req) {
   a.cached_tokens = P;
   a.resume.cached_tokens = P;
   a.resume.restart = a.restart;
+  a.resume.prefix_exact = m->exact;
   a.resume.blocks = std::move(m->blocks);
   a.pinned = std::move(m->nodes);
   budget_->share(req.id, P / B * index_->node_bytes());
-  if (req.recompute) {
-    ++stats_.recompute_hits;
-    stats_.recompute_hit_tokens += P;
-  } else {
-    ++stats_.hits;
-    stats_.hit_tokens += P;
-    stats_.replayed_tokens += P - a.restart;
-    ++(a.from_snapshot ? stats_.snapshot_restores : stats_.replay_restores);
-    stats_.approximate_restores += a.approximate ? 1 : 0;
-  }
   return a;
+}
+
+void PrefixCache::started(const AdmitRequest& req, const CacheAdmission& a) {
+  const int64_t P = a.cached_tokens;
+  if (req.recompute) {
+    stats_.recompute_hits += P > 0 ? 1 : 0;
+    stats_.recompute_hit_tokens += P;
+    return;
+  }
+  ++stats_.lookups;
+  stats_.lookup_tokens += req.prompt_length;
+  if (P == 0) return;
+  ++stats_.hits;
+  stats_.hit_tokens += P;
+  stats_.replayed_tokens += P - a.restart;
+  ++(a.from_snapshot ? stats_.snapshot_restores : stats_.replay_restores);
+  stats_.approximate_restores += a.approximate ? 1 : 0;
 }
 
 void PrefixCache::release(CacheAdmission& a) {

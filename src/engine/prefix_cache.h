@@ -56,10 +56,11 @@ struct CacheAdmission {
   std::vector<PrefixNodeId> pinned;
 };
 
+// Counted per request at the start of its first sequence (recomputes separately).
 struct PrefixCacheStats {
-  int64_t lookups = 0;          // first admissions looked up
+  int64_t lookups = 0;          // requests looked up
   int64_t lookup_tokens = 0;    // Σ their prompt tokens
-  int64_t hits = 0;             // admissions that resumed from cached blocks
+  int64_t hits = 0;             // requests that resumed from cached blocks
   int64_t hit_tokens = 0;       // Σ P of those
   int64_t replayed_tokens = 0;  // Σ (P − R)
   int64_t snapshot_restores = 0, replay_restores = 0;
@@ -85,6 +86,9 @@ class PrefixCache {
   // Looks the request up, chooses its restart point and pins what it uses; charges the shared blocks to
   // the index instead of the request (budget share). A miss pins nothing.
   CacheAdmission admit(const AdmitRequest& request);
+  // The admission's sequence was created (counts it in the stats; an admission given up before that,
+  // by a preemption, does not count).
+  void started(const AdmitRequest& request, const CacheAdmission& admission);
   void release(CacheAdmission& admission);  // unpins (the sequence has ended or was never created)
   // Remembers the sequence's full blocks (tokens [0, floor(L / B)·B), L = its length) and a snapshot of
   // its rings at L; `tokens` holds at least L tokens. Blocks the index adopts are shared from then on.

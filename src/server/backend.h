@@ -73,6 +73,13 @@ struct BackendStats {
   int64_t kv_capacity_bytes = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // prompt tokens found
+  // The engine's prefix cache (docs/prefix_cache.md); all zero when it is off.
+  bool prefix_cache_enabled = false;
+  int64_t prefix_cache_replayed_tokens = 0;  // cached tokens re-run to rebuild SWA state
+  int64_t prefix_cache_index_bytes = 0, prefix_cache_index_blocks = 0;
+  int64_t prefix_cache_evicted_blocks = 0;
+  int64_t prefix_cache_store_loaded_blocks = 0;  // second tier (SSD)
+  int64_t swa_pool_bytes = 0, swa_pool_entries = 0;
 };
 
 class GenerationBackend {

@@ -39,7 +39,13 @@ engine::EngineOptions engine_options(const EngineBackendOptions& o, const text::
   e.max_running = o.max_running;
   e.mode = o.mode;
   e.tokenizer = &tok;
+  e.prefix_cache = o.prefix_cache;
   return e;
+}
+
+std::unique_ptr<engine::ByteCacheBudget> own_budget(const EngineBackendOptions& o, const engine::ModelRunner& r) {
+  if (o.budget != nullptr) return nullptr;
+  return std::make_unique<engine::ByteCacheBudget>(r.cache_footprint(), o.kv_capacity_bytes);
 }
 
 }  // namespace
@@ -49,8 +55,11 @@ EngineBackend::EngineBackend(engine::ModelRunner& runner, const text::Tokenizer&
     : tokenizer_(&tokenizer),
       context_length_(options.context_length),
       bos_(options.bos_token),
-      budget_(runner.cache_footprint(), options.kv_capacity_bytes),
-      engine_(runner, budget_, engine_options(options, tokenizer)) {
+      own_budget_(own_budget(options, runner)),
+      budget_(options.budget != nullptr ? options.budget : own_budget_.get()),
+      engine_(runner, *budget_, engine_options(options, tokenizer)) {
+  if (!engine_.prefix_cache_status().empty())
+    std::fprintf(stderr, "cedar serve: %s\n", engine_.prefix_cache_status().c_str());
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -74,6 +83,7 @@ Result<BackendRequestId> EngineBackend::submit(BackendRequest request, BackendCa
     }
     out.text = ev.text;
     out.finish = to_backend(ev.finish);
+    out.cached_prompt_tokens = ev.cached_tokens;
     if (out.finish == BackendFinish::kError) out.error = "the engine could not run this request";
     cb(out);
   };
@@ -96,8 +106,19 @@ BackendStats EngineBackend::stats() const {
   BackendStats s;
   std::lock_guard lock(mu_);
   s.running = submitted_ - finished_;  // submitted and not finished (running or waiting)
-  s.kv_used_bytes = budget_.used_bytes();
-  s.kv_capacity_bytes = budget_.capacity_bytes();
+  s.kv_used_bytes = budget_->used_bytes();
+  s.kv_capacity_bytes = budget_->capacity_bytes();
+  const engine::PrefixCacheStats& c = cache_stats_;
+  s.prefix_cache_enabled = engine_.prefix_cache() != nullptr;
+  s.prefix_cache_queries = c.lookup_tokens;
+  s.prefix_cache_hits = c.hit_tokens;
+  s.prefix_cache_replayed_tokens = c.replayed_tokens;
+  s.prefix_cache_index_bytes = c.index.bytes;
+  s.prefix_cache_index_blocks = c.index.nodes;
+  s.prefix_cache_evicted_blocks = c.index.evicted_blocks;
+  s.prefix_cache_store_loaded_blocks = c.index.store_loaded_blocks;
+  s.swa_pool_bytes = c.swa.bytes;
+  s.swa_pool_entries = c.swa.entries;
   return s;
 }
 
@@ -125,7 +146,9 @@ void EngineBackend::loop() {
     if (Status st = engine_.step(); !st.ok())
       std::fprintf(stderr, "cedar serve: engine step: %s\n", st.error().message.c_str());
     const auto done = engine_.take_finished();  // results were streamed; this frees them
+    engine::PrefixCacheStats cache = engine_.prefix_cache_stats();  // the engine's counters: loop thread only
     std::lock_guard lock(mu_);
+    cache_stats_ = std::move(cache);
     finished_ += static_cast<int64_t>(done.size());
     for (const auto& r : done) live_.erase(r.id);
   }

@@ -16,6 +16,10 @@ namespace cedar::server {
 
 struct EngineBackendOptions {
   int64_t kv_capacity_bytes = int64_t{8} << 30;  // cache budget of all sequences together
+  // The cache budget to use instead (a PoolCacheBudget whose pool the runner allocates from: needed for
+  // prefix caching); it must outlive the backend. Null: a ByteCacheBudget of kv_capacity_bytes.
+  engine::CacheBudget* budget = nullptr;
+  engine::PrefixCacheOptions prefix_cache;
   int64_t max_running = 16;
   int64_t step_token_budget = 512;
   ForwardMode mode = ForwardMode::Ced;
@@ -44,7 +48,8 @@ class EngineBackend final : public GenerationBackend {
   const text::Tokenizer* tokenizer_;
   int64_t context_length_ = 0;
   int64_t bos_ = -1;
-  engine::ByteCacheBudget budget_;
+  std::unique_ptr<engine::ByteCacheBudget> own_budget_;
+  engine::CacheBudget* budget_;
   engine::Engine engine_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -53,6 +58,7 @@ class EngineBackend final : public GenerationBackend {
   // Submitted and not yet taken as finished; cancelled at shutdown (guarded by mu_). An id that
   // finishes before submit() records it stays here harmlessly: the engine ignores unknown ids.
   std::set<engine::RequestId> live_;
+  engine::PrefixCacheStats cache_stats_;  // copied after every step (guarded by mu_)
   std::thread thread_;
 };
 

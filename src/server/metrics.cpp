@@ -75,6 +75,30 @@ std::string Metrics::render(const BackendStats& b) const {
   out += "# HELP cedar_prefix_cache_hit_rate Cached / prompt tokens over all finished generations.\n# TYPE cedar_prefix_cache_hit_rate gauge\n";
   out += "cedar_prefix_cache_hit_rate " +
          num(prompt_tokens_ ? static_cast<double>(cached_tokens_) / static_cast<double>(prompt_tokens_) : 0.0) + "\n";
+  // The engine's prefix cache (docs/prefix_cache.md): what it looked up and found at admission, and what
+  // it holds. The hit rate here is over admissions; cedar_prefix_cache_hit_rate above is over finished
+  // generations as reported in usage.
+  auto gauge = [&](const char* name, const char* help, const char* type, double v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + num(v) + "\n";
+  };
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  gauge("cedar_prefix_cache_enabled", "1 when the engine's prefix cache is on.", "gauge", b.prefix_cache_enabled ? 1 : 0);
+  gauge("cedar_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache at admission.", "counter",
+        d(b.prefix_cache_queries));
+  gauge("cedar_prefix_cache_hit_tokens_total", "Prompt tokens resumed from cached global KV.", "counter",
+        d(b.prefix_cache_hits));
+  gauge("cedar_prefix_cache_lookup_hit_rate", "Hit tokens / lookup tokens.", "gauge",
+        b.prefix_cache_queries ? d(b.prefix_cache_hits) / d(b.prefix_cache_queries) : 0.0);
+  gauge("cedar_prefix_cache_replayed_tokens_total", "Cached tokens re-run to rebuild sliding-window state.", "counter",
+        d(b.prefix_cache_replayed_tokens));
+  gauge("cedar_prefix_cache_index_bytes", "Global-KV bytes the prefix index holds.", "gauge", d(b.prefix_cache_index_bytes));
+  gauge("cedar_prefix_cache_index_blocks", "Cache blocks the prefix index holds.", "gauge", d(b.prefix_cache_index_blocks));
+  gauge("cedar_prefix_cache_evicted_blocks_total", "Cache blocks evicted from memory.", "counter",
+        d(b.prefix_cache_evicted_blocks));
+  gauge("cedar_prefix_cache_store_loaded_blocks_total", "Cache blocks loaded from the second tier (SSD).", "counter",
+        d(b.prefix_cache_store_loaded_blocks));
+  gauge("cedar_swa_pool_bytes", "Host bytes of the SWA snapshot pool.", "gauge", d(b.swa_pool_bytes));
+  gauge("cedar_swa_pool_entries", "Snapshots in the SWA pool.", "gauge", d(b.swa_pool_entries));
   out += "# HELP cedar_requests_inflight Generation requests being served.\n# TYPE cedar_requests_inflight gauge\n";
   out += "cedar_requests_inflight " + std::to_string(inflight_) + "\n";
   out += "# TYPE cedar_requests_running gauge\ncedar_requests_running " + std::to_string(b.running) + "\n";
