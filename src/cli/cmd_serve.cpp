@@ -128,6 +128,7 @@ int cmd_serve(const Args& args) {
   std::unique_ptr<KvDiskStore> kv_disk;  // outlives the backend's engine, which writes through to it
   std::unique_ptr<server::GenerationBackend> backend;
   if (a.flag("fake-backend")) {
+    if (a.has("kv-cache-dir")) return std::fprintf(stderr, "cedar serve: --kv-cache-dir needs a model backend\n"), 2;
     auto tok = load_v41_tokenizer();
     if (!tok.ok()) return std::fprintf(stderr, "cedar serve: %s\n", tok.error().message.c_str()), 1;
     tokenizer = std::move(*tok);
