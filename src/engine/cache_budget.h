@@ -45,6 +45,8 @@ class CacheBudget {
   virtual void share(RequestId /*id*/, int64_t /*bytes*/) {}
   // Bytes the index may hold now: the capacity less what the reservations hold.
   virtual int64_t index_byte_limit() const { return 0; }
+  // The part of used_bytes() that sequences hold (used_bytes() less cached prefixes nobody may need).
+  virtual int64_t sequence_bytes() const { return used_bytes(); }
 };
 
 class ByteCacheBudget final : public CacheBudget {

@@ -405,6 +405,14 @@ Status Engine::step() {
     keep.push_back(std::move(a));
   }
   running_.swap(keep);
+  if (cache_) {
+    const PrefixCacheStats c = cache_->stats();
+    stats_.prefix_lookup_tokens = c.lookup_tokens;
+    stats_.prefix_hit_tokens = c.hit_tokens;
+    stats_.prefix_hit_rate = c.hit_rate();
+    stats_.prefix_index_bytes = c.index.bytes;
+    stats_.swa_pool_bytes = c.swa.bytes;
+  }
   return Status::Ok();
 }
 

@@ -106,6 +106,11 @@ struct EngineStats {
   double prefill_seconds = 0, decode_seconds = 0;  // model time by kind of chunk
   int64_t preemptions = 0;
   int64_t max_running_seen = 0;
+  // Prefix cache (after every step; prefix_cache_stats() has the details).
+  int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;
+  double prefix_hit_rate = 0;     // hit / lookup tokens
+  int64_t prefix_index_bytes = 0;  // global KV the index holds
+  int64_t swa_pool_bytes = 0;
 };
 
 class Engine {

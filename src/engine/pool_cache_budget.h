@@ -55,6 +55,7 @@ class PoolCacheBudget final : public CacheBudget {
   bool attach_prefix_index(PrefixIndex* index) override;
   void share(RequestId id, int64_t bytes) override;
   int64_t index_byte_limit() const override { return capacity_ - used_; }
+  int64_t sequence_bytes() const override { return used_; }
 
   // Global-KV part of used_bytes() (what the pool may hold in use at most), index blocks included.
   int64_t global_used_bytes() const;

@@ -77,12 +77,13 @@ Result<SequenceState> DeepseekV41Model::resume_sequence(const SequenceOptions& o
   // Global KV: adopt the cached blocks (shared by reference count, no copy).
   CEDAR_ASSIGN_OR_RETURN(const std::vector<KvEntries*> streams, s.attention_.global_kv_entries(plan_));
   const std::vector<int64_t> ratios = stream_ratios(plan_);
-  if (resume.blocks.size() != streams.size())
+  const bool nothing_cached = P == 0 && resume.blocks.empty();  // a resume at 0 from nothing
+  if (!nothing_cached && resume.blocks.size() != streams.size())
     return fail("blocks name " + str(static_cast<int64_t>(resume.blocks.size())) +
                 " global-KV streams, the model has " + str(static_cast<int64_t>(streams.size())));
   if (P > 0 && options.kv.pool == nullptr)
     return fail("cached blocks need options.kv.pool (the pool that holds them); it is null");
-  for (size_t k = 0; k < streams.size(); ++k) {
+  for (size_t k = 0; k < streams.size() && !nothing_cached; ++k) {
     const int64_t entries = P / ratios[k];
     const int64_t epb = streams[k]->blocks().entries_per_block();
     const int64_t want = entries / epb;

@@ -84,7 +84,7 @@ struct SwaSnapshot {
 struct ResumeSpec {
   int64_t cached_tokens = 0;  // P, a multiple of options.kv.tokens_per_block (and of every compress ratio)
   // Per global-KV stream (global_kv_streams order): the full blocks covering floor(P / ratio) entries,
-  // blocks of options.kv.pool; the new state retains them (shared, never written).
+  // blocks of options.kv.pool; the new state retains them (shared, never written). May be empty when P = 0.
   std::vector<std::vector<BlockId>> blocks;
   int64_t restart = 0;  // R <= P: the state starts at length R; the caller feeds tokens[R..]
   // Restore rings at R (R in [earliest_restore, length]); null: SWA bounded replay, every layer's SWA

@@ -69,7 +69,7 @@ using BackendCallback = std::function<void(const BackendEvent&)>;
 struct BackendStats {
   int64_t running = 0;
   int64_t waiting = 0;
-  int64_t kv_used_bytes = 0;
+  int64_t kv_used_bytes = 0;  // held by sequences (cached prefixes: prefix_cache_index_bytes)
   int64_t kv_capacity_bytes = 0;
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // prompt tokens found

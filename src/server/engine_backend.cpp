@@ -106,7 +106,7 @@ BackendStats EngineBackend::stats() const {
   BackendStats s;
   std::lock_guard lock(mu_);
   s.running = submitted_ - finished_;  // submitted and not finished (running or waiting)
-  s.kv_used_bytes = budget_->used_bytes();
+  s.kv_used_bytes = budget_->sequence_bytes();
   s.kv_capacity_bytes = budget_->capacity_bytes();
   const engine::PrefixCacheStats& c = cache_stats_;
   s.prefix_cache_enabled = engine_.prefix_cache() != nullptr;

@@ -103,7 +103,7 @@ std::string Metrics::render(const BackendStats& b) const {
   out += "cedar_requests_inflight " + std::to_string(inflight_) + "\n";
   out += "# TYPE cedar_requests_running gauge\ncedar_requests_running " + std::to_string(b.running) + "\n";
   out += "# TYPE cedar_requests_waiting gauge\ncedar_requests_waiting " + std::to_string(b.waiting) + "\n";
-  out += "# HELP cedar_kv_cache_usage KV cache bytes in use / capacity.\n# TYPE cedar_kv_cache_usage gauge\n";
+  out += "# HELP cedar_kv_cache_usage KV cache bytes held by sequences / capacity (cached prefixes not included).\n# TYPE cedar_kv_cache_usage gauge\n";
   out += "cedar_kv_cache_usage " +
          num(b.kv_capacity_bytes ? static_cast<double>(b.kv_used_bytes) / static_cast<double>(b.kv_capacity_bytes) : 0.0) +
          "\n";

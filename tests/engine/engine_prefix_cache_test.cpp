@@ -180,6 +180,11 @@ TEST(EnginePrefixCacheTest, RepeatedPromptsResumeFromASnapshotBitForBit) {
     EXPECT_GT(st.index.nodes, 0);
     EXPECT_EQ(s.runner->failures, 0);
     EXPECT_EQ(s.fake->resumes(), 2);
+    const EngineStats& es = s.engine->stats();
+    EXPECT_EQ(es.prefix_hit_tokens, 72);
+    EXPECT_DOUBLE_EQ(es.prefix_hit_rate, 72.0 / static_cast<double>(st.lookup_tokens));
+    EXPECT_EQ(es.prefix_index_bytes, st.index.bytes);
+    EXPECT_EQ(es.swa_pool_bytes, st.swa.bytes);
   }
 }
 

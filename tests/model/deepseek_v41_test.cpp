@@ -148,6 +148,30 @@ TEST_F(DeepseekV41Test, ChunkedPrefillEqualsOneShot) {
     expect_bitwise_equal(one_shot, run(ids, chunk), "chunk " + std::to_string(chunk));
 }
 
+TEST_F(DeepseekV41Test, SwaHistorySlotsDoNotChangeTheNumerics) {
+  // Rings of window + swa_history slots keep older keys for prefix-cache snapshots; the attention still
+  // reads only the window. Chunks larger and smaller than the ring.
+  const auto ids = prompt(29, 4);
+  const Trace plain = run(ids, 0);
+  for (int64_t history : {1, 5, 24})
+    for (int64_t chunk : {0, 1, 3, 13}) {
+      SequenceOptions so;
+      so.swa_history = history;
+      expect_bitwise_equal(plain, run(ids, chunk, so), "swa_history " + std::to_string(history) + ", chunk " +
+                                                           std::to_string(chunk));
+    }
+  auto state = model_->new_sequence(SequenceOptions{.swa_history = 5});
+  ASSERT_TRUE(state.ok());
+  ASSERT_TRUE(model_->forward(ids, *state, {}).ok());
+  for (const SwaRing& ring : state->attention().rings) {
+    ASSERT_EQ(ring.slots(), 13);
+    for (int64_t pos = 0; pos < 29; ++pos) EXPECT_EQ(ring.holds(pos), pos >= 29 - 13) << pos;
+  }
+  SequenceOptions negative;
+  negative.swa_history = -1;
+  EXPECT_FALSE(model_->new_sequence(negative).ok());
+}
+
 TEST_F(DeepseekV41Test, DecodeEqualsOneShot) {
   const auto ids = prompt(19, 7);
   expect_bitwise_equal(run(ids, 0), run(ids, 1), "token by token");

@@ -159,6 +159,36 @@ TEST_F(DeepseekV4Test, ChunkedPrefillEqualsOneShot) {
   }
 }
 
+TEST_F(DeepseekV4Test, SwaHistorySlotsDoNotChangeTheNumerics) {
+  // Rings longer than the window (prefix-cache history) change nothing: the window is what is read.
+  const auto ids = prompt(21, 2);
+  for (const DeepseekV4Model* m : {fp8_, bf16_}) {
+    const Trace plain = run(*m, ids, 0);
+    for (int64_t chunk : {1, 4, 0}) {
+      auto state = m->new_sequence(SequenceOptions{.swa_history = 6});
+      ASSERT_TRUE(state.ok()) << state.error().message;
+      Trace t;
+      ForwardOptions fo;
+      fo.sink = [&t](const TensorRecord& r) {
+        if (r.name != "final_norm") return;
+        t.hidden.insert(t.hidden.end(), r.data.begin(), r.data.end());
+        for (int64_t i = 0; i < r.rows; ++i) t.positions.push_back(r.pos0 + i);
+      };
+      const int64_t n = static_cast<int64_t>(ids.size()), step = chunk > 0 ? chunk : n;
+      for (int64_t p = 0; p < n; p += step) {
+        const int64_t len = std::min(step, n - p);
+        fo.logits = p + len == n ? LogitRows::Last : LogitRows::None;
+        auto out = m->forward(std::span<const int64_t>(ids).subspan(static_cast<size_t>(p), static_cast<size_t>(len)),
+                              *state, fo);
+        ASSERT_TRUE(out.ok()) << out.error().message;
+        if (!out->logits.empty()) t.last_logits = out->logits;
+      }
+      expect_bitwise_equal(plain, t, "swa_history 6, chunk " + std::to_string(chunk));
+      for (const SwaRing& ring : state->attention().rings) EXPECT_EQ(ring.slots(), m->config().sliding_window + 6);
+    }
+  }
+}
+
 TEST_F(DeepseekV4Test, DecodeEqualsOneShot) {
   const auto ids = prompt(14, 7);
   for (const DeepseekV4Model* m : {fp8_, bf16_})

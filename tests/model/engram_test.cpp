@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -279,6 +280,45 @@ TEST(EngramHasher, ChunkedHashingEqualsOneShot) {
     EXPECT_EQ(hist.next_pos, h1.next_pos);
     EXPECT_EQ(hist.recent, h1.recent);
   }
+}
+
+// Resuming at position p from the preceding tokens (prefix cache): hashing on from there gives the
+// rows of the uninterrupted run.
+TEST(EngramHasher, HistoryAtPositionResumesHashing) {
+  auto h = EngramHasher::create(real_config(), [] {
+    std::vector<int32_t> m(129280);
+    for (int i = 0; i < 129280; ++i) m[i] = (129279 - i) % 99092;
+    return m;
+  }());
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  const int64_t n = 30, slots = 2, cols = 24;
+  std::mt19937 rng(9);
+  std::vector<int64_t> tokens(n);
+  for (auto& t : tokens) t = rng() % 129280;
+  std::vector<int64_t> one_shot(slots * n * cols);
+  EngramHistory h1;
+  ASSERT_TRUE(h->hash_chunk(0, tokens, {}, h1, one_shot).ok());
+  for (int64_t p : {0, 1, 2, 3, 4, 17}) {
+    for (int64_t given : {p, std::min<int64_t>(p, 3)}) {  // all preceding tokens, or just the last N−1
+      auto hist = h->history_at(p, std::span<const int64_t>(tokens).subspan(p - given, given));
+      ASSERT_TRUE(hist.ok()) << hist.error().message;
+      std::vector<int64_t> rest(slots * (n - p) * cols);
+      ASSERT_TRUE(h->hash_chunk(p, std::span<const int64_t>(tokens).subspan(p), {}, *hist, rest).ok());
+      for (int64_t s = 0; s < slots; ++s)
+        EXPECT_TRUE(std::equal(rest.begin() + s * (n - p) * cols, rest.begin() + (s + 1) * (n - p) * cols,
+                               one_shot.begin() + (s * n + p) * cols))
+            << "position " << p << ", " << given << " tokens given, slot " << s;
+    }
+  }
+  auto too_few = h->history_at(10, std::span<const int64_t>(tokens).subspan(8, 2));
+  ASSERT_FALSE(too_few.ok());
+  EXPECT_NE(too_few.error().message.find("needs the last 3 tokens, got 2"), std::string::npos)
+      << too_few.error().message;
+  EXPECT_FALSE(h->history_at(1, std::span<const int64_t>(tokens).first(2)).ok());  // more than the position
+  const std::vector<int64_t> bad{5, 200000, 6};
+  auto out_of_map = h->history_at(3, bad);
+  ASSERT_FALSE(out_of_map.ok());
+  EXPECT_NE(out_of_map.error().message.find("200000 at position 1"), std::string::npos) << out_of_map.error().message;
 }
 
 TEST(EngramHasher, RejectsInconsistentCalls) {

@@ -112,6 +112,21 @@ def test_run_errors():
     assert proc.returncode == 1 and "/nonexistent/model" in proc.stderr
 
 
+def test_run_prefix_cache_flags(tmp_path):
+    """The prefix cache is on by default (one request: nothing to hit), off with --no-prefix-cache, and
+    its options are validated; the output does not depend on it."""
+    args = ("--prompt", "Once upon a time", "--max-tokens", "4", "--ignore-eos")
+    _, on = run_stats(tmp_path, "on", *args)
+    _, off = run_stats(tmp_path, "off", *args, "--no-prefix-cache")
+    _, small = run_stats(tmp_path, "small", *args, "--swa-pool-mb", "0", "--swa-ttl-s", "1", "--swa-history", "0")
+    assert on["prefix_cache"] == "on" and off["prefix_cache"] == "off" and small["prefix_cache"] == "on"
+    assert on["cached_tokens"] == 0 and on["replayed_tokens"] == 0
+    assert on["token_ids"] == off["token_ids"] == small["token_ids"]
+    for bad in (["--swa-pool-mb", "-1"], ["--swa-ttl-s", "x"], ["--swa-history", "-2"]):
+        proc = cedar("run", *args, *bad, check=False)
+        assert proc.returncode == 2 and bad[0] in proc.stderr, proc.stderr
+
+
 def test_chat_two_turns_from_stdin():
     proc = cedar("chat", "--threads", "2", "--max-tokens", "6", "--ignore-eos",
                  input_text="Hello there\n\nWhat is 2+2?\n/exit\nnever read\n")

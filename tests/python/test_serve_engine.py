@@ -4,6 +4,7 @@ client, streaming == non-streaming for the same seed, logprobs, and cancellation
 import json
 import socket
 import time
+import urllib.request
 
 import pytest
 
@@ -87,3 +88,36 @@ def test_disconnect_cancels_generation(server):
     assert server.metric("cedar_requests_inflight") == 0
     assert server.metric("cedar_requests_running") == 0
     assert server.metric("cedar_kv_cache_used_bytes") == 0
+
+
+def test_repeated_prompt_reports_cached_tokens_in_usage(server, client):
+    """The engine's prefix cache: the second identical request reports all full 64-token blocks of its
+    prompt but the one holding the last token as cached, in OpenAI and DeepSeek usage fields, streamed
+    and not, and in Anthropic's cache_read_input_tokens."""
+    text = " ".join(f"word{i}" for i in range(120))  # a few hundred tokens
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Repeat after me: " + text}], max_tokens=3,
+              temperature=0, extra_body={"thinking": {"type": "disabled"}})
+    client.chat.completions.create(**kw)
+    r = client.chat.completions.create(**kw)
+    n = r.usage.prompt_tokens
+    expected = (n - 1) // 64 * 64
+    assert expected >= 128
+    assert r.usage.prompt_tokens_details.cached_tokens == expected
+    assert r.usage.model_extra["prompt_cache_hit_tokens"] == expected
+    assert r.usage.model_extra["prompt_cache_miss_tokens"] == n - expected
+    usage = None
+    for chunk in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+    assert usage.prompt_tokens_details.cached_tokens == expected
+    body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "Repeat after me: " + text}]}
+    for _ in range(2):
+        req = urllib.request.Request(server.base_url + "/v1/messages", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            msg = json.loads(resp.read())
+    assert msg["usage"]["cache_read_input_tokens"] > 0
+    assert msg["usage"]["input_tokens"] + msg["usage"]["cache_read_input_tokens"] >= expected
+    assert server.metric("cedar_prefix_cache_enabled") == 1
+    assert server.metric("cedar_prefix_cache_hit_tokens_total") >= 2 * expected
+    assert server.metric("cedar_prefix_cache_index_bytes") > 0
+    assert server.metric("cedar_swa_pool_entries") > 0

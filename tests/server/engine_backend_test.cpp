@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/fake_model.h"
+#include "engine/pool_cache_budget.h"
 #include "server/http_server.h"
 #include "server_test_util.h"
 
@@ -111,6 +112,84 @@ TEST(EngineBackend, CancelEndsTheStreamAndFreesTheSequence) {
   EXPECT_EQ(es.backend->stats().running, 0);
   EXPECT_EQ(es.runner.live_sequences(), 0);
   EXPECT_EQ(es.backend->stats().kv_used_bytes, 0);
+}
+
+// The engine's prefix cache behind the server: a re-sent conversation reports its cached prompt tokens in
+// every usage dialect (OpenAI, DeepSeek, Anthropic) and in /metrics.
+TEST(EngineBackend, RepeatedPromptsReportCachedTokensInUsage) {
+  CEDAR_REQUIRE_TOKENIZER();
+  engine::PoolCacheLayout layout;
+  layout.tokens_per_block = 8;
+  layout.streams = {{1, 8, 8 * 16}};
+  layout.bytes_per_sequence = 64;
+  auto budget = engine::PoolCacheBudget::create(layout, int64_t{1} << 24);
+  ASSERT_TRUE(budget.ok());
+  engine::FakeModelOptions fo = EngineServer::model_options();
+  fo.pool = (*budget)->pool();
+  fo.layout = layout;
+  engine::FakeModelRunner runner(fo);
+  EngineBackendOptions eo;
+  eo.budget = budget->get();
+  eo.context_length = 4096;
+  EngineBackend backend(runner, *testing::v41_tokenizer(), eo);
+  ServerOptions so;
+  so.port = 0;
+  Server server(backend, so);
+  const int port = *server.bind();
+  std::thread thread([&] { (void)server.serve(); });
+  httplib::Client c("127.0.0.1", port);
+  const std::string text(400, 'a');  // a long user message: several cache blocks
+  const Json body = {{"messages", Json::array({Json{{"role", "user"}, {"content", "Summarize: " + text}}})},
+                     {"max_tokens", 3},
+                     {"seed", 1},
+                     {"thinking", Json{{"type", "disabled"}}}};
+  std::vector<Json> usage;
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    usage.push_back(Json::parse(r->body)["usage"]);
+  }
+  const int64_t prompt = usage[1]["prompt_tokens"].get<int64_t>();
+  EXPECT_EQ(usage[0]["prompt_tokens_details"]["cached_tokens"], 0);
+  // All full blocks but the one holding the last prompt token.
+  const int64_t expected = (prompt - 1) / 8 * 8;
+  ASSERT_GT(expected, 0);
+  EXPECT_EQ(usage[1]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), expected) << usage[1].dump();
+  EXPECT_EQ(usage[1]["prompt_cache_hit_tokens"].get<int64_t>(), expected);
+  EXPECT_EQ(usage[1]["prompt_cache_miss_tokens"].get<int64_t>(), prompt - expected);
+  // Streamed usage (DSH's stream_options.include_usage) carries it too.
+  Json sb = body;
+  sb["stream"] = true;
+  sb["stream_options"] = Json{{"include_usage", true}};
+  auto streamed = c.Post("/v1/chat/completions", sb.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  const size_t at = streamed->body.find("\"prompt_cache_hit_tokens\":");
+  ASSERT_NE(at, std::string::npos) << streamed->body;
+  EXPECT_EQ(std::stoll(streamed->body.substr(at + 26)), expected);
+  // Anthropic: input_tokens excludes the cache reads.
+  const Json msg = {{"model", "deepseek-v4.1-flash"},
+                    {"max_tokens", 3},
+                    {"messages", Json::array({Json{{"role", "user"}, {"content", "Summarize: " + text}}})}};
+  Json anthropic;
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.Post("/v1/messages", msg.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    anthropic = Json::parse(r->body)["usage"];
+  }
+  EXPECT_GT(anthropic["cache_read_input_tokens"].get<int64_t>(), 0) << anthropic.dump();
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("cedar_prefix_cache_enabled 1"), std::string::npos);
+  EXPECT_EQ(metrics->body.find("cedar_prefix_cache_hit_tokens_total 0\n"), std::string::npos) << metrics->body;
+  EXPECT_EQ(metrics->body.find("cedar_prefix_cache_index_blocks 0\n"), std::string::npos);
+  EXPECT_EQ(metrics->body.find("cedar_swa_pool_entries 0\n"), std::string::npos);
+  server.stop();
+  thread.join();
+  backend.shutdown();
+  EXPECT_EQ(backend.stats().kv_used_bytes, 0);  // the sequences are gone; the cached prefixes stay
+  EXPECT_GT(backend.stats().prefix_cache_index_bytes, 0);
 }
 
 }  // namespace
