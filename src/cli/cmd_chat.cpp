@@ -39,6 +39,7 @@ CommandSpec make_spec() {
   spec.options.push_back(kv_cache_option_spec());
   for (auto& o : sampling_option_specs("128")) spec.options.push_back(o);
   for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
+  for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
   return spec;
 }
 
@@ -123,12 +124,19 @@ int cmd_chat(const Args& args) {
   if (!prefix.ok()) return std::fprintf(stderr, "cedar chat: %s\n", prefix.error().message.c_str()), 2;
   auto cache = kv_cache_from_args(a, *loaded->model, swa_history_of(*prefix));
   if (!cache.ok()) return std::fprintf(stderr, "cedar chat: %s\n", cache.error().message.c_str()), 2;
-  engine::DeepseekRunner runner(*loaded->model, &pool, cache->kv);
+  // The SSD tier: conversations resume from disk after a restart.
+  auto disk = kv_disk_store_from_args(a, *loaded->model, loaded->path, cache->kv.tokens_per_block);
+  if (!disk.ok()) return fail(disk.error().message);
+  engine::DeepseekRunner runner(*loaded->model, &pool, cache->kv,
+                                *disk ? (*disk)->options().model_fingerprint : "");
   engine::EngineOptions eo;
   eo.mode = *mode;
   eo.tokenizer = loaded->tokenizer.get();
   eo.prefix_cache = *prefix;
+  eo.prefix_cache.store = disk->get();
   engine::Engine eng(runner, *cache->budget, eo);
+  if (*disk && eng.prefix_cache() == nullptr)
+    std::fprintf(stderr, "cedar chat: --kv-cache-dir is not used: %s\n", eng.prefix_cache_status().c_str());
   if (interactive) std::fprintf(stderr, "cedar chat: %s (/reset, /exit)\n", loaded->path.string().c_str());
 
   std::vector<text::Message> history;

@@ -33,6 +33,7 @@ CommandSpec make_spec() {
       }};
   for (auto& o : sampling_option_specs("64")) spec.options.push_back(o);
   for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
+  for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
   return spec;
 }
 
@@ -81,12 +82,18 @@ int cmd_run(const Args& args) {
   if (!prefix.ok()) return std::fprintf(stderr, "cedar run: %s\n", prefix.error().message.c_str()), 2;
   auto cache = kv_cache_from_args(a, model, swa_history_of(*prefix));
   if (!cache.ok()) return std::fprintf(stderr, "cedar run: %s\n", cache.error().message.c_str()), 2;
-  engine::DeepseekRunner runner(model, &pool, cache->kv);
+  auto disk = kv_disk_store_from_args(a, model, loaded->path, cache->kv.tokens_per_block);
+  if (!disk.ok()) return fail(disk.error().message);
+  // With an SSD tier, the index keys are rooted in the fingerprint its files carry.
+  engine::DeepseekRunner runner(model, &pool, cache->kv, *disk ? (*disk)->options().model_fingerprint : "");
   engine::EngineOptions eo;
   eo.mode = *mode;
   eo.tokenizer = loaded->tokenizer.get();
   eo.prefix_cache = *prefix;
+  eo.prefix_cache.store = disk->get();
   engine::Engine eng(runner, *cache->budget, eo);
+  if (*disk && eng.prefix_cache() == nullptr)
+    std::fprintf(stderr, "cedar run: --kv-cache-dir is not used: %s\n", eng.prefix_cache_status().c_str());
   engine::GenerationRequest req;
   req.prompt = prompt;
   req.params = *params;
@@ -139,6 +146,13 @@ int cmd_run(const Args& args) {
         {"token_ids", r.tokens},
         {"text", r.text},
     };
+    if (*disk) {
+      const KvDiskStoreStats ds = (*disk)->stats();
+      j["kv_disk"] = {{"files", ds.files},          {"bytes", ds.bytes},     {"budget_bytes", ds.budget_bytes},
+                      {"puts", ds.puts},            {"puts_skipped", ds.puts_skipped},            {"gets", ds.gets},       {"hits", ds.hits},
+                      {"misses", ds.misses},        {"corrupt", ds.corrupt}, {"evictions", ds.evictions},
+                      {"bytes_read", ds.bytes_read}, {"bytes_written", ds.bytes_written}};
+    }
     const std::string text = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (Status st = io::write_file_atomically(
             a.get("stats-json"), std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));

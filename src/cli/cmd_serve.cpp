@@ -48,6 +48,7 @@ CommandSpec make_spec() {
           {"fake-cached-tokens", "fake backend: prompt tokens to report as prefix-cache hits", true, "0", "N"},
       }};
   for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
+  for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
   return spec;
 }
 
@@ -124,8 +125,10 @@ int cmd_serve(const Args& args) {
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<engine::DeepseekRunner> runner;
   std::unique_ptr<KvCacheSetup> kv_cache;
+  std::unique_ptr<KvDiskStore> kv_disk;  // outlives the backend's engine, which writes through to it
   std::unique_ptr<server::GenerationBackend> backend;
   if (a.flag("fake-backend")) {
+    if (a.has("kv-cache-dir")) return std::fprintf(stderr, "cedar serve: --kv-cache-dir needs a model backend\n"), 2;
     auto tok = load_v41_tokenizer();
     if (!tok.ok()) return std::fprintf(stderr, "cedar serve: %s\n", tok.error().message.c_str()), 1;
     tokenizer = std::move(*tok);
@@ -148,6 +151,10 @@ int cmd_serve(const Args& args) {
     auto setup = kv_cache_setup(*model->model, std::max<int64_t>(1, *kv_bytes), swa_history_of(*prefix));
     if (!setup.ok()) return std::fprintf(stderr, "cedar serve: --kv-bytes: %s\n", setup.error().message.c_str()), 2;
     kv_cache = std::make_unique<KvCacheSetup>(std::move(*setup));
+    auto disk = kv_disk_store_from_args(a, *model->model, model->path, kv_cache->kv.tokens_per_block);
+    if (!disk.ok()) return std::fprintf(stderr, "cedar serve: %s\n", disk.error().message.c_str()), 2;
+    kv_disk = std::move(*disk);
+    prefix->store = kv_disk.get();
     server::EngineBackendOptions eo;
     eo.kv_capacity_bytes = *kv_bytes;
     eo.budget = kv_cache->budget.get();
@@ -156,7 +163,8 @@ int cmd_serve(const Args& args) {
     eo.mode = *mode;
     eo.context_length = model->model->config().max_position_embeddings;
     eo.bos_token = model->model->config().bos_token_id;
-    runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get(), kv_cache->kv);
+    runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get(), kv_cache->kv,
+                                                      kv_disk ? kv_disk->options().model_fingerprint : "");
     backend = std::make_unique<server::EngineBackend>(*runner, *model->tokenizer, eo);
   }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <vector>
 
+#include "io/model_fingerprint.h"
 #include "model/default_model.h"
 #include "model/model_stats.h"
 #include "model/tokenizer_source.h"
@@ -147,6 +148,40 @@ Result<KvCacheSetup> kv_cache_setup(const DeepseekV41Model& model, int64_t capac
   return setup;
 }
 
+std::vector<OptionSpec> kv_disk_option_specs() {
+  return {
+      {"kv-cache-dir", "directory of the on-disk prefix cache (global KV blocks, kept across restarts)", true, "",
+       "DIR"},
+      {"kv-cache-dir-gb", "size budget of --kv-cache-dir in GiB (least recently used blocks are deleted)", true, "64",
+       "N"},
+  };
+}
+
+Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& a, const DeepseekV41Model& model,
+                                                             const fs::path& model_path, int64_t tokens_per_block,
+                                                             std::function<void(const std::string&)> log) {
+  if (!a.has("kv-cache-dir")) {
+    if (a.has("kv-cache-dir-gb")) return make_error("--kv-cache-dir-gb needs --kv-cache-dir");
+    return std::unique_ptr<KvDiskStore>();
+  }
+  if (a.get("kv-cache-dir").empty()) return make_error("--kv-cache-dir: empty directory name");
+  if (a.flag("no-prefix-cache")) return make_error("--kv-cache-dir is a tier of the prefix cache: drop --no-prefix-cache");
+  CEDAR_ASSIGN_OR_RETURN(const double gib, get_double(a, "kv-cache-dir-gb"));
+  if (!(gib > 0) || gib > 1e6)
+    return make_error("--kv-cache-dir-gb must be a positive number of GiB, got '" + a.get("kv-cache-dir-gb") + "'");
+  const int64_t budget = static_cast<int64_t>(gib * static_cast<double>(int64_t{1} << 30));
+  const fs::path dir = fs::is_directory(model_path) ? model_path : model_path.parent_path();
+  KvDiskStoreOptions o;
+  o.dir = a.get("kv-cache-dir");
+  o.budget_bytes = budget;
+  o.log = std::move(log);
+  CEDAR_ASSIGN_OR_RETURN(o.model_fingerprint, model_fingerprint(dir));
+  CEDAR_ASSIGN_OR_RETURN(o.layout, kv_disk_layout_for(model.config(), model.plan(), tokens_per_block));
+  auto store = KvDiskStore::open(o);
+  if (!store.ok()) return store.error().with_context("--kv-cache-dir");
+  return std::move(*store);
+}
+
 Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& a, const DeepseekV41Model& model, int64_t swa_history) {
   auto mb = a.get_int("kv-cache-mb");
   if (!mb.ok() || *mb <= 0 || *mb > (int64_t{1} << 30))
@@ -180,7 +215,7 @@ Result<engine::PrefixCacheOptions> prefix_cache_from_args(const ParsedArgs& a, c
   } else {
     o.swa_history = model.config().sliding_window + KvCacheOptions{}.tokens_per_block;
   }
-  // SSD tier hook: --kv-cache-dir / --kv-cache-dir-gb open the store and set o.store (engineer "disk").
+  // o.store (the SSD tier) comes from kv_disk_store_from_args: it needs the model's directory.
   return o;
 }
 

@@ -13,6 +13,7 @@
 #include "engine/pool_cache_budget.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
+#include "kv/kv_disk_store.h"
 #include "model/deepseek_v41.h"
 #include "text/tokenizer.h"
 
@@ -63,5 +64,18 @@ std::vector<OptionSpec> prefix_cache_option_specs();
 Result<engine::PrefixCacheOptions> prefix_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model);
 // The swa_history sequences get with these options (0 when the cache is off).
 int64_t swa_history_of(const engine::PrefixCacheOptions& options);
+
+// --kv-cache-dir DIR: the SSD tier of the prefix cache (kv/kv_disk_store.h), one file per 64-token
+// block of global KV, kept across restarts; --kv-cache-dir-gb N: its size budget in GiB (fractions
+// allowed, default 64), least recently used blocks are deleted past it.
+std::vector<OptionSpec> kv_disk_option_specs();
+// The store for `model` (loaded from `model_path`: its fingerprint keys the files, so blocks of another
+// model are never used) with the layout of its packed global-KV streams at `tokens_per_block`
+// (KvCacheSetup::kv.tokens_per_block); null without --kv-cache-dir. `log` receives the store's
+// messages (null: stderr).
+Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& args, const DeepseekV41Model& model,
+                                                             const std::filesystem::path& model_path,
+                                                             int64_t tokens_per_block,
+                                                             std::function<void(const std::string&)> log = nullptr);
 
 }  // namespace cedar::cli

@@ -159,3 +159,39 @@ def test_bench_json_has_every_point(tmp_path):
         assert p["exact_cpu_s"] > 0 and p["ced_cpu_s"] > 0
         assert abs(p["exact_over_ced"] - p["exact_cpu_s"] / p["ced_cpu_s"]) < 1e-9
     assert data["prefill"]["ced_tail"] == data["sliding_window"]
+
+
+def test_run_kv_cache_dir(default_model, tmp_path):
+    """--kv-cache-dir: the SSD tier of the prefix cache (docs/prefix_cache.md). Two processes, one prompt,
+    one directory: the second takes the prompt's full 64-token blocks from disk. ced mode rebuilds the
+    SWA window by replay (approximate); exact mode keeps no SWA state across processes, so it recomputes
+    and must produce exactly the first run's tokens."""
+    cache = tmp_path / "kv"
+    prompt = "In the beginning " * 40  # 122 tokens with BOS: one full cache block
+    args = ("--prompt", prompt, "--max-tokens", "3", "--kv-cache-dir", str(cache), "--kv-cache-dir-gb", "0.05")
+    _, first = run_stats(tmp_path, "kv1", *args)
+    assert (cache / "lock").exists()
+    assert first["prefix_cache"] == "on"
+    assert first["kv_disk"]["budget_bytes"] == int(0.05 * 2**30)
+    assert first["cached_tokens"] == 0
+    assert first["kv_disk"]["puts"] == first["kv_disk"]["files"] == 1
+    _, second = run_stats(tmp_path, "kv2", *args)
+    assert second["cached_tokens"] == 64
+    assert second["replayed_tokens"] > 0  # no snapshot survives the process: SWA bounded replay
+    assert second["kv_disk"]["hits"] == 1 and second["kv_disk"]["corrupt"] == 0
+    assert second["kv_disk"]["puts"] == 0  # the block is not written again
+
+    exact_dir = tmp_path / "kv-exact"
+    exact_args = ("--exact", "--prompt", prompt, "--max-tokens", "3", "--kv-cache-dir", str(exact_dir))
+    _, e1 = run_stats(tmp_path, "kv3", *exact_args)
+    _, e2 = run_stats(tmp_path, "kv4", *exact_args)
+    assert e2["cached_tokens"] == 0
+    assert e2["token_ids"] == e1["token_ids"]
+
+    # Bad values are usage errors that name the option.
+    bad = cedar("run", "--prompt", "x", "--kv-cache-dir-gb", "1", check=False)
+    assert bad.returncode != 0 and "--kv-cache-dir-gb needs --kv-cache-dir" in bad.stderr
+    bad = cedar("run", "--prompt", "x", "--kv-cache-dir", str(cache), "--kv-cache-dir-gb", "0", check=False)
+    assert bad.returncode != 0 and "--kv-cache-dir-gb must be a positive number" in bad.stderr
+    bad = cedar("run", "--prompt", "x", "--kv-cache-dir", str(cache), "--no-prefix-cache", check=False)
+    assert bad.returncode != 0 and "--no-prefix-cache" in bad.stderr
