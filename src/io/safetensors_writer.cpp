@@ -121,7 +121,10 @@ Result<std::string> lay_out_file(const std::filesystem::path& path, std::vector<
   uint64_t offset = 0;
   for (FileEntry& e : entries) {
     header += quoted(*e.name) + ":{\"dtype\":\"" + std::string(dtype_name(e.dtype)) + "\",\"shape\":[";
-    for (size_t d = 0; d < e.shape->size(); ++d) header += (d ? "," : "") + std::to_string((*e.shape)[d]);
+    for (size_t d = 0; d < e.shape->size(); ++d) {
+      if (d) header += ',';
+      header += std::to_string((*e.shape)[d]);  // (not "," + string: GCC 12 -Wrestrict false positive)
+    }
     header += "],\"data_offsets\":[" + std::to_string(offset) + ",";
     e.data_begin = offset;
     offset += e.nbytes;
