@@ -61,6 +61,8 @@ const CommandSpec kSpec{
         {"context", "--device cuda: cached positions per sequence of the decode runs", true, "4096", "N"},
         {"gemm-size", "--device cuda: M = N = K of the cuBLAS peak GEMMs", true, "8192", "N"},
         {"bandwidth-mib", "--device cuda: buffer of the copy-bandwidth measurement, MiB", true, "1024", "MIB"},
+        {"decode-profile", "--device cuda: 1 = per-stage device time of a batch-1 decode step, 0 = skip", true, "1",
+         "N"},
     }};
 
 // Deterministic pseudo-random ordinary-text token ids (< 128000: no control tokens).

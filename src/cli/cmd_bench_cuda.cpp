@@ -15,6 +15,8 @@
 #ifdef CEDAR_HAVE_CUDA
 #include <chrono>
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/device_info.h"
@@ -55,6 +57,7 @@ struct BenchOptions {
   std::filesystem::path model;
   std::vector<int64_t> batches, prefill_lens;
   int64_t context = 4096, gemm_size = 8192, bandwidth_mib = 1024, ced_tail = 0, threads = 0;
+  bool profile = true;
   std::string json_path;
 };
 
@@ -63,7 +66,7 @@ Result<BenchOptions> parse(const ParsedArgs& a) {
   if (auto m = a.positional(0)) o.model = *m;
   CEDAR_ASSIGN_OR_RETURN(o.batches, parse_positive_list(a.get("batches"), "batches"));
   CEDAR_ASSIGN_OR_RETURN(o.prefill_lens, parse_positive_list(a.get("prefill-lens"), "prefill-lens"));
-  for (const char* name : {"context", "gemm-size", "bandwidth-mib", "ced-tail", "threads"}) {
+  for (const char* name : {"context", "gemm-size", "bandwidth-mib", "ced-tail", "threads", "decode-profile"}) {
     auto v = a.get_int(name);
     if (!v.ok() || *v < 0) return make_error(std::string("--") + name + " expects a non-negative integer");
   }
@@ -72,6 +75,7 @@ Result<BenchOptions> parse(const ParsedArgs& a) {
   o.bandwidth_mib = *a.get_int("bandwidth-mib");
   o.ced_tail = *a.get_int("ced-tail");
   o.threads = *a.get_int("threads");
+  o.profile = *a.get_int("decode-profile") != 0;
   if (o.batches.empty() || o.prefill_lens.empty()) return make_error("--batches and --prefill-lens must not be empty");
   if (o.gemm_size % 16 != 0 || o.gemm_size == 0) return make_error("--gemm-size must be a positive multiple of 16");
   if (o.bandwidth_mib == 0) return make_error("--bandwidth-mib must be positive");
@@ -110,29 +114,60 @@ Result<Peaks> measure_peaks(const BenchOptions& o) {
   return p;
 }
 
-// Mean time of `steps` decode steps of `batch` sequences at `context` cached positions (after a prefill
-// of the context and two warm-up steps), or the error that stopped it.
-Result<double> time_decode(cuda::CudaModel& m, int64_t batch, int64_t context, int64_t chunk) {
+// The decode context: one sequence prefilled with `context` tokens (exact), forked for every batch row.
+Result<cuda::CudaSequence> prefill_context(cuda::CudaModel& m, int64_t context, int64_t chunk) {
+  std::vector<int64_t> ids(static_cast<size_t>(std::max<int64_t>(context, 1)));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7919 + 13) % 128000);
+  CEDAR_ASSIGN_OR_RETURN(cuda::CudaSequence s, m.new_sequence({}));
+  cuda::CudaStepOutput out;
+  for (int64_t done = 0; done < context; done += chunk) {
+    const auto n = static_cast<size_t>(std::min(chunk, context - done));
+    CEDAR_RETURN_IF_ERROR(
+        m.prefill(s, std::span<const int64_t>(ids).subspan(static_cast<size_t>(done), n), LogitRows::None, out));
+  }
+  return s;
+}
+
+struct DecodeTiming {
+  double step_s = 0;
+  double distinct_experts = 0;  // measured: distinct routed experts per layer in the last step
+  std::vector<cuda::StageTime> stages;  // batch 1 only (--profile)
+  double profiled_step_us = 0;
+};
+
+// Mean time of 16 decode steps of `batch` forks of `base` (after two warm-up steps: the first runs
+// directly, the second captures the step's graph). Every row decodes its own token stream, so the rows
+// route to different experts as independent sequences do.
+Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& base, int64_t batch, bool profile) {
   std::vector<cuda::CudaSequence> seqs;
   std::vector<cuda::CudaSequence*> ptrs;
-  cuda::CudaStepOutput out;
-  std::vector<int64_t> ids(static_cast<size_t>(std::min(chunk, std::max<int64_t>(context, 1))));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7919 + 13) % 128000);
   for (int64_t b = 0; b < batch; ++b) {
-    CEDAR_ASSIGN_OR_RETURN(cuda::CudaSequence s, m.new_sequence({}));
-    for (int64_t done = 0; done < context; done += chunk) {
-      const auto n = static_cast<size_t>(std::min(chunk, context - done));
-      CEDAR_RETURN_IF_ERROR(m.prefill(s, std::span<const int64_t>(ids).first(n), LogitRows::None, out));
-    }
+    CEDAR_ASSIGN_OR_RETURN(cuda::CudaSequence s, m.fork_sequence(base));
     seqs.push_back(std::move(s));
   }
   for (auto& s : seqs) ptrs.push_back(&s);
-  std::vector<int64_t> tokens(static_cast<size_t>(batch), 100);
-  for (int i = 0; i < 2; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens, out));
+  cuda::CudaStepOutput out;
+  auto tokens = [&](int step) {
+    std::vector<int64_t> t(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) t[static_cast<size_t>(b)] = (1000 + 7919 * b + 104729 * step) % 128000;
+    return t;
+  };
+  for (int i = 0; i < 2; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens(i), out));
   constexpr int kSteps = 16;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kSteps; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens, out));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+  for (int i = 0; i < kSteps; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens(2 + i), out));
+  DecodeTiming t;
+  t.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+  CEDAR_ASSIGN_OR_RETURN(const cuda::CudaSelections sel, m.last_selections(batch));
+  double sum = 0;
+  for (const auto& e : sel.experts) sum += static_cast<double>(std::set<int32_t>(e.begin(), e.end()).size());
+  t.distinct_experts = sel.experts.empty() ? 0 : sum / static_cast<double>(sel.experts.size());
+  if (profile) {
+    auto st = m.profile_decode_step(ptrs, tokens(2 + kSteps), out, &t.profiled_step_us);
+    if (!st.ok()) return st.error().with_context("profile");
+    t.stages = std::move(*st);
+  }
+  return t;
 }
 
 // Wall time of a whole prefill of `n` tokens in `mode` (chunks of the model's max_chunk).
@@ -208,9 +243,9 @@ int run(const BenchOptions& o) {
   cuda::CudaModelOptions mo;
   mo.max_batch = max_batch;
   mo.max_chunk = std::min<int64_t>(max_prompt, 2048);
-  mo.kv.max_sequences = max_batch + 1;
+  mo.kv.max_sequences = max_batch + 2;  // the decode context, its forks, one prefill sequence
   mo.kv.max_context = std::max(o.context + 64, max_prompt);
-  mo.kv.token_capacity = max_batch * (o.context + 64) + max_prompt;
+  mo.kv.token_capacity = (max_batch + 1) * (o.context + 64) + max_prompt;
   ThreadPool pool(static_cast<int>(o.threads));
   mo.pool = &pool;
   std::unique_ptr<cuda::CudaModel> model;
@@ -241,44 +276,102 @@ int run(const BenchOptions& o) {
   std::fprintf(stderr, "%6s %12s %9s %11s %12s %11s %11s %10s %8s\n", "batch", "weights_GB", "experts", "kv_MB/tok",
                "GB/token", "ideal_ms", "tpot_ms", "GB/s", "%copy");
   json decode = json::array();
+  std::optional<cuda::CudaSequence> base;
+  std::string base_error;
+  if (model) {
+    const auto tb = std::chrono::steady_clock::now();
+    auto b = prefill_context(*model, o.context, mo.max_chunk);
+    if (b.ok()) {
+      base.emplace(std::move(*b));
+      std::fprintf(stderr, "  (context prefill of %lld tokens: %.2f s; every batch row is a fork of it)\n",
+                   static_cast<long long>(o.context),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - tb).count());
+    } else {
+      base_error = b.error().message;
+    }
+  }
+  std::vector<cuda::StageTime> stages;
+  double profiled_us = 0, tpot1 = 0;
   for (int64_t b : o.batches) {
     DecodeTrafficOptions to;
     to.batch = b;
     to.context = o.context;
     to.vectors_f32 = true;
-    const DecodeTraffic t = decode_traffic(*config, *plan, *specs, to);
-    const double ideal = t.step_bytes() / (peaks->copy_gbps * 1e9);
-    json row = {{"batch", b},
-                {"context", o.context},
-                {"step_bytes", t.step_bytes()},
-                {"bytes_per_token", t.bytes_per_token()},
-                {"weight_bytes", t.weight_bytes()},
-                {"expert_bytes", t.expert_bytes},
-                {"distinct_experts_per_layer", t.distinct_experts_per_layer},
-                {"kv_read_bytes_per_token", t.kv_read_bytes_per_token},
-                {"ideal_step_s", ideal}};
-    std::string tpot = "-", gbps = "-", pct = "-";
-    if (model) {
-      auto secs = time_decode(*model, b, o.context, mo.max_chunk);
-      if (secs.ok()) {
-        row["step_s"] = *secs;
-        row["achieved_gbps"] = t.step_bytes() / *secs / 1e9;
-        row["ratio_to_copy_peak"] = t.step_bytes() / *secs / 1e9 / peaks->copy_gbps;
-        tpot = fmt("%.3f", 1e3 * *secs);
-        gbps = fmt("%.0f", t.step_bytes() / *secs / 1e9);
-        pct = fmt("%.1f", 100 * t.step_bytes() / *secs / 1e9 / peaks->copy_gbps);
+    DecodeTraffic t = decode_traffic(*config, *plan, *specs, to);
+    std::string tpot = "-", gbps = "-", pct = "-", measured = "-";
+    json row;
+    DecodeTiming timing;
+    std::string error = base ? "" : (model ? base_error : model_error);
+    if (base) {
+      auto r = time_decode(*model, *base, b, o.profile && b == 1);
+      if (r.ok()) {
+        timing = std::move(*r);
+        // Achieved bandwidth over the bytes this step really reads: the measured distinct experts.
+        to.distinct_experts_per_layer = timing.distinct_experts;
+        t = decode_traffic(*config, *plan, *specs, to);
       } else {
-        row["error"] = secs.error().message;
+        error = r.error().message;
       }
+    }
+    const double ideal = t.step_bytes() / (peaks->copy_gbps * 1e9);
+    row = {{"batch", b},
+           {"context", o.context},
+           {"step_bytes", t.step_bytes()},
+           {"bytes_per_token", t.bytes_per_token()},
+           {"weight_bytes", t.weight_bytes()},
+           {"expert_bytes", t.expert_bytes},
+           {"distinct_experts_per_layer", t.distinct_experts_per_layer},
+           {"kv_read_bytes_per_token", t.kv_read_bytes_per_token},
+           {"ideal_step_s", ideal}};
+    if (error.empty() && timing.step_s > 0) {
+      const double secs = timing.step_s;
+      row["step_s"] = secs;
+      row["tokens_per_s"] = static_cast<double>(b) / secs;
+      row["achieved_gbps"] = t.step_bytes() / secs / 1e9;
+      row["ratio_to_copy_peak"] = t.step_bytes() / secs / 1e9 / peaks->copy_gbps;
+      tpot = fmt("%.3f", 1e3 * secs);
+      gbps = fmt("%.0f", t.step_bytes() / secs / 1e9);
+      pct = fmt("%.1f", 100 * t.step_bytes() / secs / 1e9 / peaks->copy_gbps);
+      if (b == 1) {
+        tpot1 = secs;
+        stages = timing.stages;
+        profiled_us = timing.profiled_step_us;
+      }
+    } else if (!error.empty()) {
+      row["error"] = error;
     }
     std::fprintf(stderr, "%6lld %12.3f %9.2f %11.3f %12.4f %11.3f %11s %10s %8s\n", static_cast<long long>(b),
                  t.weight_bytes() / 1e9, t.distinct_experts_per_layer, t.kv_read_bytes_per_token / 1e6,
                  t.bytes_per_token() / 1e9, 1e3 * ideal, tpot.c_str(), gbps.c_str(), pct.c_str());
     decode.push_back(row);
   }
+  if (!stages.empty()) {
+    // Where the batch-1 step goes: device time per stage (events in the step's graph, summed over layers).
+    std::fprintf(stderr, "\ndecode step at batch 1 by stage (device time, events inside the step's graph; "
+                         "profiled step %.0f us, unprofiled TPOT %.0f us):\n",
+                 profiled_us, 1e6 * tpot1);
+    std::fprintf(stderr, "%-16s %6s %10s %7s %12s %9s %8s\n", "stage", "calls", "us", "%step", "weights_MB", "GB/s",
+                 "%copy");
+    json jst = json::array();
+    for (const cuda::StageTime& st : stages) {
+      const double gb = st.us > 0 ? static_cast<double>(st.weight_bytes) / (st.us * 1e3) : 0;
+      std::fprintf(stderr, "%-16s %6lld %10.1f %7.1f %12.1f %9.0f %8.1f\n", st.stage.c_str(),
+                   static_cast<long long>(st.calls), st.us, profiled_us > 0 ? 100 * st.us / profiled_us : 0,
+                   static_cast<double>(st.weight_bytes) / 1e6, gb, 100 * gb / peaks->copy_gbps);
+      jst.push_back({{"stage", st.stage},
+                     {"calls", st.calls},
+                     {"us", st.us},
+                     {"weight_bytes", st.weight_bytes},
+                     {"gbps", gb}});
+    }
+    result["decode_profile_batch1"] = {{"profiled_step_us", profiled_us}, {"stages", jst}};
+  }
   result["decode"] = decode;
-  if (model && decode.size() > 0 && decode[0].contains("error"))
-    std::fprintf(stderr, "decode: %s\n", decode[0]["error"].get<std::string>().c_str());
+  for (const auto& row : decode)
+    if (row.contains("error")) {
+      std::fprintf(stderr, "decode: %s\n", row["error"].get<std::string>().c_str());
+      break;
+    }
 
   // Prefill: FLOPs per prompt token, exact vs CED, against the GEMM peaks.
   std::fprintf(stderr, "\nprefill (FLOPs: linear layers + attention; ideal at the fp8 / bf16 GEMM peak):\n");
@@ -286,7 +379,7 @@ int run(const BenchOptions& o) {
                "ideal_bf16_s", "time_s", "TFLOP/s", "%fp8");
   json prefill = json::array();
   for (int64_t n : o.prefill_lens) {
-    double exact_flops = 0, ced_flops = 0;
+    double exact_flops = 0, ced_flops = 0, exact_s = 0, ced_s = 0;
     for (ForwardMode mode : {ForwardMode::Exact, ForwardMode::Ced}) {
       PrefillFlopsOptions po;
       po.prompt = n;
@@ -312,6 +405,8 @@ int run(const BenchOptions& o) {
         auto secs = time_prefill(*model, n, mode, o.ced_tail, mo.max_chunk);
         if (secs.ok()) {
           row["time_s"] = *secs;
+          row["tokens_per_s"] = static_cast<double>(n) / *secs;
+          (mode == ForwardMode::Exact ? exact_s : ced_s) = *secs;
           row["achieved_tflops"] = f->total() / *secs / 1e12;
           row["ratio_to_fp8_peak"] = f->total() / *secs / 1e12 / peaks->fp8_tflops;
           time = fmt("%.3f", *secs);
@@ -327,9 +422,15 @@ int run(const BenchOptions& o) {
                    tflops.c_str(), pct.c_str());
       prefill.push_back(row);
     }
-    if (ced_flops > 0)
-      std::fprintf(stderr, "%7lld   ideal exact/ced speedup (FLOPs) %.2fx\n", static_cast<long long>(n),
+    if (ced_flops > 0) {
+      std::fprintf(stderr, "%7lld   exact/ced speedup: ideal (FLOPs) %.2fx", static_cast<long long>(n),
                    exact_flops / ced_flops);
+      if (exact_s > 0 && ced_s > 0) {
+        std::fprintf(stderr, ", measured %.2fx (%.0f vs %.0f tokens/s)", exact_s / ced_s, n / exact_s, n / ced_s);
+        prefill.push_back({{"prompt", n}, {"ced_speedup", exact_s / ced_s}, {"ideal_ced_speedup", exact_flops / ced_flops}});
+      }
+      std::fprintf(stderr, "\n");
+    }
   }
   result["prefill"] = prefill;
   if (model && !prefill.empty() && prefill[0].contains("error"))

@@ -29,6 +29,8 @@ CommandSpec make_tiny_spec() {
           {"bf16", "unquantized variant (BF16 weights, no quantization_config)", false, "", ""},
           {"tokenizer", "DeepSeek V4 tokenizer.json to ship (default: $CEDAR_TOKENIZER, then the "
                         "copy scripts/setup.sh makes)", true, "", "FILE"},
+          {"no-tokenizer", "write the shards, index and config.json only (no tokenizer files: enough for "
+                           "loading the weights, e.g. the GPU benchmark)", false, "", ""},
           {"force", "replace OUT if it is not empty", false, "", ""},
           {"threads", "generator threads of the perf profile (0 = all cores)", true, "0", "N"},
       },
@@ -92,6 +94,7 @@ int cmd_make_tiny(const Args& args) {
   options.profile = parsed->get("profile");
   options.bf16 = parsed->flag("bf16");
   options.tokenizer = parsed->get("tokenizer");
+  options.tokenizer_files = !parsed->flag("no-tokenizer");
   auto threads = parsed->get_int("threads");
   if (!threads.ok() || *threads < 0) {
     std::fprintf(stderr, "cedar make-tiny: --threads expects a non-negative integer, got '%s'\n",

@@ -4,11 +4,12 @@
 // is the oracle: same layer loop, same block order (single-pass mHC, Engram before the block, the CED
 // row split), same per-sequence state, on the device. Host-side C++20 (included from .cpp files).
 //
-// PHASE 1 STATUS — the loop is written against the kernel APIs that exist (kernels.h: rms_norm,
-// quantize_act_fp8 / linear_quantized / gemv_quantized(_grouped), mhc_fused). The steps that wait for
-// the other CUDA engineers' kernels return an error naming the kernel and its owner
-// ("pending: cuda-attn …" / "pending: cuda-ffn …"), so decode_step and prefill fail cleanly, before
-// touching any sequence state, until phase 2 wires them (docs/cuda.md "CUDA model").
+// Kernels (docs/cuda.md "CUDA model"): rows <= kGemvMaxRows (decode up to batch 8) run the GEMVs
+// (kernels.h, ffn_kernels.h items path for the routed experts); larger calls (prefill chunks, decode at
+// batch 64) the tiled GEMMs of gemm_kernels.h (quant_gemm, swiglu_gemm, moe_experts, cuBLASLt for the BF16
+// weights when it loads). Everything of a step stays on the device: Engram hashes with a device history
+// per sequence, the indexer's top-k and the router's experts never come back to the host, argmax runs on
+// the device, and a decode step is one CUDA graph per (batch, context bucket).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +19,8 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_graph.h"
@@ -31,14 +34,20 @@
 
 namespace cedar::cuda {
 
+// Calls of at most this many rows use the GEMV kernels (one 8-token tile: the weights are read once);
+// larger ones the tiled GEMMs (a GEMV re-reads the weights per 8-token tile).
+inline constexpr int64_t kGemvMaxRows = 8;
+
 struct CudaModelOptions {
   int device = 0;
   DeviceWeightOptions weights;
   DeviceKvOptions kv;
-  int64_t max_batch = 64;                       // decode sequences per step
+  int64_t max_batch = 64;                       // decode sequences per step (also: logit rows of one call)
   int64_t max_chunk = 2048;                     // prefill rows per call (the activation workspace is sized for it)
   uint64_t headroom_bytes = uint64_t{2} << 30;  // left free: CUDA context, library workspaces
-  bool cuda_graphs = true;                      // decode steps replayed as one graph per batch size
+  bool cuda_graphs = true;                      // decode steps replayed as one graph per (batch, context bucket)
+  bool packed_experts = true;                   // MXFP4 experts also in the packed layout (decode GEMVs)
+  bool use_cublas = true;                       // BF16 prefill GEMMs through cuBLASLt when it loads
   ThreadPool* pool = nullptr;                   // host-side load conversions
   std::filesystem::path engram_map;             // as LoadOptions::engram_map
 };
@@ -56,6 +65,23 @@ struct CudaStepOutput {
   const float* logits = nullptr;  // device [rows, vocab] fp32, valid until the next call
   int64_t rows = 0;
   std::vector<int64_t> positions;  // absolute position of each logit row
+  std::vector<int32_t> argmax;     // greedy token of each logit row (device argmax; −1: no finite logit)
+};
+
+// The discrete decisions of the last call (tests: tell a selection flip from a numeric error).
+struct CudaSelections {
+  int64_t rows = 0;
+  int64_t index_topk = 0, experts_per_token = 0;
+  std::vector<std::vector<int32_t>> topk;     // per layer: [rows, index_topk] for index sources, else empty
+  std::vector<std::vector<int32_t>> experts;  // per layer: [rows, experts_per_token] routed expert ids
+};
+
+// Device time of one decode step by stage (events inside the step's graph), summed over layers.
+struct StageTime {
+  std::string stage;
+  double us = 0;
+  uint64_t weight_bytes = 0;  // weights the stage reads (batch 1: the top-k experts)
+  int64_t calls = 0;          // layers (or sites) that contributed
 };
 
 class CudaModel {
@@ -65,46 +91,85 @@ class CudaModel {
 
   const ModelConfig& config() const { return host_.config(); }
   const LayerPlan& plan() const { return host_.plan(); }
+  const DeepseekV41Model& host_model() const { return host_; }
   const DeviceWeights& weights() const { return weights_; }
   DeviceKvPool& kv_pool() { return kv_; }
   // Weights + KV + workspace, per component (what load checked against the free memory).
   const DeviceMemoryPlan& memory_plan() const { return memory_plan_; }
   cudaStream_t stream() const { return stream_.get(); }
+  bool has_cublas() const;
+  void use_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /
+  // ffn_out / engram_out / out, final_norm is not produced) through `sink` (downloads: slow). Empty: off.
+  void set_debug_sink(TensorSink sink) { debug_sink_ = std::move(sink); }
+  size_t decode_graph_count() const { return decode_graphs_.size(); }
 
   Result<CudaSequence> new_sequence(const SequenceOptions& options);
+  // A new sequence in the state `from` has now (KV blocks, rings, compressor and Engram state copied).
+  Result<CudaSequence> fork_sequence(const CudaSequence& from);
 
   // One token per sequence at its current length (batch <= max_batch, distinct sequences); logits of
   // every row. On error before any state was touched the sequences stay usable.
   Status decode_step(std::span<CudaSequence* const> seqs, std::span<const int64_t> tokens, CudaStepOutput& out);
-  // The next chunk (<= max_chunk tokens) of one sequence's prompt, in the sequence's mode.
+  // The next chunk (<= max_chunk tokens) of one sequence's prompt, in the sequence's mode. Logits exist for
+  // rows at or after the CED replay start only (as on the CPU); All needs those rows <= max_batch.
   Status prefill(CudaSequence& seq, std::span<const int64_t> tokens, LogitRows logits, CudaStepOutput& out);
 
-  struct Workspace;  // activation buffers (cuda_model.cpp)
+  // The indexer top-k and router experts of the last call's first `rows` rows (device → host).
+  Result<CudaSelections> last_selections(int64_t rows) const;
+
+  // One decode step (as decode_step) with an event after every stage, replayed as a graph; per-stage
+  // device time summed over layers, sorted by time. The state advances as in decode_step.
+  Result<std::vector<StageTime>> profile_decode_step(std::span<CudaSequence* const> seqs,
+                                                     std::span<const int64_t> tokens, CudaStepOutput& out,
+                                                     double* step_us);
+
+  struct Workspace;  // activation buffers (cuda_model_internal.h)
+  struct Tables;     // per-layer descriptor tables, RoPE tables, Engram tables
+  struct Profiler;
 
  private:
   CudaModel(DeepseekV41Model host, const CudaModelOptions& options, Stream stream, DeviceWeights weights,
-            DeviceKvPool kv, std::unique_ptr<Workspace> ws, DeviceMemoryPlan plan);
+            DeviceKvPool kv, std::unique_ptr<Workspace> ws, std::unique_ptr<Tables> tables, DeviceMemoryPlan plan);
 
-  // Rows of one forward call that run the same layers (the CED split, as in the CPU model).
-  // Per-row data (token, position, KV slot, SWA start) is in the workspace's step inputs, so a
-  // captured decode graph stays valid from step to step.
+  // Rows of one forward call that run the same layers (the CED split, as in the CPU model). Per-row
+  // data (token, position, slot, attention rows) is in one of the step-input regions, so a captured
+  // decode graph stays valid from step to step.
   struct Rows {
     int64_t first = 0;  // offset of these rows in the step inputs
     int64_t n = 0;
-    bool tail = true;     // false: rows before the CED replay start
-    bool decode = false;  // one row per sequence (batched decode)
-    CedBoundary boundary = CedBoundary::ExactSource;
+    bool tail = true;     // false: rows before the CED replay start (encoder + boundary layer)
+    bool decode = false;  // the decode region (one row per sequence)
+    LogitRows logits = LogitRows::All;
+    int64_t context = 0;  // > every row's position: sizes the indexer scans (bucketed in decode)
+    bool global_kv_only_boundary = false;  // CedBoundary::GlobalKvOnly (prefill of one sequence)
+    int64_t pos0 = 0;                      // position of the first row (prefill; debug sink only)
   };
+  struct RowSpan;  // one sequence's rows in a call (staging)
+  Status stage_rows(bool decode, std::span<const RowSpan> spans, int64_t n);
   Status run_rows(const Rows& r);
+  Status run_step(const Rows& r, CudaStepOutput& out);  // graph / direct + argmax download
   Status embed(const Rows& r);
+  Status engram(int64_t layer, const Rows& r);
   Status attention_site(int64_t layer, const Rows& r);
   Status attention(int64_t layer, const Rows& r);
+  Status compressor(int64_t layer, const Rows& r);
+  Status indexer(int64_t layer, const Rows& r);
   Status ffn_site(int64_t layer, const Rows& r);
   Status moe(int64_t layer, const Rows& r);
+  Status moe_gemv(int64_t layer, const Rows& r);
+  Status moe_gemm(int64_t layer, const Rows& r);
   Status finish(const Rows& r);
-  Status linear(const DeviceMatrix& w, const float* x, int64_t n, float* y);
-  Status upload_step_inputs(std::span<CudaSequence* const> seqs, std::span<const int64_t> tokens,
-                            std::span<const int64_t> positions);
+  // y = W·x for quantized weights (FP8 / MXFP4) from already quantized activations: GEMV or GEMM by rows.
+  Status qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
+                 bool bf16_output = true);
+  Status quantize(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales);
+  // BF16 weights (groups of one shape as in gemv_bf16): gemv_bf16, or cuBLASLt for large calls.
+  struct DenseCall;
+  Status dense(const DenseCall& c);
+  Status mhc(const void* args_ptr, const Rows& r);
+  Status mark(const char* stage, uint64_t weight_bytes = 0);
+  Status debug(const std::string& name, const Rows& r, const float* data, int64_t width);
 
   DeepseekV41Model host_;
   CudaModelOptions options_;
@@ -112,8 +177,13 @@ class CudaModel {
   DeviceWeights weights_;
   DeviceKvPool kv_;
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<Tables> tables_;
   DeviceMemoryPlan memory_plan_;
-  std::map<int64_t, CudaGraph> decode_graphs_;  // by batch size
+  std::map<std::pair<int64_t, int64_t>, CudaGraph> decode_graphs_;  // by (batch, context bucket)
+  std::map<std::pair<int64_t, int64_t>, bool> warmed_;              // ran once directly (attributes, heuristics)
+  Profiler* profiler_ = nullptr;                                     // set during profile_decode_step
+  TensorSink debug_sink_;
+  int64_t last_rows_ = 0;
   bool state_written_ = false;  // a step has written sequence state (KV rings / caches): errors poison it
 };
 

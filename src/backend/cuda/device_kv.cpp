@@ -192,6 +192,37 @@ Result<DeviceKvSequence> DeviceKvPool::new_sequence(cudaStream_t stream) {
   return seq;
 }
 
+Status DeviceKvPool::copy_sequence(const DeviceKvSequence& from, DeviceKvSequence& to, cudaStream_t stream) {
+  Impl& m = *impl_;
+  if (from.pool_.get() != &m || to.pool_.get() != &m) return make_error("device KV copy: sequences of another pool");
+  if (from.slot_ == to.slot_) return make_error("device KV copy: source and destination are the same slot");
+  CEDAR_RETURN_IF_ERROR(to.ensure(from.positions_));
+  const DeviceKvGeometry& g = m.g;
+  for (size_t s = 0; s < g.streams.size(); ++s) {
+    const auto a = static_cast<size_t>(g.arena_of[s]);
+    const int64_t bb = g.arenas[a].block_bytes;
+    uint8_t* arena = m.arenas[a].get();
+    for (size_t j = 0; j < from.tables_[s].size(); ++j)
+      CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena + static_cast<int64_t>(to.tables_[s][j]) * bb,
+                                                 arena + static_cast<int64_t>(from.tables_[s][j]) * bb,
+                                                 static_cast<size_t>(bb), cudaMemcpyDeviceToDevice, stream));
+  }
+  const auto per_slot = static_cast<size_t>(g.layers * g.swa_slots);
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.ring_records.get() + to.slot_ * per_slot * g.swa_record_bytes,
+                                             m.ring_records.get() + from.slot_ * per_slot * g.swa_record_bytes,
+                                             per_slot * static_cast<size_t>(g.swa_record_bytes),
+                                             cudaMemcpyDeviceToDevice, stream));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.ring_positions.get() + to.slot_ * per_slot,
+                                             m.ring_positions.get() + from.slot_ * per_slot,
+                                             per_slot * sizeof(int64_t), cudaMemcpyDeviceToDevice, stream));
+  const size_t pending = g.source_layers.size() * 2 * static_cast<size_t>(g.pending_floats);
+  if (pending > 0)
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.pending.get() + to.slot_ * pending,
+                                               m.pending.get() + from.slot_ * pending, pending * sizeof(float),
+                                               cudaMemcpyDeviceToDevice, stream));
+  return to.upload_tables(stream);
+}
+
 DeviceKvPool::Stats DeviceKvPool::stats() const {
   const Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);

@@ -83,6 +83,11 @@ class DeviceKvPool {
   // Errors when all max_sequences slots are live.
   Result<DeviceKvSequence> new_sequence(cudaStream_t stream);
 
+  // Makes `to` (a fresh sequence of this pool) a copy of `from`: grows its tables to from's positions and
+  // copies every stream's blocks, the SWA rings and the compressor state (async on `stream`, device to
+  // device; the tables are uploaded). A fork of a prefilled prompt (benchmarks, parallel sampling).
+  Status copy_sequence(const DeviceKvSequence& from, DeviceKvSequence& to, cudaStream_t stream);
+
   struct Stats {
     int64_t used_blocks = 0, free_blocks = 0, used_bytes = 0, capacity_bytes = 0, live_sequences = 0;
   };

@@ -329,6 +329,17 @@ class DeviceWeightPlacer {
         CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts", pick(ex[e], k).scale, scale_bytes, "top-k"));
         scale_ptrs.push_back(p);
       }
+      if (repack && o_.keep_plain_mxfp4) {
+        std::vector<const uint8_t*> plain_ptrs;
+        for (size_t e = 0; e < ex.size(); ++e) {
+          CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts (plain)", pick(ex[e], k).data, data_bytes,
+                                                         "prefill"));
+          plain_ptrs.push_back(p);
+        }
+        CEDAR_ASSIGN_OR_RETURN(const uint8_t* pt, place("routed experts (plain)", plain_ptrs.data(),
+                                                        plain_ptrs.size() * sizeof(const uint8_t*), "prefill"));
+        d.plain_data_table[k] = reinterpret_cast<const uint8_t* const*>(pt);
+      }
       m.data = data_ptrs[0];
       m.scales = scale_ptrs.empty() ? nullptr : scale_ptrs[0];
       d.first[k] = m;

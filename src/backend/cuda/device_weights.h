@@ -73,6 +73,9 @@ struct DeviceExperts {
   const uint8_t* const* data_table[3] = {nullptr, nullptr, nullptr};
   const uint8_t* const* scale_table[3] = {nullptr, nullptr, nullptr};
   bool repacked = false;  // MXFP4 data went through DeviceWeightOptions::repack_mxfp4
+  // With repack and keep_plain_mxfp4: the checkpoint's plain bytes as well (the prefill GEMMs read the plain
+  // layout); device arrays [count] per kind; the scales are shared (repacking leaves them unchanged).
+  const uint8_t* const* plain_data_table[3] = {nullptr, nullptr, nullptr};
   DeviceMatrix matrix(int64_t expert, Kind kind) const;
 };
 
@@ -132,6 +135,8 @@ struct DeviceWeightOptions {
   // Applied to every MXFP4 expert matrix at upload (e.g. ffn_kernels.h repack_mxfp4, the "packed"
   // layout of 16-byte GEMV loads: same size, scales unchanged); null: the checkpoint's plain layout.
   std::function<Status(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed)> repack_mxfp4;
+  // With repack_mxfp4: keep a plain copy too ("routed experts (plain)": the prefill GEMMs read that layout).
+  bool keep_plain_mxfp4 = false;
 };
 
 class DeviceWeights {
