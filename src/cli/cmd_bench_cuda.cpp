@@ -114,6 +114,23 @@ Result<Peaks> measure_peaks(const BenchOptions& o) {
   return p;
 }
 
+// A per-stage table (device time by stage, summed over layers) on stderr, and its JSON.
+json print_stages(const std::string& title, const std::vector<cuda::StageTime>& stages, double total_us,
+                  double copy_gbps) {
+  std::fprintf(stderr, "\n%s (total %.0f us):\n", title.c_str(), total_us);
+  std::fprintf(stderr, "%-16s %6s %10s %7s %12s %9s %8s\n", "stage", "calls", "us", "%", "weights_MB", "GB/s", "%copy");
+  json j = json::array();
+  for (const cuda::StageTime& st : stages) {
+    const double gb = st.us > 0 ? static_cast<double>(st.weight_bytes) / (st.us * 1e3) : 0;
+    std::fprintf(stderr, "%-16s %6lld %10.1f %7.1f %12.1f %9.0f %8.1f\n", st.stage.c_str(),
+                 static_cast<long long>(st.calls), st.us, total_us > 0 ? 100 * st.us / total_us : 0,
+                 static_cast<double>(st.weight_bytes) / 1e6, gb, 100 * gb / copy_gbps);
+    j.push_back({{"stage", st.stage}, {"calls", st.calls}, {"us", st.us}, {"weight_bytes", st.weight_bytes},
+                 {"gbps", gb}});
+  }
+  return {{"total_us", total_us}, {"stages", j}};
+}
+
 // The decode context: one sequence prefilled with `context` tokens (exact), forked for every batch row.
 Result<cuda::CudaSequence> prefill_context(cuda::CudaModel& m, int64_t context, int64_t chunk) {
   std::vector<int64_t> ids(static_cast<size_t>(std::max<int64_t>(context, 1)));
@@ -133,6 +150,7 @@ struct DecodeTiming {
   double distinct_experts = 0;  // measured: distinct routed experts per layer in the last step
   std::vector<cuda::StageTime> stages;  // batch 1 only (--profile)
   double profiled_step_us = 0;
+  double serial_step_s = 0;  // the same steps without the concurrent branches (batch <= 8)
 };
 
 // Mean time of 16 decode steps of `batch` forks of `base` (after two warm-up steps: the first runs
@@ -158,12 +176,22 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
   for (int i = 0; i < kSteps; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens(2 + i), out));
   DecodeTiming t;
   t.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+  if (batch <= cuda::kGemvMaxRows) {  // A/B: the same step with every chain on one stream
+    m.use_concurrent_branches(false);
+    Status st = m.decode_step(ptrs, tokens(2 + kSteps), out);  // new graph shape: runs directly
+    if (st.ok()) st = m.decode_step(ptrs, tokens(3 + kSteps), out);  // captures
+    const auto s0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kSteps && st.ok(); ++i) st = m.decode_step(ptrs, tokens(4 + kSteps + i), out);
+    t.serial_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / kSteps;
+    m.use_concurrent_branches(true);
+    CEDAR_RETURN_IF_ERROR(st);
+  }
   CEDAR_ASSIGN_OR_RETURN(const cuda::CudaSelections sel, m.last_selections(batch));
   double sum = 0;
   for (const auto& e : sel.experts) sum += static_cast<double>(std::set<int32_t>(e.begin(), e.end()).size());
   t.distinct_experts = sel.experts.empty() ? 0 : sum / static_cast<double>(sel.experts.size());
   if (profile) {
-    auto st = m.profile_decode_step(ptrs, tokens(2 + kSteps), out, &t.profiled_step_us);
+    auto st = m.profile_decode_step(ptrs, tokens(100), out, &t.profiled_step_us);
     if (!st.ok()) return st.error().with_context("profile");
     t.stages = std::move(*st);
   }
@@ -290,20 +318,19 @@ int run(const BenchOptions& o) {
       base_error = b.error().message;
     }
   }
-  std::vector<cuda::StageTime> stages;
-  double profiled_us = 0, tpot1 = 0;
+  json profiles = json::object();
   for (int64_t b : o.batches) {
     DecodeTrafficOptions to;
     to.batch = b;
     to.context = o.context;
     to.vectors_f32 = true;
     DecodeTraffic t = decode_traffic(*config, *plan, *specs, to);
-    std::string tpot = "-", gbps = "-", pct = "-", measured = "-";
+    std::string tpot = "-", gbps = "-", pct = "-";
     json row;
     DecodeTiming timing;
     std::string error = base ? "" : (model ? base_error : model_error);
     if (base) {
-      auto r = time_decode(*model, *base, b, o.profile && b == 1);
+      auto r = time_decode(*model, *base, b, o.profile);
       if (r.ok()) {
         timing = std::move(*r);
         // Achieved bandwidth over the bytes this step really reads: the measured distinct experts.
@@ -329,43 +356,30 @@ int run(const BenchOptions& o) {
       row["tokens_per_s"] = static_cast<double>(b) / secs;
       row["achieved_gbps"] = t.step_bytes() / secs / 1e9;
       row["ratio_to_copy_peak"] = t.step_bytes() / secs / 1e9 / peaks->copy_gbps;
+      if (timing.serial_step_s > 0) row["serial_step_s"] = timing.serial_step_s;
       tpot = fmt("%.3f", 1e3 * secs);
       gbps = fmt("%.0f", t.step_bytes() / secs / 1e9);
       pct = fmt("%.1f", 100 * t.step_bytes() / secs / 1e9 / peaks->copy_gbps);
-      if (b == 1) {
-        tpot1 = secs;
-        stages = timing.stages;
-        profiled_us = timing.profiled_step_us;
-      }
     } else if (!error.empty()) {
       row["error"] = error;
     }
-    std::fprintf(stderr, "%6lld %12.3f %9.2f %11.3f %12.4f %11.3f %11s %10s %8s\n", static_cast<long long>(b),
+    std::fprintf(stderr, "%6lld %12.3f %9.2f %11.3f %12.4f %11.3f %11s %10s %8s", static_cast<long long>(b),
                  t.weight_bytes() / 1e9, t.distinct_experts_per_layer, t.kv_read_bytes_per_token / 1e6,
                  t.bytes_per_token() / 1e9, 1e3 * ideal, tpot.c_str(), gbps.c_str(), pct.c_str());
+    if (timing.serial_step_s > 0)
+      std::fprintf(stderr, "   (one stream: %.3f ms)", 1e3 * timing.serial_step_s);
+    std::fprintf(stderr, "\n");
     decode.push_back(row);
-  }
-  if (!stages.empty()) {
-    // Where the batch-1 step goes: device time per stage (events in the step's graph, summed over layers).
-    std::fprintf(stderr, "\ndecode step at batch 1 by stage (device time, events inside the step's graph; "
-                         "profiled step %.0f us, unprofiled TPOT %.0f us):\n",
-                 profiled_us, 1e6 * tpot1);
-    std::fprintf(stderr, "%-16s %6s %10s %7s %12s %9s %8s\n", "stage", "calls", "us", "%step", "weights_MB", "GB/s",
-                 "%copy");
-    json jst = json::array();
-    for (const cuda::StageTime& st : stages) {
-      const double gb = st.us > 0 ? static_cast<double>(st.weight_bytes) / (st.us * 1e3) : 0;
-      std::fprintf(stderr, "%-16s %6lld %10.1f %7.1f %12.1f %9.0f %8.1f\n", st.stage.c_str(),
-                   static_cast<long long>(st.calls), st.us, profiled_us > 0 ? 100 * st.us / profiled_us : 0,
-                   static_cast<double>(st.weight_bytes) / 1e6, gb, 100 * gb / peaks->copy_gbps);
-      jst.push_back({{"stage", st.stage},
-                     {"calls", st.calls},
-                     {"us", st.us},
-                     {"weight_bytes", st.weight_bytes},
-                     {"gbps", gb}});
+    if (!timing.stages.empty()) {
+      // Where the step goes: device time per stage (events inside the step's graph, one stream).
+      profiles[std::to_string(b)] = print_stages(
+          "  decode step at batch " + std::to_string(b) + " by stage (device time; events inside the step's graph, "
+              "chains on one stream; unprofiled TPOT " + fmt("%.0f", 1e6 * timing.step_s) + " us)",
+          timing.stages, timing.profiled_step_us, peaks->copy_gbps);
+      std::fprintf(stderr, "\n");
     }
-    result["decode_profile_batch1"] = {{"profiled_step_us", profiled_us}, {"stages", jst}};
   }
+  if (!profiles.empty()) result["decode_profiles"] = profiles;
   result["decode"] = decode;
   for (const auto& row : decode)
     if (row.contains("error")) {
@@ -433,6 +447,39 @@ int run(const BenchOptions& o) {
     }
   }
   result["prefill"] = prefill;
+  if (model && o.profile) {
+    // Where a prefill chunk goes: one exact chunk of max_chunk rows after 3 chunks of context (the 8k
+    // prompt's last chunk at the default 2048), direct launches with an event after every stage.
+    const int64_t chunk = mo.max_chunk, before = std::min<int64_t>(3 * chunk, mo.kv.max_context - chunk);
+    std::vector<int64_t> ids(static_cast<size_t>(before + chunk));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 104729 + 7) % 128000);
+    SequenceOptions so;
+    auto s = model->new_sequence(so);
+    Status st = s.ok() ? Status::Ok() : Status(s.error());
+    cuda::CudaStepOutput out;
+    for (int64_t done = 0; st.ok() && done < before; done += chunk)
+      st = model->prefill(*s, std::span<const int64_t>(ids).subspan(static_cast<size_t>(done), static_cast<size_t>(chunk)),
+                          LogitRows::None, out);
+    double total_us = 0;
+    auto stages = st.ok() ? model->profile_prefill(
+                                *s, std::span<const int64_t>(ids).subspan(static_cast<size_t>(before)), &total_us)
+                          : Result<std::vector<cuda::StageTime>>(st.error());
+    if (stages.ok()) {
+      PrefillFlopsOptions po;
+      po.prompt = before + chunk;
+      auto f_all = prefill_flops(*config, *plan, *specs, po);
+      po.prompt = before;
+      auto f_before = prefill_flops(*config, *plan, *specs, po);
+      const double flops = f_all.ok() && f_before.ok() ? f_all->total() - f_before->total() : 0;
+      result["prefill_profile"] = print_stages(
+          "prefill chunk of " + std::to_string(chunk) + " rows at " + std::to_string(before) +
+              " cached positions, exact, by stage (device time; " + fmt("%.1f", flops / (total_us * 1e6)) +
+              " TFLOP/s over the chunk)",
+          *stages, total_us, peaks->copy_gbps);
+    } else {
+      std::fprintf(stderr, "prefill profile: %s\n", stages.error().message.c_str());
+    }
+  }
   if (model && !prefill.empty() && prefill[0].contains("error"))
     std::fprintf(stderr, "prefill: %s\n", prefill[0]["error"].get<std::string>().c_str());
 

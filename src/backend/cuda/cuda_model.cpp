@@ -210,6 +210,10 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.splitk.counters = k.take<unsigned>("split-k + mhc scratch", sk.counters);
   w.splitk.partial_floats = sk.partial_floats;
   w.splitk.counter_count = sk.counters;
+  w.splitk_aux.partials = k.take<float>("split-k + mhc scratch", sk.partial_floats);
+  w.splitk_aux.counters = k.take<unsigned>("split-k + mhc scratch", sk.counters);
+  w.splitk_aux.partial_floats = sk.partial_floats;
+  w.splitk_aux.counter_count = sk.counters;
   w.mhc.partials = k.take<float>("split-k + mhc scratch", mhc_workspace_floats(R, d));
   w.mhc.counter = k.take<unsigned>("split-k + mhc scratch", 1);
   int64_t gemm_floats = 0;
@@ -324,6 +328,9 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
       t.blas_error = blas.error().message;
   }
   t.mhc_cluster = mhc_cluster_supported(c.hidden_size).ok();
+  CEDAR_ASSIGN_OR_RETURN(t.aux, Stream::create());
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.fork_ev, cudaEventDisableTiming));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.join_ev, cudaEventDisableTiming));
   return Status::Ok();
 }
 
@@ -498,7 +505,8 @@ int64_t context_bucket(int64_t positions, int64_t max_context) {
 
 Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
   Status st;
-  const std::pair<int64_t, int64_t> key{r.n, r.context};
+  // One graph per shape: batch, context bucket, and whether the step has concurrent branches.
+  const std::pair<int64_t, int64_t> key{r.n, 2 * r.context + (branches(r) ? 1 : 0)};
   if (r.decode && options_.cuda_graphs && !profiler_) {
     auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end() && !warmed_[key]) {

@@ -48,6 +48,9 @@ struct CudaModelOptions {
   bool cuda_graphs = true;                      // decode steps replayed as one graph per (batch, context bucket)
   bool packed_experts = true;                   // MXFP4 experts also in the packed layout (decode GEMVs)
   bool use_cublas = true;                       // BF16 prefill GEMMs through cuBLASLt when it loads
+  // Decode (GEMV path): independent chains of a layer run on a second stream inside the step's graph
+  // (the query path beside the SWA KV path and the compressor; the shared expert beside the routed ones).
+  bool concurrent_branches = true;
   ThreadPool* pool = nullptr;                   // host-side load conversions
   std::filesystem::path engram_map;             // as LoadOptions::engram_map
 };
@@ -99,10 +102,16 @@ class CudaModel {
   cudaStream_t stream() const { return stream_.get(); }
   bool has_cublas() const;
   void use_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  void use_concurrent_branches(bool on) { options_.concurrent_branches = on; }
   // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /
   // ffn_out / engram_out / out, final_norm is not produced) through `sink` (downloads: slow). Empty: off.
   void set_debug_sink(TensorSink sink) { debug_sink_ = std::move(sink); }
   size_t decode_graph_count() const { return decode_graphs_.size(); }
+  bool has_decode_graph(int64_t batch) const {
+    for (const auto& [key, graph] : decode_graphs_)
+      if (key.first == batch) return true;
+    return false;
+  }
 
   Result<CudaSequence> new_sequence(const SequenceOptions& options);
   // A new sequence in the state `from` has now (KV blocks, rings, compressor and Engram state copied).
@@ -123,6 +132,9 @@ class CudaModel {
   Result<std::vector<StageTime>> profile_decode_step(std::span<CudaSequence* const> seqs,
                                                      std::span<const int64_t> tokens, CudaStepOutput& out,
                                                      double* step_us);
+
+  // One prefill chunk (exact or the sequence's mode) with an event after every stage (direct launches).
+  Result<std::vector<StageTime>> profile_prefill(CudaSequence& seq, std::span<const int64_t> tokens, double* total_us);
 
   struct Workspace;  // activation buffers (cuda_model_internal.h)
   struct Tables;     // per-layer descriptor tables, RoPE tables, Engram tables
@@ -169,6 +181,14 @@ class CudaModel {
   Status dense(const DenseCall& c);
   Status mhc(const void* args_ptr, const Rows& r);
   Status mark(const char* stage, uint64_t weight_bytes = 0);
+  Result<std::vector<StageTime>> collect_profile(double* total_us);
+  // The stream the layer loop launches on (the aux stream inside a branch) and its split-K scratch.
+  cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
+  const SplitKWorkspace& splitk() const;
+  bool branches(const Rows& r) const;
+  // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
+  template <typename Main, typename Aux>
+  Status parallel(bool on, Main&& main, Aux&& aux);
   Status debug(const std::string& name, const Rows& r, const float* data, int64_t width);
 
   DeepseekV41Model host_;
@@ -183,6 +203,7 @@ class CudaModel {
   std::map<std::pair<int64_t, int64_t>, bool> warmed_;              // ran once directly (attributes, heuristics)
   Profiler* profiler_ = nullptr;                                     // set during profile_decode_step
   TensorSink debug_sink_;
+  cudaStream_t cur_ = nullptr;  // non-null inside a branch
   int64_t last_rows_ = 0;
   bool state_written_ = false;  // a step has written sequence state (KV rings / caches): errors poison it
 };

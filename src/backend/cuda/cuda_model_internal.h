@@ -83,7 +83,7 @@ struct CudaModel::Workspace {
   int32_t* engram_recent = nullptr;  // [max_sequences, N − 1]
   int64_t* engram_next = nullptr;    // [max_sequences]
   // Split-K / mHC / GEMM / cuBLAS scratch.
-  SplitKWorkspace splitk;
+  SplitKWorkspace splitk, splitk_aux;  // the aux stream's GEMVs have their own
   MhcWorkspace mhc;
   QuantGemmWorkspace gemm;
   uint16_t* dense_x = nullptr;
@@ -112,6 +112,13 @@ struct CudaModel::Tables {
   bool mhc_cluster = false;
   float attn_scale = 0;
   bool index_reference = true, bf16_probabilities = true;
+  // Concurrent branches of a decode step.
+  Stream aux;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  ~Tables() {
+    if (fork_ev) cudaEventDestroy(fork_ev);
+    if (join_ev) cudaEventDestroy(join_ev);
+  }
 };
 
 // Events after every stage of one decode step (profile_decode_step).

@@ -58,10 +58,39 @@ Status CudaModel::debug(const std::string& name, const Rows& r, const float* dat
   return Status::Ok();
 }
 
+const SplitKWorkspace& CudaModel::splitk() const { return cur_ ? ws_->splitk_aux : ws_->splitk; }
+
+bool CudaModel::branches(const Rows& r) const {
+  // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace).
+  return options_.concurrent_branches && r.decode && r.n <= kGemvMaxRows && !profiler_;
+}
+
+template <typename Main, typename Aux>
+Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
+  if (!on) {
+    CEDAR_RETURN_IF_ERROR(aux());
+    return main();
+  }
+  const cudaStream_t s = stream_.get(), a = tables_->aux.get();
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->fork_ev, s));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->fork_ev, 0));
+  cur_ = a;
+  const Status sa = aux();
+  cur_ = nullptr;
+  const Status sm = sa.ok() ? main() : Status::Ok();
+  // Join even after an error, so that a capture in progress ends with every branch merged.
+  const cudaError_t e1 = cudaEventRecord(tables_->join_ev, a);
+  const cudaError_t e2 = cudaStreamWaitEvent(s, tables_->join_ev, 0);
+  CEDAR_RETURN_IF_ERROR(sa);
+  CEDAR_RETURN_IF_ERROR(sm);
+  CEDAR_CUDA_RETURN_IF_ERROR(e1);
+  return cuda_status(e2, "cudaStreamWaitEvent(join)");
+}
+
 Status CudaModel::quantize(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales) {
   if (n * in > ws_->act_capacity)
     return make_error("activation quantization of " + str(n) + "×" + str(in) + " exceeds the workspace");
-  return quantize_act_fp8(x, n, in, codes, scales, stream_.get());
+  return quantize_act_fp8(x, n, in, codes, scales, cs());
 }
 
 Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
@@ -69,7 +98,7 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
   if (w.format != DeviceFormat::Fp8Block && w.format != DeviceFormat::Mxfp4)
     return make_error("qlinear: weight format " + std::string(device_format_name(w.format)) + " is not quantized");
   Workspace& ws = *ws_;
-  if (n <= kGemvMaxRows) return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, stream_.get(), ws.splitk);
+  if (n <= kGemvMaxRows) return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, cs(), splitk());
   QuantGemmArgs a;
   a.w = w.quant();
   a.act_codes = codes;
@@ -78,7 +107,7 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
   a.act_block = 32;
   a.y = y;
   a.bf16_output = bf16_output;
-  return quant_gemm(a, ws.gemm, stream_.get());
+  return quant_gemm(a, ws.gemm, cs());
 }
 
 Status CudaModel::dense(const DenseCall& c) {
@@ -103,7 +132,7 @@ Status CudaModel::dense(const DenseCall& c) {
     a.w_stride = c.out * c.in;
     a.x_stride = c.in;
     a.y_stride = c.out;
-    return dense_gemm(*tables_->blas, a, ws.dense_x, ws.dense_x_elems, stream_.get());
+    return dense_gemm(*tables_->blas, a, ws.dense_x, ws.dense_x_elems, cs());
   }
   if (f32) return make_error("dense: F32 weights need cuBLASLt (" + tables_->blas_error + ")");
   Bf16GemvArgs a;
@@ -115,14 +144,14 @@ Status CudaModel::dense(const DenseCall& c) {
   a.y = c.y;
   a.n = c.n;
   a.bf16_output = c.bf16_output;
-  return gemv_bf16(a, stream_.get(), ws.splitk);
+  return gemv_bf16(a, cs(), splitk());
 }
 
 Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   const MhcFusedArgs& a = *static_cast<const MhcFusedArgs*>(args_ptr);
   // The cluster kernel is one launch for any row count; the plain one is faster for a few rows.
-  if (tables_->mhc_cluster && r.n > 4) return mhc_fused_cluster(a, stream_.get(), false);
-  return mhc_fused(a, ws_->mhc, stream_.get());
+  if (tables_->mhc_cluster && r.n > 4) return mhc_fused_cluster(a, cs(), false);
+  return mhc_fused(a, ws_->mhc, cs());
 }
 
 namespace {
@@ -195,7 +224,7 @@ Status CudaModel::embed(const Rows& r) {
   a.tokens = in.ids + r.first;
   a.n = r.n;
   a.X = w.X;
-  CEDAR_RETURN_IF_ERROR(embed_gather(a, stream_.get()));
+  CEDAR_RETURN_IF_ERROR(embed_gather(a, cs()));
   if (w.engram_rows) {  // EngramHasher::hash_chunk with the device history of each row's slot
     EngramHashArgs h;
     h.layout = tables_->engram_layout;
@@ -209,7 +238,7 @@ Status CudaModel::embed(const Rows& r) {
     h.recent = w.engram_recent;
     h.next_pos = w.engram_next;
     h.rows = w.engram_rows;
-    CEDAR_RETURN_IF_ERROR(engram_hash(h, stream_.get()));
+    CEDAR_RETURN_IF_ERROR(engram_hash(h, cs()));
   }
   return mark("embed");
 }
@@ -233,7 +262,7 @@ Status CudaModel::engram(int64_t l, const Rows& r) {
   g.table_scale = E.table_scale;
   g.codes = w.e_codes;
   g.scales = w.e_scales;
-  CEDAR_RETURN_IF_ERROR(engram_gather_quant(g, stream_.get()));
+  CEDAR_RETURN_IF_ERROR(engram_gather_quant(g, cs()));
   CEDAR_RETURN_IF_ERROR(qlinear(E.wkv, w.e_codes, w.e_scales, r.n, w.y));
   EngramUpdateArgs u;
   u.n = r.n;
@@ -243,7 +272,7 @@ Status CudaModel::engram(int64_t l, const Rows& r) {
   u.kv = w.y;
   u.qk = E.qk.data;
   u.norm_eps = static_cast<float>(c.rms_norm_eps);
-  CEDAR_RETURN_IF_ERROR(engram_update(u, stream_.get()));
+  CEDAR_RETURN_IF_ERROR(engram_update(u, cs()));
   CEDAR_RETURN_IF_ERROR(debug("layers." + str(l) + ".engram_out", r, w.X, c.hc_mult * c.hidden_size));
   return mark("engram", E.wkv.bytes());
 }
@@ -254,7 +283,7 @@ Status CudaModel::attention_site(int64_t l, const Rows& r) {
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
-  const cudaStream_t s = stream_.get();
+  const cudaStream_t s = cs();
   MhcFusedArgs a = mhc_args(c, L.hc_attn, r.n, w.X);
   MixPtrs prev{w.e0, nullptr, nullptr};
   if (l > 0) {  // the previous layer's ffn output, expanded with its site's post / comb; collapse with its pre
@@ -290,7 +319,6 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
   const StepInputs& in = r.decode ? w.decode_in : w.prefill_in;
-  const cudaStream_t s = stream_.get();
   const int64_t n = r.n, d = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool boundary = l == p.last_kv_source;
@@ -303,38 +331,46 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   const RopeTableView rope = role.compress_ratio > 0 ? tables_->rope_compress_view : tables_->rope_main_view;
 
   // Global KV first (the chunk's complete groups), as attention_forward.
-  if (role.owns_compressor && role.compress_ratio > 0) CEDAR_RETURN_IF_ERROR(compressor(l, r));
-  if (!r.tail && boundary && r.global_kv_only_boundary) return Status::Ok();  // AttentionPass::GlobalKvOnly
+  const bool compress = role.owns_compressor && role.compress_ratio > 0;
+  if (!r.tail && boundary && r.global_kv_only_boundary) {  // AttentionPass::GlobalKvOnly
+    return compress ? compressor(l, r) : Status::Ok();
+  }
 
-  // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr). x's FP8 codes serve wq_a and wkv, qr's wq_b and
-  // the indexer's wq_b.
+  // x's FP8 codes serve wq_a and wkv, qr's wq_b and the indexer's wq_b.
   CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
-  CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
-  CEDAR_RETURN_IF_ERROR(rms_norm(w.qr, n, c.q_lora_rank, L.q_norm.data, eps, w.qr, s));
-  CEDAR_RETURN_IF_ERROR(quantize(w.qr, n, c.q_lora_rank, w.act_b, w.act_b_scales));
-  CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
-  RopeApplyArgs ra;
-  ra.x = w.q;
-  ra.rows = n;
-  ra.n_vec = H;
-  ra.width = hd;
-  ra.tokens = tok;
-  CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, s));
-  CEDAR_RETURN_IF_ERROR(mark("attn.q", L.wq_a.bytes() + L.wq_b.bytes()));
-
-  // The layer's own SWA KV: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) as staged ring records.
-  CEDAR_RETURN_IF_ERROR(qlinear(L.wkv, w.act_a, w.act_a_scales, n, w.kvw));
-  SwaKvArgs sk;
-  sk.kv = w.kvw;
-  sk.norm_weight = L.kv_norm.data;
-  sk.eps = eps;
-  sk.n = n;
-  sk.head_dim = hd;
-  sk.tokens = tok;
-  sk.rope = rope;
-  sk.records = w.chunk_records;
-  CEDAR_RETURN_IF_ERROR(swa_kv_encode(sk, s));
-  CEDAR_RETURN_IF_ERROR(mark("attn.kv", L.wkv.bytes()));
+  // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
+  auto query = [&]() -> Status {
+    CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
+    CEDAR_RETURN_IF_ERROR(rms_norm(w.qr, n, c.q_lora_rank, L.q_norm.data, eps, w.qr, cs()));
+    CEDAR_RETURN_IF_ERROR(quantize(w.qr, n, c.q_lora_rank, w.act_b, w.act_b_scales));
+    CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
+    RopeApplyArgs ra;
+    ra.x = w.q;
+    ra.rows = n;
+    ra.n_vec = H;
+    ra.width = hd;
+    ra.tokens = tok;
+    CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, cs()));
+    return mark("attn.q", L.wq_a.bytes() + L.wq_b.bytes());
+  };
+  // The compressor's global KV and the layer's own SWA KV: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) as staged
+  // ring records (independent of the query path: a second branch in decode).
+  auto keys = [&]() -> Status {
+    if (compress) CEDAR_RETURN_IF_ERROR(compressor(l, r));
+    CEDAR_RETURN_IF_ERROR(qlinear(L.wkv, w.act_a, w.act_a_scales, n, w.kvw));
+    SwaKvArgs sk;
+    sk.kv = w.kvw;
+    sk.norm_weight = L.kv_norm.data;
+    sk.eps = eps;
+    sk.n = n;
+    sk.head_dim = hd;
+    sk.tokens = tok;
+    sk.rope = rope;
+    sk.records = w.chunk_records;
+    CEDAR_RETURN_IF_ERROR(swa_kv_encode(sk, cs()));
+    return mark("attn.kv", L.wkv.bytes());
+  };
+  CEDAR_RETURN_IF_ERROR(parallel(branches(r), query, keys));
 
   // Compressed entries: the index source's top-k of this call.
   const int32_t* topk = nullptr;
@@ -362,7 +398,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.kv_seqs = topk ? tables_->sources[static_cast<size_t>(role.kv_source)].get() : nullptr;
   sa.rope = rope;
   sa.out = w.o;
-  CEDAR_RETURN_IF_ERROR(sparse_attention(sa, s, w.sparse));
+  CEDAR_RETURN_IF_ERROR(sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
   // The ring is written after attending (the chunk's own keys came from the staged records).
   SwaRingCommitArgs rc;
@@ -372,7 +408,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   rc.tokens = tok;
   rc.rings = tables_->rings[static_cast<size_t>(l)].get();
   rc.slots = slots;
-  CEDAR_RETURN_IF_ERROR(swa_ring_commit(rc, s));
+  CEDAR_RETURN_IF_ERROR(swa_ring_commit(rc, cs()));
 
   // out = wo_b · concat_g(wo_a[g] · o_g) (attention_output_projection).
   DenseCall oa;
@@ -396,7 +432,7 @@ Status CudaModel::compressor(int64_t l, const Rows& r) {
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
   const StepInputs& in = r.decode ? w.decode_in : w.prefill_in;
-  const cudaStream_t s = stream_.get();
+  const cudaStream_t s = cs();
   const int64_t n = r.n, d = c.hidden_size, hd = c.head_dim, ratio = role.compress_ratio;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const KvSourceSeq* seqs = tables_->sources[static_cast<size_t>(l)].get();
@@ -464,7 +500,7 @@ Status CudaModel::indexer(int64_t l, const Rows& r) {
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
   const StepInputs& in = r.decode ? w.decode_in : w.prefill_in;
-  const cudaStream_t s = stream_.get();
+  const cudaStream_t s = cs();
   const int64_t n = r.n, ih = c.index_n_heads, ihd = c.index_head_dim, ratio = role.compress_ratio;
   const AttnToken* tok = in.tok_exact + r.first;
   CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b_i, w.act_b, w.act_b_scales, n, w.qi));
@@ -534,7 +570,7 @@ Status CudaModel::ffn_site(int64_t l, const Rows& r) {
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
-  const cudaStream_t s = stream_.get();
+  const cudaStream_t s = cs();
   CEDAR_ASSIGN_OR_RETURN(const MixPtrs m, split_mix(w.mix_attn, r.n, w, s));
   MhcFusedArgs a = mhc_args(c, L.hc_ffn, r.n, w.X);
   a.y = w.y;
@@ -567,7 +603,7 @@ Status CudaModel::moe(int64_t l, const Rows& r) {
   ra.logits = w.router_logits;
   ra.experts = w.experts[static_cast<size_t>(l)] + r.first * c.num_experts_per_tok;
   ra.weights = w.route_w;
-  CEDAR_RETURN_IF_ERROR(moe_route(ra, stream_.get()));
+  CEDAR_RETURN_IF_ERROR(moe_route(ra, cs()));
   CEDAR_RETURN_IF_ERROR(mark("moe.route", L.gate.bytes()));
   CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
   return r.n <= kGemvMaxRows ? moe_gemv(l, r) : moe_gemm(l, r);
@@ -580,7 +616,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   const DeviceExperts& X = L.experts;
   Workspace& w = *ws_;
-  const cudaStream_t s = stream_.get();
+  const cudaStream_t s = cs();
   const int64_t n = r.n, K = c.num_experts_per_tok, P = n * K, d = c.hidden_size, inter = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
   const int32_t* experts = w.experts[static_cast<size_t>(l)] + r.first * K;
@@ -611,40 +647,45 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                               P};
   CEDAR_RETURN_IF_ERROR(moe_build_items(da, s));
   const Mxfp4Layout layout = X.repacked ? Mxfp4Layout::PackedBalanced : Mxfp4Layout::Plain;
-  QuantWeightView shape13 = X.first[DeviceExperts::kW1].quant();
-  QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
-  shape13.data = shape2.data = nullptr;
-  shape13.scales = shape2.scales = nullptr;
-  CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, s));
-  SwigluArgs sw;
-  sw.rows = P;
-  sw.inter = inter;
-  sw.g = w.g;
-  sw.u = w.gu;
-  sw.row_weights = w.route_w;
-  sw.limit = limit;
-  sw.codes = w.h_codes;
-  sw.scales = w.h_scales;
-  CEDAR_RETURN_IF_ERROR(swiglu(sw, s));
-  CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, s));
-  const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
-  CEDAR_RETURN_IF_ERROR(mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes));
-  // Shared expert (weight 1): w1 / w3 in one grouped launch, SwiGLU (+ FP8 codes), w2.
-  const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
-                                {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
-  CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, s, w.splitk));
-  SwigluArgs ss;
-  ss.rows = n;
-  ss.inter = inter;
-  ss.g = w.sg;
-  ss.u = w.su;
-  ss.limit = limit;
-  ss.codes = w.sh_codes;
-  ss.scales = w.sh_scales;
-  CEDAR_RETURN_IF_ERROR(swiglu(ss, s));
-  CEDAR_RETURN_IF_ERROR(
-      gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, s, w.splitk));
-  CEDAR_RETURN_IF_ERROR(mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes()));
+  auto routed = [&]() -> Status {
+    QuantWeightView shape13 = X.first[DeviceExperts::kW1].quant();
+    QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
+    shape13.data = shape2.data = nullptr;
+    shape13.scales = shape2.scales = nullptr;
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs()));
+    SwigluArgs sw;
+    sw.rows = P;
+    sw.inter = inter;
+    sw.g = w.g;
+    sw.u = w.gu;
+    sw.row_weights = w.route_w;
+    sw.limit = limit;
+    sw.codes = w.h_codes;
+    sw.scales = w.h_scales;
+    CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs()));
+    const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
+    return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);
+  };
+  // Shared expert (weight 1): w1 / w3 in one grouped launch, SwiGLU (+ FP8 codes), w2 — a second branch.
+  auto shared = [&]() -> Status {
+    const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
+                                  {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk()));
+    SwigluArgs ss;
+    ss.rows = n;
+    ss.inter = inter;
+    ss.g = w.sg;
+    ss.u = w.su;
+    ss.limit = limit;
+    ss.codes = w.sh_codes;
+    ss.scales = w.sh_scales;
+    CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
+    CEDAR_RETURN_IF_ERROR(
+        gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk()));
+    return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
+  };
+  CEDAR_RETURN_IF_ERROR(parallel(branches(r), routed, shared));
   CEDAR_RETURN_IF_ERROR(moe_combine(MoeCombineArgs{n, K, d, experts, w.routed, w.shared, w.y}, s));
   return mark("moe.combine");
 }
@@ -656,7 +697,7 @@ Status CudaModel::moe_gemm(int64_t l, const Rows& r) {
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   const DeviceExperts& X = L.experts;
   Workspace& w = *ws_;
-  const cudaStream_t s = stream_.get();
+  const cudaStream_t s = cs();
   const int64_t n = r.n, K = c.num_experts_per_tok, d = c.hidden_size, inter = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
   const int32_t* experts = w.experts[static_cast<size_t>(l)] + r.first * K;
@@ -725,7 +766,7 @@ Status CudaModel::moe_gemm(int64_t l, const Rows& r) {
 Status CudaModel::finish(const Rows& r) {
   const ModelConfig& c = config();
   Workspace& w = *ws_;
-  const cudaStream_t s = stream_.get();
+  const cudaStream_t s = cs();
   const DeviceLayer& last = weights_.layers().back();
   CEDAR_ASSIGN_OR_RETURN(const MixPtrs m, split_mix(w.mix_ffn, r.n, w, s));
   MhcFusedArgs a = mhc_args(c, last.hc_ffn, r.n, w.X);  // its coefficients are not used (mix_scratch)
@@ -749,13 +790,37 @@ Status CudaModel::finish(const Rows& r) {
   h.head = bf16_bits(weights_.head());
   h.x = w.x;
   h.logits = w.logits;
-  h.splitk = w.splitk;
+  h.splitk = splitk();
   CEDAR_RETURN_IF_ERROR(final_head(h, s));
   CEDAR_RETURN_IF_ERROR(argmax_rows(w.logits, rows, c.vocab_size, w.argmax, s));
   return mark("head + argmax", weights_.head().bytes());
 }
 
 // ---- profiling -------------------------------------------------------------------------------------
+
+// Stage times of the last profiled call: the interval before each event goes to that event's stage.
+Result<std::vector<StageTime>> CudaModel::collect_profile(double* total_us) {
+  Profiler& p = *profiler_;
+  std::vector<StageTime> stages;
+  double total = 0;
+  for (size_t i = 1; i < p.used; ++i) {
+    float ms = 0;
+    const cudaError_t e = cudaEventElapsedTime(&ms, p.events[i - 1], p.events[i]);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return cuda_status(e, "cudaEventElapsedTime(profile)").error();
+    }
+    total += 1e3 * ms;
+    auto it = std::find_if(stages.begin(), stages.end(), [&](const StageTime& s) { return s.stage == p.labels[i]; });
+    if (it == stages.end()) it = stages.insert(stages.end(), StageTime{p.labels[i], 0, 0, 0});
+    it->us += 1e3 * ms;
+    it->weight_bytes += p.bytes[i];
+    ++it->calls;
+  }
+  if (total_us) *total_us = total;
+  std::sort(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.us > b.us; });
+  return stages;
+}
 
 Result<std::vector<StageTime>> CudaModel::profile_decode_step(std::span<CudaSequence* const> seqs,
                                                               std::span<const int64_t> tokens, CudaStepOutput& out,
@@ -764,40 +829,33 @@ Result<std::vector<StageTime>> CudaModel::profile_decode_step(std::span<CudaSequ
   p.graph = options_.cuda_graphs;
   p.events.resize(4096);
   for (cudaEvent_t& e : p.events) CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  std::vector<StageTime> stages;
   for (int attempt = 0; attempt < 2; ++attempt) {
     p.used = 0;
     p.labels.clear();
     p.bytes.clear();
     profiler_ = &p;
-    const Status st = decode_step(seqs, tokens, out);
+    Status st = decode_step(seqs, tokens, out);
+    Result<std::vector<StageTime>> stages = st.ok() ? collect_profile(step_us) : Result<std::vector<StageTime>>(st.error());
     profiler_ = nullptr;
     CEDAR_RETURN_IF_ERROR(st);
-    bool ok = true;
-    stages.clear();
-    double total = 0;
-    for (size_t i = 1; i < p.used && ok; ++i) {
-      float ms = 0;
-      if (cudaEventElapsedTime(&ms, p.events[i - 1], p.events[i]) != cudaSuccess) {
-        (void)cudaGetLastError();
-        ok = false;
-        break;
-      }
-      total += 1e3 * ms;
-      auto it = std::find_if(stages.begin(), stages.end(), [&](const StageTime& s) { return s.stage == p.labels[i]; });
-      if (it == stages.end()) it = stages.insert(stages.end(), StageTime{p.labels[i], 0, 0, 0});
-      it->us += 1e3 * ms;
-      it->weight_bytes += p.bytes[i];
-      ++it->calls;
-    }
-    if (ok) {
-      if (step_us) *step_us = total;
-      std::sort(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.us > b.us; });
-      return stages;
-    }
+    if (stages.ok() || !p.graph) return stages;
     p.graph = false;  // events in graphs did not time here: one more step, launched directly
   }
   return make_error("profile: CUDA events gave no timings");
+}
+
+Result<std::vector<StageTime>> CudaModel::profile_prefill(CudaSequence& seq, std::span<const int64_t> tokens,
+                                                          double* total_us) {
+  Profiler p;
+  p.graph = false;
+  p.events.resize(4096);
+  for (cudaEvent_t& e : p.events) CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  profiler_ = &p;
+  CudaStepOutput out;
+  const Status st = prefill(seq, tokens, LogitRows::Last, out);
+  Result<std::vector<StageTime>> stages = st.ok() ? collect_profile(total_us) : Result<std::vector<StageTime>>(st.error());
+  profiler_ = nullptr;
+  return stages;
 }
 
 }  // namespace cedar::cuda

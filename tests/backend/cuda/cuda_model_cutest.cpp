@@ -1,26 +1,30 @@
 // Whole-model parity of the CUDA model (backend/cuda/cuda_model.h) with the CPU model
 // (model/deepseek_v41.h) on make-tiny checkpoints written here (profiles tiny and small): exact and CED
-// prefill, chunked prefill == one-shot on the GPU, greedy decode, batched decode == single-sequence
-// decode, CUDA-graph replay == direct execution (bit for bit).
+// prefill (one call and chunked), greedy decode, batched decode == single-sequence decode, CUDA-graph
+// replay == direct execution.
 //
 // Tolerances. Every kernel of the loop is tested against its CPU module on its own (the other
 // *_cutest.cpp files): bit-exact where the arithmetic is the same (embedding, RoPE, SWA / KV records,
 // compressor, indexer scores and selection, SwiGLU, combine, mHC expand / collapse), otherwise within
-// one bf16 rounding of an output (2^-8 relative) from a different fp32 summation order (GEMVs / GEMMs,
-// RMSNorm, router logits, mHC coefficients, attention). Such a flip moves an FP8 activation code of the
-// next linear by one step (≤ 2^-4 relative of that element), so a few elements per layer differ by
-// ~1e-2 relative and the logits of a 10-layer model agree to cosine ~0.9999, not bitwise. The discrete
-// decisions are where the two can part completely: the router's top-k and the indexer's top-k pick
-// among near-ties (the tiny random models have many; the indexer's scores are bf16-rounded, so exact
-// ties are common and a one-ulp difference decides them). One flipped decision changes that row's
-// output, and through the caches every later position. So each comparison finds the first position
-// whose decisions (indexer top-k of every index source, router experts of every layer) differ between
-// GPU and CPU and checks positions before it tightly (cosine >= 0.999, NMSE <= 2e-3: 10× the
-// accumulated rounding of the kernel bounds above), later positions loosely (cosine >= 0.5: same model,
-// different decisions), and bounds how often decisions flip (<= 10% of the (layer, position) decisions:
-// rounding-level differences cannot flip more than the near-ties). GPU vs GPU comparisons (chunked vs
-// one-shot, batched vs single) differ by kernel choice only (GEMV vs GEMM summation orders; the key split
-// of the decode attention depends on the batch), and use the same rule; graph replay is bit-exact.
+// one bf16 rounding of an output from a different fp32 summation order (GEMVs / GEMMs, RMSNorm, router
+// logits, mHC coefficients, attention). In the model such a flip moves an FP8 activation code of the next
+// linear by one step (2^-4 relative instead of 2^-8), so each sublayer amplifies the difference (measured
+// on the small profile: NMSE 1e-6 after layer 0's attention, 5e-3 after layer 9) and the logits agree to
+// cosine ~0.99-0.9999, not bitwise. The discrete decisions are where two runs can part completely: the
+// router's top-k and the indexer's top-k pick among near-ties (the random tiny models have many; the
+// indexer's scores are bf16-rounded, so exact ties are common and one ulp decides them), and a flipped
+// decision changes that row and, through the caches, every later position. So:
+//   * positions before the first flipped decision (of any earlier call of the sequence too) must agree
+//     to cosine >= 0.99 and NMSE <= 2e-2 (4× the worst measured on flip-free rows, GPU vs GPU included);
+//   * the per-layer trace of those positions (exact prefill) must be bit-exact at layer 0's input, within
+//     1e-4 NMSE after layer 0's attention and within 2e-2 everywhere;
+//   * decisions may flip against the CPU at most twice as often (+5% of the decisions) as they flip
+//     between two GPU kernel paths of the same prompt (one call = GEMMs vs chunks of <= 8 rows = GEMVs:
+//     the same arithmetic up to summation order, i.e. a measurement of this model's sensitivity to
+//     rounding alone); a wrong kernel flips far more;
+//   * over all positions: top-1 agrees (tie-robust) on >= 90% of the rows and the mean logit cosine is
+//     >= 0.95;
+//   * batched decode on the GEMV path and graph replay are bit-exact.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -286,21 +290,35 @@ int64_t first_flip(const Decisions& a, const Decisions& b, int64_t* flips, int64
   return first;
 }
 
-struct Report {
+// Per-position comparison of two runs of one prompt: positions before the first decision flip (all
+// earlier calls of the sequence included: a flipped decision changes every later position through the
+// caches) are the "tight" rows.
+struct Stats {
   int64_t rows = 0, tight_rows = 0, strict_top1 = 0, robust_top1 = 0, bit_equal_rows = 0;
-  double min_cos_tight = 1, max_nmse_tight = 0, min_cos_loose = 1;
-  int64_t first_mismatch = -1;  // first position out of the tight tolerance
+  double min_cos_tight = 1, max_nmse_tight = 0, mean_cos = 0, mean_nmse = 0;
+  int64_t flips = 0, decisions = 0;
+  int64_t first_flip = std::numeric_limits<int64_t>::max();
+  double flip_fraction() const { return decisions ? static_cast<double>(flips) / static_cast<double>(decisions) : 0; }
 };
 
-// Per-position comparison of `got` with `want` at the positions both have; positions before `flip`
-// tightly, others loosely. Prints one MODEL line.
-Report compare_logits(const std::string& what, const Logits& got, const Logits& want, int64_t flip, int64_t flips,
-                      int64_t decisions) {
-  Report r;
-  const int64_t V = want.vocab;
-  for (int64_t pos : want.positions) {
-    const float* w = want.row(pos);
-    const float* g = got.row(pos);
+// One sequence's run: every logit row it produced and every decision it made, over all its calls.
+struct Track {
+  Logits logits;
+  Decisions dec;
+  void add(const Logits& l) {
+    logits.vocab = l.vocab;
+    logits.values.insert(logits.values.end(), l.values.begin(), l.values.end());
+    logits.positions.insert(logits.positions.end(), l.positions.begin(), l.positions.end());
+  }
+};
+
+Stats compare(const std::string& what, const Track& got, const Track& want) {
+  Stats r;
+  r.first_flip = first_flip(want.dec, got.dec, &r.flips, &r.decisions);
+  const int64_t V = want.logits.vocab;
+  for (int64_t pos : want.logits.positions) {
+    const float* w = want.logits.row(pos);
+    const float* g = got.logits.row(pos);
     if (!g) continue;
     ++r.rows;
     double dot = 0, gg = 0, ww = 0, e2 = 0;
@@ -320,49 +338,62 @@ Report compare_logits(const std::string& what, const Logits& got, const Logits& 
     r.bit_equal_rows += equal;
     r.strict_top1 += ag == aw;
     r.robust_top1 += w[ag] >= w[aw] - 3 * rms;  // a near-tie of the reference's top two counts as agreement
-    if (pos < flip) {
+    r.mean_cos += std::isfinite(cos) ? cos : -10;
+    r.mean_nmse += nmse;
+    if (pos < r.first_flip) {
       ++r.tight_rows;
       r.min_cos_tight = std::min(r.min_cos_tight, cos);
       r.max_nmse_tight = std::max(r.max_nmse_tight, nmse);
-      if (r.first_mismatch < 0 && !(cos >= 0.999 && nmse <= 2e-3)) r.first_mismatch = pos;
-    } else {
-      r.min_cos_loose = std::min(r.min_cos_loose, cos);
     }
-    if (!std::isfinite(cos)) r.min_cos_loose = -1;
+  }
+  if (r.rows) {
+    r.mean_cos /= static_cast<double>(r.rows);
+    r.mean_nmse /= static_cast<double>(r.rows);
   }
   std::printf(
-      "MODEL %-44s rows=%lld tight=%lld min_cos=%.6f max_nmse=%.3e | after first flip: min_cos=%.4f | top1 strict "
-      "%.1f%% robust %.1f%% | bit-equal rows %lld | decision flips %lld/%lld, first at pos %s | first mismatch %s\n",
+      "MODEL %-40s rows=%lld | before the first flip: %lld rows, min cos %.6f, max NMSE %.3e | all rows: mean cos "
+      "%.5f, mean NMSE %.3e, top-1 strict %.1f%% robust %.1f%%, bit-equal rows %lld | decision flips %lld/%lld "
+      "(%.1f%%), first at position %s\n",
       what.c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.tight_rows), r.min_cos_tight,
-      r.max_nmse_tight, r.min_cos_loose, r.rows ? 100.0 * r.strict_top1 / r.rows : 0.0,
+      r.max_nmse_tight, r.mean_cos, r.mean_nmse, r.rows ? 100.0 * r.strict_top1 / r.rows : 0.0,
       r.rows ? 100.0 * r.robust_top1 / r.rows : 0.0, static_cast<long long>(r.bit_equal_rows),
-      static_cast<long long>(flips), static_cast<long long>(decisions),
-      flip == std::numeric_limits<int64_t>::max() ? "none" : std::to_string(flip).c_str(),
-      r.first_mismatch < 0 ? "none" : std::to_string(r.first_mismatch).c_str());
+      static_cast<long long>(r.flips), static_cast<long long>(r.decisions), 100 * r.flip_fraction(),
+      r.first_flip == std::numeric_limits<int64_t>::max() ? "none" : std::to_string(r.first_flip).c_str());
   return r;
 }
 
-void expect_parity(const std::string& what, const Logits& got, const Logits& want, const Decisions& dg,
-                   const Decisions& dw) {
-  int64_t flips = 0, total = 0;
-  const int64_t flip = first_flip(dw, dg, &flips, &total);
-  const Report r = compare_logits(what, got, want, flip, flips, total);
-  EXPECT_EQ(r.rows, static_cast<int64_t>(want.positions.size())) << what << ": positions missing on one side";
-  EXPECT_GT(r.rows, 0) << what;
-  EXPECT_LT(r.first_mismatch, 0) << what << ": position " << r.first_mismatch
-                                 << " differs beyond rounding before any decision flipped (min cosine "
-                                 << r.min_cos_tight << ", max NMSE " << r.max_nmse_tight << ")";
-  EXPECT_GE(r.min_cos_loose, 0.5) << what << ": logits after a decision flip are unrelated";
-  EXPECT_LE(flips * 10, std::max<int64_t>(total, 1)) << what << ": " << flips << " of " << total << " decisions flipped";
+// The GPU against the CPU (tolerances: file comment). `paths` is GPU vs GPU over two kernel paths (GEMV
+// vs GEMM summation orders) of the same prompt: a measurement of how far pure rounding differences carry
+// in this model, which bounds how many decisions the GPU may flip against the CPU.
+void expect_close(const std::string& what, const Stats& s, const Stats* paths = nullptr) {
+  EXPECT_GT(s.rows, 0) << what << ": no common logit rows";
+  EXPECT_TRUE(s.tight_rows == 0 || (s.min_cos_tight >= 0.99 && s.max_nmse_tight <= 2e-2))
+      << what << ": before any decision flipped the logits differ beyond rounding (min cosine " << s.min_cos_tight
+      << ", max NMSE " << s.max_nmse_tight << ")";
+  EXPECT_GE(s.robust_top1, (9 * s.rows + 9) / 10) << what << ": top-1 agrees (tie-robust) on " << s.robust_top1
+                                                  << " of " << s.rows << " rows";
+  EXPECT_GE(s.mean_cos, 0.95) << what << ": mean logit cosine";
+  if (paths) {
+    EXPECT_LE(s.flip_fraction(), 2 * paths->flip_fraction() + 0.05)
+        << what << ": " << s.flips << " of " << s.decisions << " decisions flipped vs the CPU, while two GPU kernel "
+        << "paths flip " << paths->flips << " of " << paths->decisions << " against each other";
+  }
 }
 
 // Layer-by-layer comparison of the GPU's tensors with the CPU's over positions [pos0, limit): the first
-// tensor that drifts tells where a difference starts. Prints one TRACE line per tensor.
-void print_trace(const std::string& what, const Tensors& gpu, const Tensors& cpu, int64_t limit) {
+// tensor that drifts tells where a difference starts. Prints one TRACE line per tensor; returns
+// (name, NMSE, bit-equal fraction) per tensor.
+struct TraceLine {
+  std::string name;
+  double nmse = 0, equal = 0;
+};
+std::vector<TraceLine> print_trace(const std::string& what, const Tensors& gpu, const Tensors& cpu, int64_t limit) {
+  std::vector<TraceLine> out;
   for (const std::string& name : cpu.order) {
     auto g = gpu.values.find(name);
     if (g == gpu.values.end()) {
       std::printf("TRACE %s %-24s missing on the GPU\n", what.c_str(), name.c_str());
+      out.push_back({name, 1e30, 0});
       continue;
     }
     const std::vector<float>& c = cpu.values.at(name);
@@ -380,36 +411,109 @@ void print_trace(const std::string& what, const Tensors& gpu, const Tensors& cpu
       max_abs = std::max(max_abs, std::fabs(a - b));
       equal += std::memcmp(&g->second[i], &c[i], 4) == 0;
     }
+    const double nmse = e2 / std::max(cc, 1e-300), eq = rows ? static_cast<double>(equal) / (rows * w) : 1.0;
     std::printf("TRACE %s %-24s rows=%lld cos=%.7f nmse=%.3e max_abs=%.3e bit-equal=%.2f%%\n", what.c_str(),
-                name.c_str(), static_cast<long long>(rows), dot / std::sqrt(std::max(gg * cc, 1e-300)),
-                e2 / std::max(cc, 1e-300), max_abs, rows ? 100.0 * equal / (rows * w) : 0.0);
+                name.c_str(), static_cast<long long>(rows), dot / std::sqrt(std::max(gg * cc, 1e-300)), nmse, max_abs,
+                100 * eq);
+    out.push_back({name, nmse, eq});
   }
+  return out;
+}
+
+// One prompt three ways: the CPU (one call), GPU A (one call: the GEMM path above 8 rows) and GPU B (chunks
+// of <= 8 rows: the GEMV path), then `steps` decode steps on all three with the CPU's greedy token.
+struct Scenario {
+  Track cpu, a, b;
+  Tensors trace_cpu, trace_a;
+  int64_t argmax_agree = 0, steps = 0;
+};
+
+Scenario run_scenario(Model& m, const std::vector<int64_t>& ids, const SequenceOptions& so, int steps, bool trace) {
+  Scenario sc;
+  auto cs = m.cpu->new_sequence(so);
+  EXPECT_TRUE(cs.ok()) << cs.error().message;
+  auto ga = m.gpu->new_sequence(so);
+  auto gb = m.gpu->new_sequence(so);
+  EXPECT_TRUE(ga.ok() && gb.ok());
+  if (!cs.ok() || !ga.ok() || !gb.ok()) return sc;
+  sc.cpu.add(cpu_call(m, *cs, ids, LogitRows::All, &sc.cpu.dec, trace ? &sc.trace_cpu : nullptr));
+  if (trace) m.gpu->set_debug_sink([&](const TensorRecord& r) { sc.trace_a.add(r); });
+  sc.a.add(gpu_prefill(*m.gpu, *ga, ids, LogitRows::All, &sc.a.dec));
+  m.gpu->set_debug_sink({});
+  for (size_t at = 0, i = 0; at < ids.size(); ++i) {  // 5, 3, 1, then 8s: the GEMV path, crossing every boundary
+    const size_t len = std::min<size_t>(ids.size() - at, i == 0 ? 5 : i == 1 ? 3 : i == 2 ? 1 : 8);
+    sc.b.add(gpu_prefill(*m.gpu, *gb, std::span<const int64_t>(ids).subspan(at, len), LogitRows::All, &sc.b.dec));
+    at += len;
+  }
+  for (int step = 0; step < steps; ++step) {
+    const Logits& last = sc.cpu.logits;
+    const float* w = last.values.data() + (last.positions.size() - 1) * last.vocab;
+    const int64_t tok = std::max_element(w, w + last.vocab) - w;
+    const Logits want = cpu_call(m, *cs, std::span<const int64_t>(&tok, 1), LogitRows::All, &sc.cpu.dec);
+    sc.cpu.add(want);
+    for (auto [seq, track] : {std::pair{&*ga, &sc.a}, std::pair{&*gb, &sc.b}}) {
+      CudaSequence* one[] = {seq};
+      CudaStepOutput out;
+      const Status st = m.gpu->decode_step(one, std::span<const int64_t>(&tok, 1), out);
+      EXPECT_TRUE(st.ok()) << st.error().message;
+      if (!st.ok()) return sc;
+      gpu_decisions(*m.gpu, out.positions, track->dec);
+      const Logits got = gpu_logits(*m.gpu, out);
+      track->add(got);
+      if (track == &sc.a && !want.values.empty()) {
+        const float* g = got.values.data();
+        EXPECT_EQ(out.argmax[0], std::max_element(g, g + got.vocab) - g) << "device argmax vs the downloaded logits";
+        sc.argmax_agree += out.argmax[0] == std::max_element(want.values.data(), want.values.data() + want.vocab) -
+                                                want.values.data();
+      }
+    }
+    ++sc.steps;
+  }
+  return sc;
+}
+
+void check_scenario(const std::string& what, const Scenario& sc) {
+  const Stats paths = compare(what + " gpu chunked vs one-shot", sc.b, sc.a);
+  const Stats a = compare(what + " gpu one-shot vs cpu", sc.a, sc.cpu);
+  const Stats b = compare(what + " gpu chunked vs cpu", sc.b, sc.cpu);
+  expect_close(what + " gpu one-shot vs cpu", a, &paths);
+  expect_close(what + " gpu chunked vs cpu", b, &paths);
+  // The two GPU paths are the same arithmetic up to summation order: the same bounds apply between them.
+  expect_close(what + " gpu chunked vs one-shot", paths);
+  if (sc.steps > 0)
+    std::printf("MODEL %s greedy decode: GPU argmax = CPU argmax in %lld of %lld steps\n", what.c_str(),
+                static_cast<long long>(sc.argmax_agree), static_cast<long long>(sc.steps));
 }
 
 // ---- tests ---------------------------------------------------------------------------------------
 
 class CudaModelParity : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(CudaModelParity, ExactPrefillMatchesCpu) {
+TEST_P(CudaModelParity, ExactPrefillChunkedPrefillAndDecodeMatchCpu) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
-  // 77 rows: the GEMM path, cuBLASLt for the BF16 linears (> 64 rows), windows slide, top-k selects.
-  const std::vector<int64_t> ids = prompt(77, 11);
-  auto cs = m->cpu->new_sequence({});
-  ASSERT_TRUE(cs.ok());
-  Decisions dc, dg;
-  Tensors tc, tg;
-  const Logits want = cpu_call(*m, *cs, ids, LogitRows::All, &dc, &tc);
-  auto gs = m->gpu->new_sequence({});
-  ASSERT_TRUE(gs.ok()) << gs.error().message;
-  m->gpu->set_debug_sink([&](const TensorRecord& r) { tg.add(r); });
-  const Logits got = gpu_prefill(*m->gpu, *gs, ids, LogitRows::All, &dg);
-  m->gpu->set_debug_sink({});
-  expect_parity(GetParam() + " exact prefill 77", got, want, dg, dc);
+  // 77 rows: one call takes the GEMM path with cuBLASLt for the BF16 linears (> 64 rows); windows slide,
+  // top-k selects among more entries than it keeps.
+  const Scenario sc = run_scenario(*m, prompt(77, 11), {}, 6, true);
+  check_scenario(GetParam() + " exact 77", sc);
   int64_t flips = 0, total = 0;
-  print_trace(GetParam() + " exact", tg, tc, first_flip(dc, dg, &flips, &total));
+  const auto lines =
+      print_trace(GetParam() + " exact", sc.trace_a, sc.trace_cpu, first_flip(sc.cpu.dec, sc.a.dec, &flips, &total));
+  // Before the first flip every layer agrees to rounding: layer 0's input is bit-exact (embedding, mHC
+  // collapse with e_0, RMSNorm of identical values), its attention output within the kernel tolerances,
+  // and no layer drifts beyond the accumulated rounding bound.
+  ASSERT_FALSE(lines.empty());
+  for (const TraceLine& t : lines) {
+    if (t.name == "layers.0.attn_in") {
+      EXPECT_EQ(t.equal, 1.0) << t.name << " must be bit-exact";
+    }
+    if (t.name == "layers.0.attn_out") {
+      EXPECT_LE(t.nmse, 1e-4) << t.name;
+    }
+    EXPECT_LE(t.nmse, 2e-2) << t.name << " drifts beyond rounding before any decision flipped";
+  }
 }
 
-TEST_P(CudaModelParity, CedPrefillMatchesCpu) {
+TEST_P(CudaModelParity, CedPrefillAndDecodeMatchCpu) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   const std::vector<int64_t> ids = prompt(77, 12);
   for (CedBoundary b : {CedBoundary::ExactSource, CedBoundary::GlobalKvOnly}) {
@@ -417,97 +521,20 @@ TEST_P(CudaModelParity, CedPrefillMatchesCpu) {
     so.mode = ForwardMode::Ced;
     so.prompt_length = static_cast<int64_t>(ids.size());
     so.ced_boundary = b;
-    auto cs = m->cpu->new_sequence(so);
-    ASSERT_TRUE(cs.ok()) << cs.error().message;
-    Decisions dc, dg;
-    const Logits want = cpu_call(*m, *cs, ids, LogitRows::All, &dc);
-    auto gs = m->gpu->new_sequence(so);
-    ASSERT_TRUE(gs.ok()) << gs.error().message;
-    const Logits got = gpu_prefill(*m->gpu, *gs, ids, LogitRows::All, &dg);
-    EXPECT_EQ(got.positions, want.positions) << "CED logits exist for rows from the replay start on";
-    const std::string what = GetParam() + (b == CedBoundary::ExactSource ? " ced prefill 77" : " ced gkv-only 77");
-    expect_parity(what, got, want, dg, dc);
-    // Decode after the CED prompt: decoder layers keep the truncated window.
-    for (int step = 0; step < 3; ++step) {
-      const int64_t tok = 1000 + 17 * step;
-      Decisions dc2, dg2;
-      const Logits w2 = cpu_call(*m, *cs, std::span<const int64_t>(&tok, 1), LogitRows::All, &dc2);
-      CudaSequence* one[] = {&*gs};
-      CudaStepOutput out;
-      ASSERT_TRUE(m->gpu->decode_step(one, std::span<const int64_t>(&tok, 1), out).ok());
-      gpu_decisions(*m->gpu, out.positions, dg2);
-      expect_parity(what + " + decode " + std::to_string(step), gpu_logits(*m->gpu, out), w2, dg2, dc2);
-    }
+    const Scenario sc = run_scenario(*m, ids, so, 3, false);
+    // CED logits exist from the replay start on (the chunked run crosses it inside a chunk).
+    ASSERT_FALSE(sc.cpu.logits.positions.empty());
+    EXPECT_EQ(sc.a.logits.positions, sc.cpu.logits.positions);
+    EXPECT_EQ(sc.b.logits.positions, sc.cpu.logits.positions);
+    check_scenario(GetParam() + (b == CedBoundary::ExactSource ? " ced 77" : " ced gkv-only 77"), sc);
   }
-}
-
-TEST_P(CudaModelParity, ChunkedPrefillMatchesOneShotAndCpu) {
-  CEDAR_REQUIRE_MODEL(m, GetParam());
-  // Chunks of 5, 3, 1 (GEMV path), 20 and 48 (GEMM path) against one call; logits of every row.
-  const std::vector<int64_t> ids = prompt(77, 13);
-  auto one = m->gpu->new_sequence({});
-  ASSERT_TRUE(one.ok());
-  Decisions d_one, d_chunk, d_cpu;
-  const Logits whole = gpu_prefill(*m->gpu, *one, ids, LogitRows::All, &d_one);
-  auto chunked = m->gpu->new_sequence({});
-  ASSERT_TRUE(chunked.ok());
-  Logits parts;
-  parts.vocab = whole.vocab;
-  size_t at = 0;
-  for (size_t len : {5, 3, 1, 20, 48}) {
-    const Logits p = gpu_prefill(*m->gpu, *chunked, std::span<const int64_t>(ids).subspan(at, len), LogitRows::All,
-                                 &d_chunk);
-    parts.values.insert(parts.values.end(), p.values.begin(), p.values.end());
-    parts.positions.insert(parts.positions.end(), p.positions.begin(), p.positions.end());
-    at += len;
-  }
-  ASSERT_EQ(at, ids.size());
-  expect_parity(GetParam() + " gpu chunked vs one-shot", parts, whole, d_chunk, d_one);
-  auto cs = m->cpu->new_sequence({});
-  ASSERT_TRUE(cs.ok());
-  const Logits want = cpu_call(*m, *cs, ids, LogitRows::All, &d_cpu);
-  expect_parity(GetParam() + " gpu chunked vs cpu", parts, want, d_chunk, d_cpu);
-}
-
-TEST_P(CudaModelParity, GreedyDecodeMatchesCpu) {
-  CEDAR_REQUIRE_MODEL(m, GetParam());
-  const std::vector<int64_t> ids = prompt(30, 14);
-  auto cs = m->cpu->new_sequence({});
-  auto gs = m->gpu->new_sequence({});
-  ASSERT_TRUE(cs.ok() && gs.ok());
-  Decisions dc, dg;
-  Logits want = cpu_call(*m, *cs, ids, LogitRows::Last, &dc);
-  Logits got = gpu_prefill(*m->gpu, *gs, ids, LogitRows::Last, &dg);
-  expect_parity(GetParam() + " prefill 30 (last row)", got, want, dg, dc);
-  int64_t agree = 0;
-  const int steps = 8;
-  for (int step = 0; step < steps; ++step) {
-    // Both sides continue with the CPU's greedy token (lockstep), the GPU's own argmax is compared.
-    const float* w = want.row(want.positions.back());
-    const int64_t tok = std::max_element(w, w + want.vocab) - w;
-    Decisions dc2, dg2;
-    want = cpu_call(*m, *cs, std::span<const int64_t>(&tok, 1), LogitRows::All, &dc2);
-    CudaSequence* one[] = {&*gs};
-    CudaStepOutput out;
-    const Status st = m->gpu->decode_step(one, std::span<const int64_t>(&tok, 1), out);
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    gpu_decisions(*m->gpu, out.positions, dg2);
-    got = gpu_logits(*m->gpu, out);
-    const float* g = got.row(out.positions[0]);
-    ASSERT_NE(g, nullptr);
-    const float* w2 = want.row(out.positions[0]);
-    ASSERT_NE(w2, nullptr);
-    EXPECT_EQ(out.argmax[0], std::max_element(g, g + got.vocab) - g) << "device argmax vs the downloaded logits";
-    agree += out.argmax[0] == std::max_element(w2, w2 + want.vocab) - w2;
-    expect_parity(GetParam() + " decode step " + std::to_string(step), got, want, dg2, dc2);
-  }
-  std::printf("MODEL %s greedy: GPU argmax = CPU argmax in %lld of %d steps\n", GetParam().c_str(),
-              static_cast<long long>(agree), steps);
 }
 
 TEST_P(CudaModelParity, BatchedDecodeMatchesSingleSequence) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
-  // Batches of 3 (GEMV path) and 10 (GEMM path): prompts of different lengths, one CED sequence.
+  // Batch 3 runs the GEMV path like batch 1, and at these shapes the attention never splits its keys
+  // (window + top-k fit one range), so every kernel computes a row exactly as for the row alone: bit-equal.
+  // Batch 10 takes the GEMM path (other summation orders): the rounding rule applies.
   for (int64_t batch : {3, 10}) {
     std::vector<CudaSequence> together, alone;
     for (int64_t i = 0; i < batch; ++i) {
@@ -525,6 +552,7 @@ TEST_P(CudaModelParity, BatchedDecodeMatchesSingleSequence) {
         v->push_back(std::move(*s));
       }
     }
+    std::vector<Track> tb(batch), ts(batch);
     for (int step = 0; step < 3; ++step) {
       std::vector<int64_t> toks;
       std::vector<CudaSequence*> ptrs;
@@ -534,32 +562,35 @@ TEST_P(CudaModelParity, BatchedDecodeMatchesSingleSequence) {
       }
       CudaStepOutput out;
       ASSERT_TRUE(m->gpu->decode_step(ptrs, toks, out).ok());
-      Decisions db, ds;
+      Decisions db;
       gpu_decisions(*m->gpu, out.positions, db);
       const Logits all = gpu_logits(*m->gpu, out);
       for (int64_t i = 0; i < batch; ++i) {
-        // Row i of the batch against sequence i decoded alone (positions differ per sequence).
-        Logits row_b, row_s;
-        row_b.vocab = row_s.vocab = all.vocab;
-        row_b.positions = {out.positions[i]};
-        row_b.values.assign(all.values.begin() + i * all.vocab, all.values.begin() + (i + 1) * all.vocab);
-        Decisions one_b;
+        // Row i of the batch (its position is unique within the batch: prompt lengths differ).
+        Logits row;
+        row.vocab = all.vocab;
+        row.positions = {out.positions[i]};
+        row.values.assign(all.values.begin() + i * all.vocab, all.values.begin() + (i + 1) * all.vocab);
+        tb[i].add(row);
         for (const auto& [k, v] : db.topk)
-          if (k.second == out.positions[i]) one_b.topk[k] = v;
+          if (k.second == out.positions[i]) tb[i].dec.topk[k] = v;
         for (const auto& [k, v] : db.experts)
-          if (k.second == out.positions[i]) one_b.experts[k] = v;
-        (void)ds;
+          if (k.second == out.positions[i]) tb[i].dec.experts[k] = v;
         CudaSequence* single[] = {&alone[i]};
         CudaStepOutput o1;
         ASSERT_TRUE(m->gpu->decode_step(single, std::span<const int64_t>(&toks[i], 1), o1).ok());
-        Decisions one_s;
-        gpu_decisions(*m->gpu, o1.positions, one_s);
-        row_s = gpu_logits(*m->gpu, o1);
-        // Batch rows see different key ranges per sequence; the decisions of one row could flip but
-        // the rows of the batch are independent, so a flip only loosens that row.
-        expect_parity(GetParam() + " batch " + std::to_string(batch) + " row " + std::to_string(i) + " step " +
-                          std::to_string(step),
-                      row_b, row_s, one_b, one_s);
+        gpu_decisions(*m->gpu, o1.positions, ts[i].dec);
+        ts[i].add(gpu_logits(*m->gpu, o1));
+      }
+    }
+    for (int64_t i = 0; i < batch; ++i) {
+      const std::string what = GetParam() + " batch " + std::to_string(batch) + " row " + std::to_string(i);
+      const Stats s = compare(what + " vs alone", tb[i], ts[i]);
+      if (batch <= kGemvMaxRows) {
+        EXPECT_EQ(s.bit_equal_rows, s.rows) << what << ": a batch row must equal the sequence decoded alone";
+        EXPECT_EQ(s.flips, 0) << what;
+      } else {
+        expect_close(what, s);
       }
     }
   }
@@ -578,8 +609,7 @@ TEST_P(CudaModelParity, GraphReplayEqualsDirectRun) {
         ASSERT_TRUE(m->gpu->prefill(*s, std::span<const int64_t>(ids).first(21 - i), LogitRows::None, out).ok());
         v->push_back(std::move(*s));
       }
-    const size_t graphs_before = m->gpu->decode_graph_count();
-    for (int step = 0; step < 4; ++step) {  // step 0 runs directly (warm-up), then capture, then replays
+    for (int step = 0; step < 4; ++step) {  // a new shape's first step runs directly, then capture, then replays
       std::vector<int64_t> toks;
       std::vector<CudaSequence*> pg, pd;
       for (int64_t i = 0; i < batch; ++i) {
@@ -603,7 +633,7 @@ TEST_P(CudaModelParity, GraphReplayEqualsDirectRun) {
                           << ")";
       EXPECT_EQ(og.argmax, od.argmax);
     }
-    EXPECT_GT(m->gpu->decode_graph_count(), graphs_before) << "no decode graph was captured";
+    EXPECT_TRUE(m->gpu->has_decode_graph(batch)) << "no decode graph was captured for batch " << batch;
   }
 }
 
