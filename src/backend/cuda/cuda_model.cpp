@@ -505,8 +505,8 @@ int64_t context_bucket(int64_t positions, int64_t max_context) {
 
 Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
   Status st;
-  // One graph per shape: batch, context bucket, and whether the step has concurrent branches.
-  const std::pair<int64_t, int64_t> key{r.n, 2 * r.context + (branches(r) ? 1 : 0)};
+  // One graph per shape: batch, context bucket, concurrent branches, attention kernel.
+  const std::pair<int64_t, int64_t> key{r.n, 4 * r.context + (branches(r) ? 1 : 0) + (options_.prefetch_attention ? 2 : 0)};
   if (r.decode && options_.cuda_graphs && !profiler_) {
     auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end() && !warmed_[key]) {

@@ -51,6 +51,9 @@ struct CudaModelOptions {
   // Decode (GEMV path): independent chains of a layer run on a second stream inside the step's graph
   // (the query path beside the SWA KV path and the compressor; the shared expert beside the routed ones).
   bool concurrent_branches = true;
+  // The sparse attention through model_attention.cu's prefetching tile loader (bit-identical to the
+  // attention_kernels.h kernel, which `false` selects).
+  bool prefetch_attention = true;
   ThreadPool* pool = nullptr;                   // host-side load conversions
   std::filesystem::path engram_map;             // as LoadOptions::engram_map
 };
@@ -103,6 +106,7 @@ class CudaModel {
   bool has_cublas() const;
   void use_cuda_graphs(bool on) { options_.cuda_graphs = on; }
   void use_concurrent_branches(bool on) { options_.concurrent_branches = on; }
+  void use_prefetch_attention(bool on) { options_.prefetch_attention = on; }
   // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /
   // ffn_out / engram_out / out, final_norm is not produced) through `sink` (downloads: slow). Empty: off.
   void set_debug_sink(TensorSink sink) { debug_sink_ = std::move(sink); }

@@ -398,7 +398,8 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.kv_seqs = topk ? tables_->sources[static_cast<size_t>(role.kv_source)].get() : nullptr;
   sa.rope = rope;
   sa.out = w.o;
-  CEDAR_RETURN_IF_ERROR(sparse_attention(sa, cs(), w.sparse));
+  CEDAR_RETURN_IF_ERROR(options_.prefetch_attention ? sparse_attention_prefetch(sa, cs(), w.sparse)
+                                                    : sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
   // The ring is written after attending (the chunk's own keys came from the staged records).
   SwaRingCommitArgs rc;
