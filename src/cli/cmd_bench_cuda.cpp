@@ -125,8 +125,8 @@ json print_stages(const std::string& title, const std::vector<cuda::StageTime>& 
     std::fprintf(stderr, "%-16s %6lld %10.1f %7.1f %12.1f %9.0f %8.1f\n", st.stage.c_str(),
                  static_cast<long long>(st.calls), st.us, total_us > 0 ? 100 * st.us / total_us : 0,
                  static_cast<double>(st.weight_bytes) / 1e6, gb, 100 * gb / copy_gbps);
-    j.push_back({{"stage", st.stage}, {"calls", st.calls}, {"us", st.us}, {"weight_bytes", st.weight_bytes},
-                 {"gbps", gb}});
+    j.push_back(
+        {{"stage", st.stage}, {"calls", st.calls}, {"us", st.us}, {"weight_bytes", st.weight_bytes}, {"gbps", gb}});
   }
   return {{"total_us", total_us}, {"stages", j}};
 }
@@ -147,10 +147,10 @@ Result<cuda::CudaSequence> prefill_context(cuda::CudaModel& m, int64_t context, 
 
 struct DecodeTiming {
   double step_s = 0;
-  double distinct_experts = 0;  // measured: distinct routed experts per layer in the last step
+  double distinct_experts = 0;          // measured: distinct routed experts per layer in the last step
   std::vector<cuda::StageTime> stages;  // batch 1 only (--profile)
   double profiled_step_us = 0;
-  double serial_step_s = 0;  // the same steps without the concurrent branches (batch <= 8)
+  double serial_step_s = 0;           // the same steps without the concurrent branches (batch <= 8)
   double owner_attention_step_s = 0;  // batch 1: with attention_kernels.h's sparse attention
 };
 
@@ -179,7 +179,7 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
   t.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
   if (batch <= cuda::kGemvMaxRows) {  // A/B: the same step with every chain on one stream
     m.use_concurrent_branches(false);
-    Status st = m.decode_step(ptrs, tokens(2 + kSteps), out);  // new graph shape: runs directly
+    Status st = m.decode_step(ptrs, tokens(2 + kSteps), out);        // new graph shape: runs directly
     if (st.ok()) st = m.decode_step(ptrs, tokens(3 + kSteps), out);  // captures
     const auto s0 = std::chrono::steady_clock::now();
     for (int i = 0; i < kSteps && st.ok(); ++i) st = m.decode_step(ptrs, tokens(4 + kSteps + i), out);
@@ -378,18 +378,18 @@ int run(const BenchOptions& o) {
     std::fprintf(stderr, "%6lld %12.3f %9.2f %11.3f %12.4f %11.3f %11s %10s %8s", static_cast<long long>(b),
                  t.weight_bytes() / 1e9, t.distinct_experts_per_layer, t.kv_read_bytes_per_token / 1e6,
                  t.bytes_per_token() / 1e9, 1e3 * ideal, tpot.c_str(), gbps.c_str(), pct.c_str());
-    if (timing.serial_step_s > 0)
-      std::fprintf(stderr, "   (one stream: %.3f ms)", 1e3 * timing.serial_step_s);
+    if (timing.serial_step_s > 0) std::fprintf(stderr, "   (one stream: %.3f ms)", 1e3 * timing.serial_step_s);
     if (timing.owner_attention_step_s > 0)
       std::fprintf(stderr, " (attention_kernels.h attention: %.3f ms)", 1e3 * timing.owner_attention_step_s);
     std::fprintf(stderr, "\n");
     decode.push_back(row);
     if (!timing.stages.empty()) {
       // Where the step goes: device time per stage (events inside the step's graph, one stream).
-      profiles[std::to_string(b)] = print_stages(
-          "  decode step at batch " + std::to_string(b) + " by stage (device time; events inside the step's graph, "
-              "chains on one stream; unprofiled TPOT " + fmt("%.0f", 1e6 * timing.step_s) + " us)",
-          timing.stages, timing.profiled_step_us, peaks->copy_gbps);
+      profiles[std::to_string(b)] = print_stages("  decode step at batch " + std::to_string(b) +
+                                                     " by stage (device time; events inside the step's graph, "
+                                                     "chains on one stream; unprofiled TPOT " +
+                                                     fmt("%.0f", 1e6 * timing.step_s) + " us)",
+                                                 timing.stages, timing.profiled_step_us, peaks->copy_gbps);
       std::fprintf(stderr, "\n");
     }
   }
@@ -455,7 +455,8 @@ int run(const BenchOptions& o) {
                    exact_flops / ced_flops);
       if (exact_s > 0 && ced_s > 0) {
         std::fprintf(stderr, ", measured %.2fx (%.0f vs %.0f tokens/s)", exact_s / ced_s, n / exact_s, n / ced_s);
-        prefill.push_back({{"prompt", n}, {"ced_speedup", exact_s / ced_s}, {"ideal_ced_speedup", exact_flops / ced_flops}});
+        prefill.push_back(
+            {{"prompt", n}, {"ced_speedup", exact_s / ced_s}, {"ideal_ced_speedup", exact_flops / ced_flops}});
       }
       std::fprintf(stderr, "\n");
     }
@@ -472,12 +473,13 @@ int run(const BenchOptions& o) {
     Status st = s.ok() ? Status::Ok() : Status(s.error());
     cuda::CudaStepOutput out;
     for (int64_t done = 0; st.ok() && done < before; done += chunk)
-      st = model->prefill(*s, std::span<const int64_t>(ids).subspan(static_cast<size_t>(done), static_cast<size_t>(chunk)),
+      st = model->prefill(*s,
+                          std::span<const int64_t>(ids).subspan(static_cast<size_t>(done), static_cast<size_t>(chunk)),
                           LogitRows::None, out);
     double total_us = 0;
     auto stages = st.ok() ? model->profile_prefill(
                                 *s, std::span<const int64_t>(ids).subspan(static_cast<size_t>(before)), &total_us)
-                          : Result<std::vector<cuda::StageTime>>(st.error());
+                          : Result<std::vector<cuda::StageTime> >(st.error());
     if (stages.ok()) {
       PrefillFlopsOptions po;
       po.prompt = before + chunk;
@@ -485,11 +487,11 @@ int run(const BenchOptions& o) {
       po.prompt = before;
       auto f_before = prefill_flops(*config, *plan, *specs, po);
       const double flops = f_all.ok() && f_before.ok() ? f_all->total() - f_before->total() : 0;
-      result["prefill_profile"] = print_stages(
-          "prefill chunk of " + std::to_string(chunk) + " rows at " + std::to_string(before) +
-              " cached positions, exact, by stage (device time; " + fmt("%.1f", flops / (total_us * 1e6)) +
-              " TFLOP/s over the chunk)",
-          *stages, total_us, peaks->copy_gbps);
+      result["prefill_profile"] =
+          print_stages("prefill chunk of " + std::to_string(chunk) + " rows at " + std::to_string(before) +
+                           " cached positions, exact, by stage (device time; " + fmt("%.1f", flops / (total_us * 1e6)) +
+                           " TFLOP/s over the chunk)",
+                       *stages, total_us, peaks->copy_gbps);
     } else {
       std::fprintf(stderr, "prefill profile: %s\n", stages.error().message.c_str());
     }

@@ -49,8 +49,7 @@ std::vector<std::pair<QuantWeightView, int64_t>> quant_shapes(const ModelConfig&
       {quant_shape(c, M, inter, d), 2 * c.num_experts_per_tok},
       {quant_shape(c, M, d, inter), c.num_experts_per_tok},
   };
-  if (!c.engram_layer_ids.empty())
-    s.push_back({quant_shape(c, F, (c.hc_mult + 1) * d, engram_in(c)), 1});
+  if (!c.engram_layer_ids.empty()) s.push_back({quant_shape(c, F, (c.hc_mult + 1) * d, engram_in(c)), 1});
   return s;
 }
 
@@ -77,8 +76,8 @@ int64_t max_index_slots(const ModelConfig& c, const LayerPlan& plan, int64_t con
   int64_t m = 1;
   for (const LayerRole& r : plan.layers) {
     if (!r.owns_indexer || r.compress_ratio <= 0) continue;
-    m = std::max(m, r.uses_candidates ? c.candidate_topk_blocks * c.candidate_block_size
-                                      : ceil_div(context, r.compress_ratio));
+    m = std::max(
+        m, r.uses_candidates ? c.candidate_topk_blocks * c.candidate_block_size : ceil_div(context, r.compress_ratio));
   }
   return m;
 }
@@ -261,8 +260,7 @@ bool CudaModel::has_cublas() const { return tables_->blas != nullptr; }
 namespace {
 
 // Per-slot descriptor tables, RoPE and Engram tables, cuBLASLt.
-Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, DeviceKvPool& kv,
-                    CudaModel::Tables& t) {
+Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, DeviceKvPool& kv, CudaModel::Tables& t) {
   const ModelConfig& c = host.config();
   const LayerPlan& plan = host.plan();
   const DeviceKvGeometry& g = kv.geometry();
@@ -272,8 +270,8 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
   t.bf16_probabilities = ap.bf16_probabilities;
   const int64_t positions = o.kv.max_context;
   auto rope = [&](const cpu::RopeTable& r, DeviceBuffer<float>& buf, RopeTableView& view) -> Status {
-    CEDAR_ASSIGN_OR_RETURN(buf, DeviceBuffer<float>::from_host(rope_cos_sin_table(r.inv_freq().data(), r.rope_dim(),
-                                                                                   positions)));
+    CEDAR_ASSIGN_OR_RETURN(
+        buf, DeviceBuffer<float>::from_host(rope_cos_sin_table(r.inv_freq().data(), r.rope_dim(), positions)));
     view = RopeTableView{buf.get(), positions, r.rope_dim()};
     return Status::Ok();
   };
@@ -291,10 +289,12 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
     if (!role.owns_compressor || role.compress_ratio <= 0) continue;
     int64_t main_stream = -1, key_stream = -1, source = -1;
     for (size_t i = 0; i < g.streams.size(); ++i)
-      if (g.streams[i].layer == l) (g.streams[i].kind == KvStreamKind::MainKv ? main_stream : key_stream) = static_cast<int64_t>(i);
+      if (g.streams[i].layer == l)
+        (g.streams[i].kind == KvStreamKind::MainKv ? main_stream : key_stream) = static_cast<int64_t>(i);
     for (size_t i = 0; i < g.source_layers.size(); ++i)
       if (g.source_layers[i] == l) source = static_cast<int64_t>(i);
-    if (main_stream < 0 || source < 0) return make_error("device KV has no main-KV stream for KV source layer " + str(l));
+    if (main_stream < 0 || source < 0)
+      return make_error("device KV has no main-KV stream for KV source layer " + str(l));
     auto paged = [](const KvStreamView& v) {
       return PagedRecords{v.pool, v.block_table, v.block_bytes, v.entries_per_block, v.record_bytes};
     };
@@ -408,8 +408,7 @@ Result<CudaSequence> CudaModel::new_sequence(const SequenceOptions& options) {
   }
   CEDAR_ASSIGN_OR_RETURN(s.kv, kv_.new_sequence(stream_.get()));
   if (ws_->engram_next) {  // a fresh Engram history for the slot
-    CEDAR_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(ws_->engram_next + s.kv.slot(), 0, sizeof(int64_t), stream_.get()));
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws_->engram_next + s.kv.slot(), 0, sizeof(int64_t), stream_.get()));
   }
   return s;
 }
@@ -465,8 +464,8 @@ Status CudaModel::stage_rows(bool decode, std::span<const RowSpan> spans, int64_
       ids[r] = static_cast<int32_t>(sp.tokens[i]);
       slots[r] = static_cast<int32_t>(s.kv.slot());
       pos[r] = sp.pos0 + i;
-      const AttnToken t{static_cast<int32_t>(s.kv.slot()), static_cast<int32_t>(sp.n), sp.pos0 + i, sp.pos0,
-                        sp.row0 - sp.first, 0};
+      const AttnToken t{
+          static_cast<int32_t>(s.kv.slot()), static_cast<int32_t>(sp.n), sp.pos0 + i, sp.pos0, sp.row0 - sp.first, 0};
       te[r] = t;
       td[r] = t;
       td[r].swa_start = dec;
@@ -479,9 +478,9 @@ Status CudaModel::stage_rows(bool decode, std::span<const RowSpan> spans, int64_
     return cuda_status(cudaMemcpyAsync(in.block, in.staging, in.bytes, cudaMemcpyHostToDevice, st),
                        "cudaMemcpyAsync(step inputs)");
   auto copy = [&](auto* device_ptr, size_t elem) -> Status {
-    return cuda_status(cudaMemcpyAsync(device_ptr, host(device_ptr), static_cast<size_t>(n) * elem,
-                                       cudaMemcpyHostToDevice, st),
-                       "cudaMemcpyAsync(step inputs)");
+    return cuda_status(
+        cudaMemcpyAsync(device_ptr, host(device_ptr), static_cast<size_t>(n) * elem, cudaMemcpyHostToDevice, st),
+        "cudaMemcpyAsync(step inputs)");
   };
   CEDAR_RETURN_IF_ERROR(copy(in.ids, sizeof(int32_t)));
   CEDAR_RETURN_IF_ERROR(copy(in.slots, sizeof(int32_t)));
@@ -506,7 +505,8 @@ int64_t context_bucket(int64_t positions, int64_t max_context) {
 Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
   Status st;
   // One graph per shape: batch, context bucket, concurrent branches, attention kernel.
-  const std::pair<int64_t, int64_t> key{r.n, 4 * r.context + (branches(r) ? 1 : 0) + (options_.prefetch_attention ? 2 : 0)};
+  const std::pair<int64_t, int64_t> key{r.n,
+                                        4 * r.context + (branches(r) ? 1 : 0) + (options_.prefetch_attention ? 2 : 0)};
   if (r.decode && options_.cuda_graphs && !profiler_) {
     auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end() && !warmed_[key]) {
@@ -649,8 +649,8 @@ Result<CudaSelections> CudaModel::last_selections(int64_t rows) const {
           cudaMemcpy(s.topk[l].data(), ws_->topk[l], s.topk[l].size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
     }
     s.experts[l].resize(static_cast<size_t>(rows * s.experts_per_token));
-    CEDAR_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(s.experts[l].data(), ws_->experts[l], s.experts[l].size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpy(s.experts[l].data(), ws_->experts[l], s.experts[l].size() * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost));
   }
   return s;
 }

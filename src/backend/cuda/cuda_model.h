@@ -54,8 +54,8 @@ struct CudaModelOptions {
   // The sparse attention through model_attention.cu's prefetching tile loader (bit-identical to the
   // attention_kernels.h kernel, which `false` selects).
   bool prefetch_attention = true;
-  ThreadPool* pool = nullptr;                   // host-side load conversions
-  std::filesystem::path engram_map;             // as LoadOptions::engram_map
+  ThreadPool* pool = nullptr;        // host-side load conversions
+  std::filesystem::path engram_map;  // as LoadOptions::engram_map
 };
 
 // One sequence on the device: its KV slot and tables, its length and prefill mode.
@@ -157,7 +157,7 @@ class CudaModel {
     bool tail = true;     // false: rows before the CED replay start (encoder + boundary layer)
     bool decode = false;  // the decode region (one row per sequence)
     LogitRows logits = LogitRows::All;
-    int64_t context = 0;  // > every row's position: sizes the indexer scans (bucketed in decode)
+    int64_t context = 0;                   // > every row's position: sizes the indexer scans (bucketed in decode)
     bool global_kv_only_boundary = false;  // CedBoundary::GlobalKvOnly (prefill of one sequence)
     int64_t pos0 = 0;                      // position of the first row (prefill; debug sink only)
   };
@@ -205,7 +205,7 @@ class CudaModel {
   DeviceMemoryPlan memory_plan_;
   std::map<std::pair<int64_t, int64_t>, CudaGraph> decode_graphs_;  // by (batch, context bucket)
   std::map<std::pair<int64_t, int64_t>, bool> warmed_;              // ran once directly (attributes, heuristics)
-  Profiler* profiler_ = nullptr;                                     // set during profile_decode_step
+  Profiler* profiler_ = nullptr;                                    // set during profile_decode_step
   TensorSink debug_sink_;
   cudaStream_t cur_ = nullptr;  // non-null inside a branch
   int64_t last_rows_ = 0;

@@ -60,8 +60,8 @@ struct CudaModel::Workspace {
   int64_t max_slots_cap = 0;
   void* select_ws = nullptr;
   int64_t select_ws_bytes = 0;
-  int32_t* cand_blocks = nullptr;           // [rows, candidate_topk_blocks]
-  std::vector<int32_t*> topk;               // per layer: [rows, index_topk] (index sources), else null
+  int32_t* cand_blocks = nullptr;  // [rows, candidate_topk_blocks]
+  std::vector<int32_t*> topk;      // per layer: [rows, index_topk] (index sources), else null
   SparseAttnWorkspace sparse;
   // MoE.
   float *router_logits = nullptr, *route_w = nullptr;
@@ -69,7 +69,7 @@ struct CudaModel::Workspace {
   DeviceGemvItem *items13 = nullptr, *items2 = nullptr;
   int32_t* item_counts = nullptr;
   float *g = nullptr, *gu = nullptr, *routed = nullptr;  // GEMV path: [8·topk, inter] / [8·topk, d]
-  uint16_t* h_codes = nullptr;                          // [rows·topk, inter]
+  uint16_t* h_codes = nullptr;                           // [rows·topk, inter]
   float* h_scales = nullptr;
   uint16_t* y_rows = nullptr;  // [rows·topk, d] bf16 (GEMM path)
   MoePermutation perm;
@@ -98,9 +98,9 @@ struct CudaModel::Workspace {
 
 // Device descriptor tables indexed by KV slot, built once (a captured graph keeps their addresses).
 struct CudaModel::Tables {
-  std::vector<DeviceBuffer<SwaRingDesc>> rings;     // per layer
-  std::vector<DeviceBuffer<KvSourceSeq>> sources;   // per layer (KV sources only; else empty)
-  DeviceBuffer<float> rope_main, rope_compress;     // [max_context, rope_dim]
+  std::vector<DeviceBuffer<SwaRingDesc>> rings;    // per layer
+  std::vector<DeviceBuffer<KvSourceSeq>> sources;  // per layer (KV sources only; else empty)
+  DeviceBuffer<float> rope_main, rope_compress;    // [max_context, rope_dim]
   RopeTableView rope_main_view, rope_compress_view;
   DeviceBuffer<int64_t> engram_hash_table;
   EngramHashTables engram_layout;

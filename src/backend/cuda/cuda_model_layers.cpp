@@ -307,7 +307,8 @@ Status CudaModel::attention_site(int64_t l, const Rows& r) {
   a.collapsed = w.x;
   a.mix_out = w.mix_attn;
   CEDAR_RETURN_IF_ERROR(mhc(&a, r));
-  CEDAR_RETURN_IF_ERROR(rms_norm(w.x, r.n, c.hidden_size, L.attn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
+  CEDAR_RETURN_IF_ERROR(
+      rms_norm(w.x, r.n, c.hidden_size, L.attn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
   return mark("mhc + norm", L.hc_attn.fn.size * 4);
 }
 
@@ -325,8 +326,8 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   // SWA truncation (§3.11): decoder layers of tail rows see keys from the replay start on; the boundary
   // only under GlobalKvOnly. The three row arrays differ in swa_start only (0 for exact sequences).
   const AttnToken* tok = (r.tail && p.last_kv_source >= 0 && l > p.last_kv_source) ? in.tok_dec
-                         : (r.tail && boundary)                                     ? in.tok_bnd
-                                                                                     : in.tok_exact;
+                         : (r.tail && boundary)                                    ? in.tok_bnd
+                                                                                   : in.tok_exact;
   tok += r.first;
   const RopeTableView rope = role.compress_ratio > 0 ? tables_->rope_compress_view : tables_->rope_main_view;
 
@@ -527,9 +528,8 @@ Status CudaModel::indexer(int64_t l, const Rows& r) {
   qa.w = w.iw;
   CEDAR_RETURN_IF_ERROR(indexer_queries(qa, s));
   const bool restricted = role.uses_candidates;
-  const int64_t max_slots = std::min(
-      w.max_slots_cap,
-      restricted ? c.candidate_topk_blocks * c.candidate_block_size : std::max<int64_t>(1, ceil_div(r.context, ratio)));
+  const int64_t max_slots = std::min(w.max_slots_cap, restricted ? c.candidate_topk_blocks * c.candidate_block_size
+                                                                 : std::max<int64_t>(1, ceil_div(r.context, ratio)));
   IndexerScoreArgs sa;
   sa.n = n;
   sa.heads = ih;
@@ -581,7 +581,8 @@ Status CudaModel::ffn_site(int64_t l, const Rows& r) {
   a.collapsed = w.x;
   a.mix_out = w.mix_ffn;
   CEDAR_RETURN_IF_ERROR(mhc(&a, r));
-  CEDAR_RETURN_IF_ERROR(rms_norm(w.x, r.n, c.hidden_size, L.ffn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
+  CEDAR_RETURN_IF_ERROR(
+      rms_norm(w.x, r.n, c.hidden_size, L.ffn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
   return mark("mhc + norm", L.hc_ffn.fn.size * 4);
 }
 
@@ -836,7 +837,8 @@ Result<std::vector<StageTime>> CudaModel::profile_decode_step(std::span<CudaSequ
     p.bytes.clear();
     profiler_ = &p;
     Status st = decode_step(seqs, tokens, out);
-    Result<std::vector<StageTime>> stages = st.ok() ? collect_profile(step_us) : Result<std::vector<StageTime>>(st.error());
+    Result<std::vector<StageTime>> stages =
+        st.ok() ? collect_profile(step_us) : Result<std::vector<StageTime>>(st.error());
     profiler_ = nullptr;
     CEDAR_RETURN_IF_ERROR(st);
     if (stages.ok() || !p.graph) return stages;
@@ -854,7 +856,8 @@ Result<std::vector<StageTime>> CudaModel::profile_prefill(CudaSequence& seq, std
   profiler_ = &p;
   CudaStepOutput out;
   const Status st = prefill(seq, tokens, LogitRows::Last, out);
-  Result<std::vector<StageTime>> stages = st.ok() ? collect_profile(total_us) : Result<std::vector<StageTime>>(st.error());
+  Result<std::vector<StageTime>> stages =
+      st.ok() ? collect_profile(total_us) : Result<std::vector<StageTime>>(st.error());
   profiler_ = nullptr;
   return stages;
 }

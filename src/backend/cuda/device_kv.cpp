@@ -213,8 +213,8 @@ Status DeviceKvPool::copy_sequence(const DeviceKvSequence& from, DeviceKvSequenc
                                              per_slot * static_cast<size_t>(g.swa_record_bytes),
                                              cudaMemcpyDeviceToDevice, stream));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.ring_positions.get() + to.slot_ * per_slot,
-                                             m.ring_positions.get() + from.slot_ * per_slot,
-                                             per_slot * sizeof(int64_t), cudaMemcpyDeviceToDevice, stream));
+                                             m.ring_positions.get() + from.slot_ * per_slot, per_slot * sizeof(int64_t),
+                                             cudaMemcpyDeviceToDevice, stream));
   const size_t pending = g.source_layers.size() * 2 * static_cast<size_t>(g.pending_floats);
   if (pending > 0)
     CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.pending.get() + to.slot_ * pending,

@@ -332,8 +332,8 @@ class DeviceWeightPlacer {
       if (repack && o_.keep_plain_mxfp4) {
         std::vector<const uint8_t*> plain_ptrs;
         for (size_t e = 0; e < ex.size(); ++e) {
-          CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts (plain)", pick(ex[e], k).data, data_bytes,
-                                                         "prefill"));
+          CEDAR_ASSIGN_OR_RETURN(const uint8_t* p,
+                                 place("routed experts (plain)", pick(ex[e], k).data, data_bytes, "prefill"));
           plain_ptrs.push_back(p);
         }
         CEDAR_ASSIGN_OR_RETURN(const uint8_t* pt, place("routed experts (plain)", plain_ptrs.data(),

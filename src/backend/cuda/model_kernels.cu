@@ -25,7 +25,8 @@ __global__ void split_mix_kernel(const float* __restrict__ mix, int64_t n, int h
 
 Status split_mix_rows(const float* mix, int64_t n, int64_t hc, float* pre, float* post, float* comb,
                       cudaStream_t stream) {
-  if (n < 0 || hc < 1 || hc > 16) return make_error("cuda::split_mix_rows: n=" + std::to_string(n) + ", hc=" + std::to_string(hc));
+  if (n < 0 || hc < 1 || hc > 16)
+    return make_error("cuda::split_mix_rows: n=" + std::to_string(n) + ", hc=" + std::to_string(hc));
   if (n == 0) return Status::Ok();
   if (!mix || !pre || !post || !comb) return make_error("cuda::split_mix_rows: null pointer");
   const int64_t total = n * (2 * hc + hc * hc);

@@ -151,9 +151,9 @@ Model* model_for(const std::string& profile) {
   return m.get();
 }
 
-#define CEDAR_REQUIRE_MODEL(var, profile)                  \
-  CEDAR_REQUIRE_GPU();                                     \
-  Model* var = model_for(profile);                         \
+#define CEDAR_REQUIRE_MODEL(var, profile) \
+  CEDAR_REQUIRE_GPU();                    \
+  Model* var = model_for(profile);        \
   ASSERT_TRUE(var->error.empty()) << var->error;
 
 // ---- CPU side ----------------------------------------------------------------------------------
@@ -210,7 +210,8 @@ Logits cpu_call(Model& m, SequenceState& st, std::span<const int64_t> tokens, Lo
       ASSERT_TRUE(routing.ok()) << routing.error().message;
       for (int64_t i = 0; i < r.rows; ++i) {
         std::vector<int32_t> e;
-        for (int64_t k = 0; k < routing->topk; ++k) e.push_back(static_cast<int32_t>(routing->experts[i * routing->topk + k]));
+        for (int64_t k = 0; k < routing->topk; ++k)
+          e.push_back(static_cast<int32_t>(routing->experts[i * routing->topk + k]));
         std::sort(e.begin(), e.end());
         dec->experts[{l2, r.pos0 + i}] = e;
       }
@@ -249,8 +250,8 @@ void gpu_decisions(const CudaModel& g, const std::vector<int64_t>& row_pos, Deci
     for (size_t r = 0; r < row_pos.size(); ++r) {
       const int64_t L = static_cast<int64_t>(l);
       if (!s->topk[l].empty())
-        dec.topk[{L, row_pos[r]}] = std::vector<int32_t>(s->topk[l].begin() + r * s->index_topk,
-                                                         s->topk[l].begin() + (r + 1) * s->index_topk);
+        dec.topk[{L, row_pos[r]}] =
+            std::vector<int32_t>(s->topk[l].begin() + r * s->index_topk, s->topk[l].begin() + (r + 1) * s->index_topk);
       std::vector<int32_t> e(s->experts[l].begin() + r * s->experts_per_token,
                              s->experts[l].begin() + (r + 1) * s->experts_per_token);
       std::sort(e.begin(), e.end());
@@ -376,8 +377,8 @@ void expect_close(const std::string& what, const Stats& s, const Stats* paths = 
   EXPECT_TRUE(s.tight_rows == 0 || (s.min_cos_tight >= 0.99 && s.max_nmse_tight <= 2e-2))
       << what << ": before any decision flipped the logits differ beyond rounding (min cosine " << s.min_cos_tight
       << ", max NMSE " << s.max_nmse_tight << ")";
-  EXPECT_GE(s.robust_top1, (9 * s.rows + 9) / 10) << what << ": top-1 agrees (tie-robust) on " << s.robust_top1
-                                                  << " of " << s.rows << " rows";
+  EXPECT_GE(s.robust_top1, (9 * s.rows + 9) / 10)
+      << what << ": top-1 agrees (tie-robust) on " << s.robust_top1 << " of " << s.rows << " rows";
   EXPECT_GE(s.mean_cos, 0.9) << what << ": mean logit cosine";
   if (paths) {
     EXPECT_LE(s.flip_fraction(), 3 * paths->flip_fraction() + 0.1)
@@ -404,8 +405,9 @@ std::vector<TraceLine> print_trace(const std::string& what, const Tensors& gpu, 
     }
     const std::vector<float>& c = cpu.values.at(name);
     const int64_t w = cpu.width.at(name), p0 = cpu.pos0.at(name);
-    const int64_t rows = std::min<int64_t>({static_cast<int64_t>(c.size()) / w,
-                                            static_cast<int64_t>(g->second.size()) / w, std::max<int64_t>(limit - p0, 0)});
+    const int64_t rows =
+        std::min<int64_t>({static_cast<int64_t>(c.size()) / w, static_cast<int64_t>(g->second.size()) / w,
+                           std::max<int64_t>(limit - p0, 0)});
     double dot = 0, gg = 0, cc = 0, e2 = 0, max_abs = 0;
     int64_t equal = 0;
     for (int64_t i = 0; i < rows * w; ++i) {
@@ -469,8 +471,8 @@ Scenario run_scenario(Model& m, const std::vector<int64_t>& ids, const SequenceO
       if (track == &sc.a && !want.values.empty()) {
         const float* g = got.values.data();
         EXPECT_EQ(out.argmax[0], std::max_element(g, g + got.vocab) - g) << "device argmax vs the downloaded logits";
-        sc.argmax_agree += out.argmax[0] == std::max_element(want.values.data(), want.values.data() + want.vocab) -
-                                                want.values.data();
+        sc.argmax_agree +=
+            out.argmax[0] == std::max_element(want.values.data(), want.values.data() + want.vocab) - want.values.data();
       }
     }
     ++sc.steps;
@@ -667,7 +669,8 @@ TEST_P(CudaModelParity, PrefetchAttentionEqualsTheOwnersKernelInTheModel) {
   m->gpu->use_prefetch_attention(true);
   ASSERT_EQ(runs[0].values.size(), runs[1].values.size());
   size_t diff = 0;
-  for (size_t i = 0; i < runs[0].values.size(); ++i) diff += std::memcmp(&runs[0].values[i], &runs[1].values[i], 4) != 0;
+  for (size_t i = 0; i < runs[0].values.size(); ++i)
+    diff += std::memcmp(&runs[0].values[i], &runs[1].values[i], 4) != 0;
   std::printf("MODEL %s prefetch attention vs owner kernel: %zu of %zu logits differ\n", GetParam().c_str(), diff,
               runs[0].values.size());
   EXPECT_EQ(diff, 0u);

@@ -164,8 +164,14 @@ TEST(CudaModelAttention, PrefetchEqualsTheOwnersKernelBitForBit) {
   CEDAR_REQUIRE_GPU();
   check_case({"released decode 1 row", 64, 512, 64, 128, 512, true, {{5000, 1, 0, 5001, 512}}, 1});
   check_case({"released decode 3 rows",
-              64, 512, 64, 128, 512, true,
-              {{700, 1, 650, 701, 512}, {40, 1, 0, 41, 41}, {900, 1, 0, 901, 100}}, 2});
+              64,
+              512,
+              64,
+              128,
+              512,
+              true,
+              {{700, 1, 650, 701, 512}, {40, 1, 0, 41, 41}, {900, 1, 0, 901, 100}},
+              2});
   check_case({"released prefill 40 rows", 64, 512, 64, 128, 512, true, {{300, 40, 0, 340, 512}}, 3});
   check_case({"small 8x128", 8, 128, 32, 32, 16, true, {{50, 40, 0, 90, 16}, {64, 9, 60, 73, 9}}, 4});
   check_case({"tiny swa-only 4x32", 4, 32, 8, 8, 4, false, {{3, 12, 0, 0, 0}, {30, 1, 0, 0, 0}}, 5});
