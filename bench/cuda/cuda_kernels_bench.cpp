@@ -23,6 +23,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/gemm_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/stream.h"
 
@@ -446,33 +447,58 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
 // update, the final head and the samplers: the small per-layer / per-step kernels and their latency.
 void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   constexpr int64_t d = 5120, E = 384, K = 6;
-  {  // router
+  {  // router: without a workspace (what callers that pass none get), with one (n <= 8: one fused
+     // launch), and prefill sizes through cuBLASLt when it loads
     const size_t gate_bytes = E * d * 2;
     const int copies = static_cast<int>(kRotateBytes / gate_bytes + 1);
     auto gate = random_bytes(gate_bytes * copies, 41, 0x30, 16);  // small bf16 values
     auto bias = random_floats(E, 42, 0.1f);
-    for (int64_t n : {1, 8, 64}) {
+    const SplitKSize rws = router_workspace_size(E, d);
+    auto part = must(DeviceBuffer<float>::allocate(rws.partial_floats));
+    auto cnt = must(DeviceBuffer<unsigned>::allocate(rws.counters));
+    must(cnt.zero());
+    auto blas = BlasContext::create();
+    if (!blas.ok()) std::printf("moe_route_blas not benchmarked: %s\n", blas.error().message.c_str());
+    enum class Mode { Plain, Workspace, Blas };
+    auto route_rows = [&](int64_t n, Mode mode, bool logits_only) {
       auto x = random_floats(n * d, 43, 1.0f);
+      auto xb = must(DeviceBuffer<uint16_t>::allocate(n * d));
       auto logits = must(DeviceBuffer<float>::allocate(n * E));
       auto ex = must(DeviceBuffer<int32_t>::allocate(n * K));
       auto wt = must(DeviceBuffer<float>::allocate(n * K));
-      const double us = time_graph_us(stream, copies, [&](int c) {
+      const int reps = n >= 1024 ? 4 : copies;
+      const double us = time_graph_us(stream, reps, [&](int c) {
         RouterArgs a;
         a.n = n;
         a.d = d;
         a.n_experts = E;
         a.topk = K;
         a.x = x.get();
-        a.gate = reinterpret_cast<const uint16_t*>(gate.get() + c * gate_bytes);
+        a.gate = reinterpret_cast<const uint16_t*>(gate.get() + (c % copies) * gate_bytes);
         a.bias = bias.get();
         a.route_scale = 1.5f;
         a.logits = logits.get();
         a.experts = ex.get();
         a.weights = wt.get();
-        must(moe_route(a, stream));
+        if (mode != Mode::Plain) a.splitk = SplitKWorkspace{part.get(), cnt.get(), rws.partial_floats, rws.counters};
+        if (mode == Mode::Blas) {
+          a.blas = blas->get();
+          a.x_bf16 = xb.get();
+          a.x_bf16_elems = n * d;
+        }
+        must(logits_only ? router_logits(a, stream) : moe_route(a, stream));
       });
-      rows.push_back(make_row("moe_route", "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
-    }
+      const char* name = logits_only ? "router_logits_ws"
+                         : mode == Mode::Plain ? "moe_route"
+                         : mode == Mode::Workspace ? "moe_route_ws"
+                                                   : "moe_route_blas";
+      rows.push_back(make_row(name, "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
+    };
+    for (int64_t n : {1, 8, 64}) route_rows(n, Mode::Plain, false);
+    for (int64_t n : {1, 2, 8, 64, 1024}) route_rows(n, Mode::Workspace, false);
+    route_rows(1, Mode::Workspace, true);
+    if (blas.ok())
+      for (int64_t n : {1024, 8192}) route_rows(n, Mode::Blas, false);
   }
   {  // Engram gather: 24 rows of 256 + 8 bytes per token from a 2 GiB table (device) or host-mapped
     constexpr int64_t cols = 24, hd = 256, table_rows = int64_t{1} << 23;  // 8 Mi rows
