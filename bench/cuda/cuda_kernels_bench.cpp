@@ -69,6 +69,18 @@ DeviceBuffer<float> random_floats(size_t n, uint32_t seed, float scale) {
   return must(DeviceBuffer<float>::from_host(h));
 }
 
+// Large buffers for timing only: a 4 Mi-float random pattern repeated on the device (fast to make).
+DeviceBuffer<float> tiled_floats(size_t n, uint32_t seed, float scale) {
+  const size_t tile = std::min<size_t>(n, size_t{1} << 22);
+  auto pattern = random_floats(tile, seed, scale);
+  auto out = must(DeviceBuffer<float>::allocate(n));
+  for (size_t off = 0; off < n; off += tile)
+    must(cuda_status(cudaMemcpy(out.get() + off, pattern.get(), std::min(tile, n - off) * sizeof(float),
+                                cudaMemcpyDeviceToDevice),
+                     "cudaMemcpy(tiled)"));
+  return out;
+}
+
 // Mean time of one launch (µs): `launch(i)` enqueues call i (i < count) on the stream; captured once
 // into a graph, replayed kReplays times after a warm-up replay.
 // --once (for Nsight Compute): each measurement launches call 0 once, eagerly, and reports nothing useful.
@@ -239,9 +251,17 @@ void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, c
 
 // sinkhorn_iters = 20 is the model's; 1 isolates how much of the time the serial Sinkhorn tail costs.
 // cluster: mhc_fused_cluster (ffn_kernels.h) instead of mhc_fused.
+struct MhcMode {
+  bool cluster = false, pdl = false;
+  bool sized_ws = false;     // partial_floats / counter_count given: decode tiles in one launch, streaming path
+  bool expand = true;        // y given (expand)
+  bool coefficients = true;  // fn given
+  bool collapse = true;
+  const char* name = nullptr;  // row name override
+};
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
-               std::vector<Row>& rows, bool cluster = false, bool pdl = false) {
-  if (cluster) {
+               std::vector<Row>& rows, MhcMode mode = {}) {
+  if (mode.cluster) {
     if (Status s = mhc_cluster_supported(d); !s.ok()) {
       std::printf("mhc_fused_cluster not benchmarked: %s\n", s.error().message.c_str());
       return;
@@ -249,48 +269,63 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   }
   const int64_t hc = 4, width = hc * d, mix = (2 + hc) * hc;
   const size_t fn_count = static_cast<size_t>(mix * width);
-  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (fn_count * 4) + 1));
+  const size_t x_bytes = static_cast<size_t>(n * width) * 4;
+  // Weights (fn) rotate through HBM-sized copies at decode sizes; at prefill sizes X itself is far
+  // larger than L2 and two calls alternate between two X buffers.
+  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (fn_count * 4 + x_bytes) + 1));
   auto fn = random_floats(fn_count * copies, 4, 0.02f);
-  auto X = random_floats(n * width, 5, 1.0f);
+  auto X = tiled_floats(n * width * (x_bytes > (size_t{64} << 20) ? 2 : 1), 5, 1.0f);
   auto Xo = must(DeviceBuffer<float>::allocate(n * width));
-  auto y = random_floats(n * d, 6, 1.0f);
-  auto coeff = random_floats(n * mix, 7, 0.3f);  // post / comb / collapse weights (values irrelevant)
+  auto y = tiled_floats(n * d, 6, 1.0f);
+  auto coeff = tiled_floats(n * mix, 7, 0.3f);  // post / comb / collapse weights (values irrelevant)
   auto base = random_floats(mix, 8, 1.0f);
   auto scale = random_floats(3, 9, 1.0f);
   auto col = must(DeviceBuffer<float>::allocate(n * d));
   auto mix_out = must(DeviceBuffer<float>::allocate(n * mix));
-  auto part = must(DeviceBuffer<float>::allocate(mhc_workspace_floats(n, d)));
-  auto counter = must(DeviceBuffer<unsigned>::allocate(1));
+  const int64_t ws_floats = mhc_workspace_floats(n, d), ws_counters = mhc_workspace_counters(n);
+  auto part = must(DeviceBuffer<float>::allocate(ws_floats));
+  auto counter = must(DeviceBuffer<unsigned>::allocate(ws_counters));
   must(counter.zero());
+  const bool two_x = x_bytes > (size_t{64} << 20);
   auto launch = [&](int i) {
     MhcFusedArgs a;
     a.n = n;
     a.hc = hc;
     a.d = d;
-    a.X = X.get();
-    a.y = y.get();
+    a.X = X.get() + (two_x ? (i % 2) * n * width : 0);
+    a.y = mode.expand ? y.get() : nullptr;
     a.post = coeff.get();
     a.comb = coeff.get() + n * hc;
     a.X_out = Xo.get();
-    a.collapse_w = coeff.get();
+    a.collapse_w = mode.collapse ? coeff.get() : nullptr;
     a.collapsed = col.get();
-    a.fn = fn.get() + i * fn_count;
+    a.fn = mode.coefficients ? fn.get() + (i % copies) * fn_count : nullptr;
     a.base = base.get();
     a.scale = scale.get();
     a.mix_out = mix_out.get();
     a.sinkhorn_iters = sinkhorn_iters;
-    return cluster ? mhc_fused_cluster(a, stream, pdl) : mhc_fused(a, MhcWorkspace{part.get(), counter.get()}, stream);
+    a.programmatic_launch = mode.pdl && !mode.cluster;
+    MhcWorkspace ws{part.get(), counter.get()};
+    if (mode.sized_ws) {
+      ws.partial_floats = ws_floats;
+      ws.counter_count = ws_counters;
+    }
+    return mode.cluster ? mhc_fused_cluster(a, stream, mode.pdl) : mhc_fused(a, ws, stream);
   };
   // PDL may be unsupported inside graphs on some drivers: that row is skipped instead of ending the run.
-  const double us = pdl ? try_time_graph_us(stream, copies, launch)
-                        : time_graph_us(stream, copies, [&](int i) { must(launch(i)); });
+  const int calls = two_x ? 2 : copies;
+  const double us = mode.pdl ? try_time_graph_us(stream, calls, launch)
+                             : time_graph_us(stream, calls, [&](int i) { must(launch(i)); });
   if (us < 0) {
-    std::printf("mhc_fused_cluster with programmatic dependent launch: not supported here (skipped)\n");
+    std::printf("mHC with programmatic dependent launch: not supported here (skipped)\n");
     return;
   }
   // fn + X read + y read + X_out written + collapsed written (+ tiny coefficient traffic).
-  const double bytes = 4.0 * (static_cast<double>(fn_count) + n * width + n * d + n * width + n * d);
-  const std::string name = cluster ? (pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster") : "mhc_fused";
+  const double bytes = 4.0 * ((mode.coefficients ? static_cast<double>(fn_count) : 0.0) + n * width +
+                              (mode.expand ? n * d + n * width : 0.0) + (mode.collapse ? n * d : 0.0));
+  std::string name = mode.name ? mode.name
+                     : mode.cluster ? (mode.pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster")
+                                    : "mhc_fused";
   Row r{sinkhorn_iters == 20 ? name : name + "_sk" + std::to_string(sinkhorn_iters), "4x" + std::to_string(d), n, us,
         bytes};
   r.gbps = bytes / (us * 1e-6) / 1e9;
@@ -678,10 +713,36 @@ int run(int argc, char** argv) {
   }
   for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows);
   bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows);
+  {  // cuda-perf: the sized workspace (decode tiles in one launch; streaming path for prefill sizes),
+     // PDL back to back, and the split of a decode site: expand + collapse (critical path) and the
+     // coefficients alone (which can run on a forked graph branch next to the sublayer)
+    MhcMode ws;
+    ws.sized_ws = true;
+    ws.name = "mhc_fused_ws";
+    for (int64_t n : {1, 4, 8, 20, 64}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ws);
+    MhcMode pdl = ws;
+    pdl.pdl = true;
+    pdl.name = "mhc_fused_ws_pdl";
+    for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, pdl);
+    MhcMode ec = ws;
+    ec.coefficients = false;
+    ec.name = "mhc_expand_collapse";
+    for (int64_t n : {1, 8, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ec);
+    MhcMode co = ws;
+    co.expand = co.collapse = false;
+    co.name = "mhc_coefficients";
+    for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, co);
+    MhcMode st = ws;
+    st.name = "mhc_stream";
+    for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
+  }
   // cuda-ffn: the cluster mHC, the packed MXFP4 expert layout, the device-routed experts and the rest.
-  for (int64_t n : {1, 4, 8, 20}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, true);
-  bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, true);
-  for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, true, true);  // back-to-back, PDL
+  MhcMode cl;
+  cl.cluster = true;
+  for (int64_t n : {1, 4, 8, 20}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, cl);
+  bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, cl);
+  cl.pdl = true;
+  for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, cl);  // back-to-back, PDL
   bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows);
   bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows);
   for (int64_t n : {1, 4}) {

@@ -90,11 +90,16 @@ Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, con
 // One kernel per mHC site and step, for n tokens with hc = 4 streams of width d (d % 32 == 0):
 //   1. X_new = expand(y, X, post, comb)      (skipped when y is null: X_new = X)
 //   2. collapsed = collapse(X_new, collapse_w) (skipped when collapse_w is null)
-//   3. mix_out = H(X_new; fn, base, scale)    (coefficients + Sinkhorn of the next site)
+//   3. mix_out = H(X_new; fn, base, scale)    (coefficients + Sinkhorn of the next site; skipped when
+//                                              fn is null: the final collapse, the expand before Engram)
 // i.e. the expand of one sublayer, the input of the next sublayer (single pass: it uses the previous
 // site's pre) and the next site's coefficients, in one pass over the streams and fn. Expand and
 // collapse reproduce model/mhc.h bit-exactly (same products and sums in the same order, no FMA
 // contraction); H sums in a different (blocked, deterministic) order.
+//
+// Decode can take H off the critical path: call it once with fn = null (expand + collapse: the
+// sublayer's input is ready after one short kernel) and once with y = collapse_w = null (H only) on a
+// forked graph branch that joins before the next site — H then overlaps the sublayer.
 struct MhcFusedArgs {
   int64_t n = 1, hc = 4, d = 0;
   const float* X = nullptr;           // [n, hc, d]
@@ -104,20 +109,37 @@ struct MhcFusedArgs {
   float* X_out = nullptr;             // [n, hc, d] (may alias X)
   const float* collapse_w = nullptr;  // [n, hc] or null
   float* collapsed = nullptr;         // [n, d]
-  const float* fn = nullptr;          // [(2+hc)*hc, hc*d]
+  const float* fn = nullptr;          // [(2+hc)*hc, hc*d], or null (no coefficients)
   const float* base = nullptr;        // [(2+hc)*hc]
   const float* scale = nullptr;       // [3]
   int64_t sinkhorn_iters = 20;
   float hc_eps = 1e-6f, norm_eps = 1e-20f;
   float* mix_out = nullptr;           // [n, 2hc + hc*hc]: pre[hc], post[hc], comb[hc*hc]
+  // Row strides in floats between consecutive tokens (0: packed, i.e. hc, hc*hc, hc, (2+hc)*hc).
+  // post / comb / collapse_w may point into the previous site's mix_out rows (collapse_w = mix,
+  // post = mix + hc, comb = mix + 2hc, all with stride (2+hc)*hc): no copies between sites.
+  int64_t post_stride = 0, comb_stride = 0, collapse_w_stride = 0, mix_stride = 0;
+  // Launch with programmatic stream serialization (PDL): the kernel starts and streams fn while the
+  // previous kernel finishes, and waits for it (griddepcontrol.wait) before reading X, y or the
+  // coefficients. Inside a graph this becomes a programmatic edge.
+  bool programmatic_launch = false;
 };
-// Device scratch of the cross-block reduction; counter must be zero before the first call (the
-// kernel resets it, so the same workspace can be replayed in a CUDA graph).
+// Device scratch of the cross-block reduction; counters must be zero before the first call (the
+// kernels reset them, so the same workspace can be replayed in a CUDA graph).
+//   legacy (partial_floats == 0): `partials` holds the old contract's min(n, 8)·25·(d/32) floats and
+//     one counter; token tiles of 8 run one launch after another.
+//   sized (partial_floats = mhc_workspace_floats(n, d), counter_count = mhc_workspace_counters(n)):
+//     every tile of a decode batch in one launch, and n >= kMhcStreamMinTokens on the streaming
+//     (prefill) path.
 struct MhcWorkspace {
-  float* partials = nullptr;     // mhc_workspace_floats(n, d) floats
-  unsigned* counter = nullptr;   // one zero-initialized unsigned
+  float* partials = nullptr;
+  unsigned* counter = nullptr;
+  int64_t partial_floats = 0;
+  int64_t counter_count = 1;
 };
+constexpr int64_t kMhcStreamMinTokens = 128;
 int64_t mhc_workspace_floats(int64_t n, int64_t d);
+int64_t mhc_workspace_counters(int64_t n);
 Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream);
 
 // ---- device copy bandwidth (the roofline reference) --------------------------------------------
