@@ -48,6 +48,37 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const f
   if (lane == 0) scales[blk] = s;
 }
 
+// The same recipe with 4 consecutive values per thread (one float4): a 32-block is an aligned group
+// of 8 lanes (max by 3 shuffles), grid-stride with 16-byte loads and 8-byte code stores — prefill
+// sizes are bandwidth-bound (the one-value-per-lane kernel above reaches ~1/3 of it: 707 µs for
+// 32k × 5120 on the H200). Bit-identical results.
+__global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_x4_kernel(const float* x, int64_t quads,
+                                                                            uint16_t* codes, float* scales) {
+  for (int64_t q0 = static_cast<int64_t>(blockIdx.x) * kQuantThreads; q0 < quads;
+       q0 += static_cast<int64_t>(gridDim.x) * kQuantThreads) {
+    const int64_t q = q0 + threadIdx.x;
+    const bool live = q < quads;  // quads % 8 == 0: an 8-lane group is live or not as a whole
+    const float4 v = live ? __ldg(reinterpret_cast<const float4*>(x) + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    m = fmaxf(m, __shfl_xor_sync(detail::kFullMask, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(detail::kFullMask, m, 2));
+    m = fmaxf(m, __shfl_xor_sync(detail::kFullMask, m, 4));
+    const float amax = fmaxf(m, 1e-4f);
+    const float s = detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
+    const float vs[4] = {v.x, v.y, v.z, v.w};
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float qv = fminf(fmaxf(vs[i] / s, -448.0f), 448.0f);
+      c[i] = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(qv, __NV_SATFINITE, __NV_E4M3), __NV_E4M3).x;
+    }
+    if (live) {
+      reinterpret_cast<uint2*>(codes)[q] = make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+      if ((threadIdx.x & 7) == 0) scales[q >> 3] = s;
+    }
+  }
+}
+
 struct GemvParams {
   GemvOperands ops[kMaxGroup];
   int64_t out, in;
@@ -311,6 +342,12 @@ Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, 
                       " (in must be a positive multiple of 32)");
   const int64_t n_blocks = n * in / 32;
   if (n_blocks == 0) return Status::Ok();
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 8 == 0) {
+    const int64_t quads = n_blocks * 8;
+    const auto grid = static_cast<unsigned>(std::min<int64_t>((quads + kQuantThreads - 1) / kQuantThreads, 132 * 16));
+    quantize_act_fp8_x4_kernel<<<grid, kQuantThreads, 0, stream>>>(x, quads, codes, scales);
+    return launch_status("quantize_act_fp8_x4_kernel");
+  }
   const int64_t grid = (n_blocks * 32 + kQuantThreads - 1) / kQuantThreads;
   quantize_act_fp8_kernel<<<static_cast<unsigned>(grid), kQuantThreads, 0, stream>>>(x, n_blocks, codes, scales);
   return launch_status("quantize_act_fp8_kernel");
