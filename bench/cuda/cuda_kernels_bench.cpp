@@ -672,6 +672,50 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
   }
 }
 
+// wo_a (8 groups of [1024, 4096] over o's slices): gemv_bf16 on the BF16 weight (67 MB, the reference's
+// dequantized values) next to the same GEMV reading the weight as stored (FP8 + UE8M0 32×32: 34 MB),
+// dequantized in registers — the same results bit for bit.
+void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  constexpr int64_t groups = 8, out = 1024, in = 4096, total = groups * out;
+  const size_t w8 = total * in, s8 = (total / 32) * (in / 32), w16 = 2 * w8;
+  const int copies8 = static_cast<int>(kRotateBytes / (w8 + s8) + 1), copies16 = static_cast<int>(kRotateBytes / w16 + 1);
+  auto wfp8 = random_bytes(w8 * copies8, 91, 0, 0, 0x7E);
+  auto sfp8 = random_bytes(s8 * copies8, 92, 112, 8);
+  auto wbf = random_bytes(w16 * copies16, 93, 0x30, 16);
+  for (int64_t n : {1, 8, 64}) {
+    auto x = random_floats(n * groups * in, 94, 1.0f);
+    auto y = must(DeviceBuffer<float>::allocate(n * total));
+    const double act = 4.0 * n * (groups * in + total);
+    double us = time_graph_us(stream, copies16, [&](int c) {
+      Bf16GemvArgs a;
+      a.w = reinterpret_cast<const uint16_t*>(wbf.get() + c * w16);
+      a.out = out;
+      a.in = in;
+      a.groups = groups;
+      a.x = x.get();
+      a.y = y.get();
+      a.n = n;
+      a.bf16_output = true;
+      must(gemv_bf16(a, stream));
+    });
+    rows.push_back(make_row("gemv_bf16 wo_a", "8x1024x4096 bf16", n, us, w16 + act, copy_gbps));
+    us = time_graph_us(stream, copies8, [&](int c) {
+      Bf16GemvArgs a;
+      a.w_fp8 = wfp8.get() + c * w8;
+      a.w_scales = sfp8.get() + c * s8;
+      a.out = out;
+      a.in = in;
+      a.groups = groups;
+      a.x = x.get();
+      a.y = y.get();
+      a.n = n;
+      a.bf16_output = true;
+      must(gemv_bf16(a, stream));
+    });
+    rows.push_back(make_row("gemv_fp8w wo_a", "8x1024x4096 fp8", n, us, w8 + s8 + act, copy_gbps));
+  }
+}
+
 int run(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i)
@@ -760,6 +804,7 @@ int run(int argc, char** argv) {
     for (int64_t n : {1, 8, 64}) bench_moe_items(n, expert_pool, copy_gbps, stream->get(), rows);
   }
   bench_ffn_small(copy_gbps, stream->get(), rows);
+  bench_wo_a(copy_gbps, stream->get(), rows);
 
   std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
               "%copy-floor");
