@@ -208,6 +208,20 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
     r2.gbps = r2.bytes / (us2 * 1e-6) / 1e9;
     r2.pct_copy = 100.0 * r2.gbps / copy_gbps;
     rows.push_back(r2);
+    if (n == 1) {  // back-to-back with programmatic dependent launch: the next GEMV's launch and first
+                   // weight lines overlap the previous one (what a PDL decode graph gets)
+      const double us3 = try_time_graph_us(stream, copies, [&](int i) {
+        return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
+      });
+      if (us3 > 0) {
+        Row r3 = r;
+        r3.kernel += "_pdl";
+        r3.us = us3;
+        r3.gbps = bytes / (us3 * 1e-6) / 1e9;
+        r3.pct_copy = 100.0 * r3.gbps / copy_gbps;
+        rows.push_back(r3);
+      }
+    }
   }
 }
 
@@ -713,6 +727,21 @@ void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
       must(gemv_bf16(a, stream));
     });
     rows.push_back(make_row("gemv_fp8w wo_a", "8x1024x4096 fp8", n, us, w8 + s8 + act, copy_gbps));
+    us = try_time_graph_us(stream, copies8, [&](int c) {
+      Bf16GemvArgs a;
+      a.w_fp8 = wfp8.get() + c * w8;
+      a.w_scales = sfp8.get() + c * s8;
+      a.out = out;
+      a.in = in;
+      a.groups = groups;
+      a.x = x.get();
+      a.y = y.get();
+      a.n = n;
+      a.bf16_output = true;
+      a.programmatic_launch = true;
+      return gemv_bf16(a, stream);
+    });
+    if (us > 0) rows.push_back(make_row("gemv_fp8w_pdl wo_a", "8x1024x4096 fp8", n, us, w8 + s8 + act, copy_gbps));
   }
 }
 

@@ -71,6 +71,9 @@ struct Bf16GemvArgs {
   const uint8_t* w_scales = nullptr;
   int64_t block_out = 32, block_in = 32;
   int64_t scale_group_stride = 0;
+  // Programmatic dependent launch (kernels.h): the first weight lines are prefetched into L2 before
+  // the kernel waits for the previous one; same results.
+  bool programmatic_launch = false;
 };
 // Workspace a split-K launch of this shape can use (zeros: never split). Counters must be zero before
 // the first call; the kernel re-arms them.

@@ -25,6 +25,8 @@
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -36,6 +38,8 @@ constexpr int kQuantThreads = 256;
 // as their exact f16 values (the GEMV's MMA operand).
 __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const float* x, int64_t n_blocks,
                                                                          uint16_t* codes, float* scales) {
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (blk >= n_blocks) return;  // whole warps exit together
@@ -54,6 +58,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const f
 // 32k × 5120 on the H200). Bit-identical results.
 __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_x4_kernel(const float* x, int64_t quads,
                                                                             uint16_t* codes, float* scales) {
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
   for (int64_t q0 = static_cast<int64_t>(blockIdx.x) * kQuantThreads; q0 < quads;
        q0 += static_cast<int64_t>(gridDim.x) * kQuantThreads) {
     const int64_t q = q0 + threadIdx.x;
@@ -202,6 +208,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
   const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
 
+  detail::pdl_launch_dependents();
+  {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
+     // the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
+     // on it; activations, outputs and the split-K workspace wait for it.
+    constexpr int kWBytes = kFp4 ? 16 : 32;
+    const int kb0 = kb_begin + warp * kU;
+    if (kb0 < kb_end) {
+      const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * (kFp4 ? 4 : 8);
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + first));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + first));
+      if (kb0 + kU <= kb_end) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + last));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + last));
+      }
+    }
+  }
+  detail::pdl_wait();
   ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
@@ -336,7 +359,8 @@ int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
 
 }  // namespace
 
-Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream) {
+Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream,
+                        bool programmatic_launch) {
   if (n < 0 || in <= 0 || in % 32 != 0)
     return make_error("cuda::quantize_act_fp8: n=" + std::to_string(n) + ", in=" + std::to_string(in) +
                       " (in must be a positive multiple of 32)");
@@ -345,12 +369,12 @@ Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, 
   if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 8 == 0) {
     const int64_t quads = n_blocks * 8;
     const auto grid = static_cast<unsigned>(std::min<int64_t>((quads + kQuantThreads - 1) / kQuantThreads, 132 * 16));
-    quantize_act_fp8_x4_kernel<<<grid, kQuantThreads, 0, stream>>>(x, quads, codes, scales);
-    return launch_status("quantize_act_fp8_x4_kernel");
+    return launch_kernel(quantize_act_fp8_x4_kernel, dim3(grid), dim3(kQuantThreads), 0, stream, programmatic_launch,
+                         "quantize_act_fp8_x4_kernel", x, quads, codes, scales);
   }
   const int64_t grid = (n_blocks * 32 + kQuantThreads - 1) / kQuantThreads;
-  quantize_act_fp8_kernel<<<static_cast<unsigned>(grid), kQuantThreads, 0, stream>>>(x, n_blocks, codes, scales);
-  return launch_status("quantize_act_fp8_kernel");
+  return launch_kernel(quantize_act_fp8_kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
+                       programmatic_launch, "quantize_act_fp8_kernel", x, n_blocks, codes, scales);
 }
 
 SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
@@ -361,7 +385,8 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
 }
 
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
+                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
+                              bool programmatic_launch) {
   if (count < 0 || (count > 0 && items == nullptr))
     return make_error("cuda::gemv_quantized_grouped: count=" + std::to_string(count));
   if (n < 0) return make_error("cuda::gemv_quantized: n=" + std::to_string(n));
@@ -402,12 +427,13 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.kb_per_split = static_cast<int>(kb_per_split);
       p.split_partials = splitk.partials;
       p.split_counters = splitk.counters;
+      // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
       if (shape.format == QuantWeightFormat::MXFP4) {
-        gemv_quantized_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
-        CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<MXFP4>"));
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                            programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
       } else {
-        gemv_quantized_kernel<false><<<grid, kGemvWarps * 32, 0, stream>>>(p);
-        CEDAR_RETURN_IF_ERROR(launch_status("gemv_quantized_kernel<FP8Block>"));
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                            programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
       }
     }
   }
@@ -449,19 +475,20 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
 }
 
 Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk) {
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
+                      bool programmatic_launch) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
-  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk);
+  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk, programmatic_launch);
 }
 
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
-                        bool bf16_output, cudaStream_t stream) {
+                        bool bf16_output, cudaStream_t stream, bool programmatic_launch) {
   CEDAR_RETURN_IF_ERROR(check_weight(w));
   if (n * w.in > ws.capacity_values)
     return make_error("cuda::linear_quantized: workspace holds " + std::to_string(ws.capacity_values) +
                       " activation values, need " + std::to_string(n * w.in));
-  CEDAR_RETURN_IF_ERROR(quantize_act_fp8(x, n, w.in, ws.codes, ws.scales, stream));
-  return gemv_quantized(w, ws.codes, ws.scales, n, y, bf16_output, stream, ws.splitk);
+  CEDAR_RETURN_IF_ERROR(quantize_act_fp8(x, n, w.in, ws.codes, ws.scales, stream, programmatic_launch));
+  return gemv_quantized(w, ws.codes, ws.scales, n, y, bf16_output, stream, ws.splitk, programmatic_launch);
 }
 
 // Exposed to catalog.cu for the loadability check.

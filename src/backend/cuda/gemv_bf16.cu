@@ -21,6 +21,8 @@
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -170,6 +172,18 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
   float acc[kTiles][4];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  detail::pdl_launch_dependents();
+  if (c_begin + warp < c_end) {  // PDL: this warp's first weight chunk into L2 before waiting
+    const int64_t off = static_cast<int64_t>(c_begin + warp) * kChunk;
+    if constexpr (kFp8) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w8_lo + off));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w8_hi + off));
+    } else {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo + off));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi + off));
+    }
+  }
+  detail::pdl_wait();
 
   for (int c0 = c_begin + warp; c0 < c_end; c0 += kWarps * kU) {
     uint4 wl[kU], wh[kU];
@@ -307,13 +321,11 @@ int64_t choose_ksplit(int64_t out, int64_t in, int64_t groups) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <int kTiles>
-Status launch(const Bf16Params& p, dim3 grid, cudaStream_t stream) {
-  if (p.w8 != nullptr) {
-    gemv_bf16_kernel<kTiles, true><<<grid, kWarps * 32, 0, stream>>>(p);
-    return launch_status("gemv_bf16_kernel<fp8 weight>");
-  }
-  gemv_bf16_kernel<kTiles><<<grid, kWarps * 32, 0, stream>>>(p);
-  return launch_status("gemv_bf16_kernel");
+Status launch(const Bf16Params& p, dim3 grid, cudaStream_t stream, bool pdl) {
+  if (p.w8 != nullptr)
+    return launch_kernel(gemv_bf16_kernel<kTiles, true>, grid, dim3(kWarps * 32), 0, stream, pdl,
+                         "gemv_bf16_kernel<fp8 weight>", p);
+  return launch_kernel(gemv_bf16_kernel<kTiles, false>, grid, dim3(kWarps * 32), 0, stream, pdl, "gemv_bf16_kernel", p);
 }
 
 }  // namespace
@@ -390,10 +402,13 @@ Status gemv_bf16(const Bf16GemvArgs& a, cudaStream_t stream, const SplitKWorkspa
     q.y = a.y + t0 * p.y_row_stride;
     q.n = static_cast<int>(nt);
     const int64_t tiles = (nt + kTokensPerTile - 1) / kTokensPerTile;
-    Status s = tiles <= 1   ? launch<1>(q, grid, stream)
-               : tiles <= 2 ? launch<2>(q, grid, stream)
-               : tiles <= 4 ? launch<4>(q, grid, stream)
-                            : launch<8>(q, grid, stream);
+    // Passes of one call write disjoint rows and share the split-K workspace only in stream order
+    // (the wait precedes every workspace access), so each may take PDL.
+    const bool pdl = a.programmatic_launch;
+    Status s = tiles <= 1   ? launch<1>(q, grid, stream, pdl)
+               : tiles <= 2 ? launch<2>(q, grid, stream, pdl)
+               : tiles <= 4 ? launch<4>(q, grid, stream, pdl)
+                            : launch<8>(q, grid, stream, pdl);
     CEDAR_RETURN_IF_ERROR(s);
   }
   return Status::Ok();

@@ -19,15 +19,19 @@ namespace cedar::cuda {
 // ---- RMSNorm ----------------------------------------------------------------------------------
 // y[r] = bf16(weight ⊙ (x[r] · rsqrt(mean(x[r]²) + eps))) for `rows` rows of `dim`; weight may be null
 // (unweighted). y may alias x.
+// programmatic_launch (here and below): launched with programmatic stream serialization (PDL, see
+// launch.h): the kernel may start while the previous one finishes and waits for it before reading
+// its inputs; GEMVs prefetch their first weight lines into L2 before waiting. Same results.
 Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* y,
-                cudaStream_t stream);
+                cudaStream_t stream, bool programmatic_launch = false);
 
 // ---- FP8 activation quantization (§3.1) --------------------------------------------------------
 // Per token, per block of 32 channels: amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)) (UE8M0),
 // codes = e4m3_RNE(clamp(x/s, ±448)). x [n, in] (in % 32 == 0) → codes [n, in], each e4m3 code stored
 // as its exact f16 value (bits; the GEMV's MMA operand), scales [n, in/32] (the power of two s as
 // fp32). Bit-exact with cedar::quantize_act_block32.
-Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream);
+Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream,
+                        bool programmatic_launch = false);
 
 // ---- block-scaled GEMV / skinny GEMM ----------------------------------------------------------
 // A linear layer's weight in device memory (logical [out, in], in % 32 == 0).
@@ -59,7 +63,8 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
 // bf16_output rounds y to bf16 (what the reference's linear() returns). Any n ≥ 1 (tiles of 8 tokens).
 // Deterministic: split-K partials are added in a fixed order.
 Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
+                      bool programmatic_launch = false);
 
 // Several matrices of one shape and format in one launch (grid.z): e.g. the w1/w3 of a token's routed
 // experts (12 × 2304×5120 MXFP4 for top-6), whose per-matrix launches would each pay the fixed
@@ -73,7 +78,8 @@ struct GemvGroupItem {
   float* y = nullptr;
 };
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
+                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
+                              bool programmatic_launch = false);
 
 // Workspace for linear_quantized: codes [n·in] f16 + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {
@@ -84,7 +90,7 @@ struct ActWorkspace {
 };
 // quantize_act_fp8 + gemv_quantized: the FP8 / MXFP4 `linear()` of the reference (cpu::linear).
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
-                        bool bf16_output, cudaStream_t stream);
+                        bool bf16_output, cudaStream_t stream, bool programmatic_launch = false);
 
 // ---- fused single-pass mHC (§3.3) -------------------------------------------------------------
 // One kernel per mHC site and step, for n tokens with hc = 4 streams of width d (d % 32 == 0):
