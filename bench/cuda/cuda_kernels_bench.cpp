@@ -686,6 +686,55 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
   }
 }
 
+// wq_a [1280, 5120] and wkv [512, 5120] (FP8) read the same normed input: two gemv_quantized calls
+// (two graph nodes) next to one gemv_quantized_multi launch.
+void bench_attn_input(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  constexpr int64_t in = 5120, outs[2] = {1280, 512};
+  size_t wb[2], sb[2];
+  for (int i = 0; i < 2; ++i) {
+    wb[i] = outs[i] * in;
+    sb[i] = (outs[i] / 32) * (in / 32);
+  }
+  const size_t pair = wb[0] + sb[0] + wb[1] + sb[1];
+  const int copies = static_cast<int>(kRotateBytes / pair + 1);
+  auto w = random_bytes(pair * copies, 95, 0, 0, 0x7E);  // scale bytes are random too: finite values
+  auto x = random_floats(in, 96, 1.0f);
+  auto codes = must(DeviceBuffer<uint16_t>::allocate(in));
+  auto ascales = must(DeviceBuffer<float>::allocate(in / 32));
+  must(quantize_act_fp8(x.get(), 1, in, codes.get(), ascales.get(), stream));
+  auto y0 = must(DeviceBuffer<float>::allocate(outs[0])), y1 = must(DeviceBuffer<float>::allocate(outs[1]));
+  auto base = [&](int c, int i) { return w.get() + c * pair + (i == 0 ? 0 : wb[0] + sb[0]); };
+  QuantWeightView mats[2];
+  for (int i = 0; i < 2; ++i) mats[i] = QuantWeightView{QuantWeightFormat::FP8Block, outs[i], in, nullptr, nullptr, 32, 32};
+  SplitKSize need = splitk_workspace_size_multi(mats, 2);
+  for (int i = 0; i < 2; ++i) {
+    const SplitKSize one = splitk_workspace_size(mats[i]);
+    need.partial_floats = std::max(need.partial_floats, one.partial_floats);
+    need.counters = std::max(need.counters, one.counters);
+  }
+  auto part = must(DeviceBuffer<float>::allocate(std::max<int64_t>(need.partial_floats, 1)));
+  auto cnt = must(DeviceBuffer<unsigned>::allocate(std::max<int64_t>(need.counters, 1)));
+  must(cnt.zero());
+  const SplitKWorkspace ws{part.get(), cnt.get(), need.partial_floats, need.counters};
+  const double bytes = static_cast<double>(pair) + in * (2.0 + 4.0 / 32) + 4.0 * (outs[0] + outs[1]);
+  double us = time_graph_us(stream, copies, [&](int c) {
+    for (int i = 0; i < 2; ++i) {
+      QuantWeightView v = mats[i];
+      v.data = base(c, i);
+      v.scales = base(c, i) + wb[i];
+      must(gemv_quantized(v, codes.get(), ascales.get(), 1, i == 0 ? y0.get() : y1.get(), true, stream, ws));
+    }
+  });
+  rows.push_back(make_row("gemv_fp8 wq_a, wkv", "1280+512 x5120 (2 calls)", 1, us, bytes, copy_gbps));
+  us = time_graph_us(stream, copies, [&](int c) {
+    GemvGroupItem items[2];
+    for (int i = 0; i < 2; ++i)
+      items[i] = GemvGroupItem{base(c, i), base(c, i) + wb[i], codes.get(), ascales.get(), i == 0 ? y0.get() : y1.get()};
+    must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws));
+  });
+  rows.push_back(make_row("gemv_fp8_multi wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
+}
+
 // wo_a (8 groups of [1024, 4096] over o's slices): gemv_bf16 on the BF16 weight (67 MB, the reference's
 // dequantized values) next to the same GEMV reading the weight as stored (FP8 + UE8M0 32×32: 34 MB),
 // dequantized in registers — the same results bit for bit.
@@ -834,6 +883,7 @@ int run(int argc, char** argv) {
   }
   bench_ffn_small(copy_gbps, stream->get(), rows);
   bench_wo_a(copy_gbps, stream->get(), rows);
+  bench_attn_input(copy_gbps, stream->get(), rows);
 
   std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
               "%copy-floor");

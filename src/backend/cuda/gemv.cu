@@ -189,15 +189,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  const GemvOperands& op = p.ops[blockIdx.z];
+  // gemv_quantized_multi: matrices of different heights share the grid (p.out = the tallest); the row
+  // tiles past this matrix's rows have nothing to do (the whole block leaves: no barrier follows).
+  const int64_t out = op.out > 0 ? op.out : p.out;
+  if (row0 >= out) return;
   // Rows past `out` and tokens past `n` read row 0 / token 0 (valid memory) instead of predicating
   // every load: an MMA row or column only feeds its own outputs, and those are never written.
-  const int64_t r_lo = row0 + g < p.out ? row0 + g : 0;
-  const int64_t r_hi = row0 + g + 8 < p.out ? row0 + g + 8 : 0;
+  const int64_t r_lo = row0 + g < out ? row0 + g : 0;
+  const int64_t r_hi = row0 + g + 8 < out ? row0 + g + 8 : 0;
   const int n_kb = static_cast<int>(p.in / 32);
   const int kb_begin = static_cast<int>(blockIdx.y) * p.kb_per_split;
   const int kb_end = min(n_kb, kb_begin + p.kb_per_split);
   const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
-  const GemvOperands& op = p.ops[blockIdx.z];
   const uint8_t* w_lo_ptr = op.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
   const uint8_t* w_hi_ptr = op.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
   // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
@@ -239,7 +243,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   partial[warp][g + 8][tok1] = acc[3];
   __syncthreads();
   const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
-  const bool writer = threadIdx.x < kRowsPerBlock * kTokensPerTile && tok < p.n && row0 + row < p.out;
+  const bool writer = threadIdx.x < kRowsPerBlock * kTokensPerTile && tok < p.n && row0 + row < out;
   float sum = 0.0f;
   if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
 #pragma unroll
@@ -260,7 +264,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
       for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
     if (threadIdx.x == 0) split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
   }
-  if (writer) op.y[tok * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
+  if (writer) op.y[tok * out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
 }
 
 // gemv_quantized_kernel over a device item table (DeviceGemvItem): the same tile computation (same K
@@ -350,11 +354,13 @@ Status check_weight(const QuantWeightView& w) {
 // K splits: when the row tiles of all matrices of a launch fill less than one wave (the blocks one
 // wave holds on a 132-SM H200), K is split so the whole GPU streams the weights; whole waves only
 // (floor), each split keeping >= 32 K blocks (1 KiB per FP8 row) so the partial traffic stays small.
-int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
-  const int64_t tiles = (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count;
+int64_t choose_ksplit_tiles(const QuantWeightView& w, int64_t tiles) {
   const int64_t wave = (w.format == QuantWeightFormat::MXFP4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * 132;
   const int64_t most = std::max<int64_t>(1, (w.in / 32) / 32);
   return std::max<int64_t>(1, std::min(wave / tiles, most));
+}
+int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
+  return choose_ksplit_tiles(w, (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count);
 }
 
 }  // namespace
@@ -435,6 +441,82 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
         CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(kGemvWarps * 32), 0, stream,
                                             programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
       }
+    }
+  }
+  return Status::Ok();
+}
+
+SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t count) {
+  if (count < 1 || count > kMaxGroup || mats == nullptr) return {};
+  int64_t tiles = 0, out = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    tiles += (mats[i].out + kRowsPerBlock - 1) / kRowsPerBlock;
+    out = std::max(out, mats[i].out);
+  }
+  QuantWeightView tallest = mats[0];
+  tallest.out = out;
+  const int64_t ksplit = choose_ksplit_tiles(tallest, tiles);
+  if (ksplit <= 1) return {};
+  return SplitKSize{count * ksplit * kTokensPerTile * out, count * ((out + kRowsPerBlock - 1) / kRowsPerBlock)};
+}
+
+Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
+                            bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
+                            bool programmatic_launch) {
+  if (count < 1 || count > kMaxGroup || mats == nullptr || items == nullptr)
+    return make_error("cuda::gemv_quantized_multi: count=" + std::to_string(count) + " (1.." +
+                      std::to_string(kMaxGroup) + ", mats and items required)");
+  if (n < 0) return make_error("cuda::gemv_quantized_multi: n=" + std::to_string(n));
+  int64_t tiles = 0, out = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    QuantWeightView w = mats[i];
+    w.data = items[i].data;
+    w.scales = items[i].scales;
+    CEDAR_RETURN_IF_ERROR(check_weight(w));
+    if (w.format != mats[0].format || w.in != mats[0].in ||
+        (w.format == QuantWeightFormat::FP8Block &&
+         (w.block_out != mats[0].block_out || w.block_in != mats[0].block_in)))
+      return make_error("cuda::gemv_quantized_multi: matrix " + std::to_string(i) +
+                        " differs from matrix 0 in format, in or blocks (only out may differ)");
+    tiles += (w.out + kRowsPerBlock - 1) / kRowsPerBlock;
+    out = std::max(out, w.out);
+  }
+  QuantWeightView tallest = mats[0];
+  tallest.out = out;
+  int64_t ksplit = choose_ksplit_tiles(tallest, tiles);
+  const SplitKSize need = splitk_workspace_size_multi(mats, count);
+  if (ksplit > 1 && (splitk.partials == nullptr || splitk.counters == nullptr ||
+                     splitk.partial_floats < need.partial_floats || splitk.counter_count < need.counters))
+    ksplit = 1;
+  const int64_t n_kb = tallest.in / 32;
+  int kb_shift = 0;
+  while ((int64_t{32} << kb_shift) < tallest.block_in) ++kb_shift;
+  const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(ksplit),
+                  static_cast<unsigned>(count));
+  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+    GemvParams p{};
+    for (int64_t i = 0; i < count; ++i) {
+      const GemvGroupItem& it = items[i];
+      p.ops[i] = GemvOperands{it.data, it.scales, it.act_codes + t0 * tallest.in, it.act_scales + t0 * n_kb,
+                              it.y + t0 * mats[i].out, mats[i].out};
+    }
+    p.out = out;
+    p.in = tallest.in;
+    p.block_out = tallest.block_out;
+    p.scale_cols = (tallest.in + tallest.block_in - 1) / tallest.block_in;
+    p.kb_shift = kb_shift;
+    p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+    p.bf16_output = bf16_output;
+    p.ksplit = static_cast<int>(ksplit);
+    p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
+    p.split_partials = splitk.partials;
+    p.split_counters = splitk.counters;
+    if (tallest.format == QuantWeightFormat::MXFP4) {
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                          programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
+    } else {
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                          programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
     }
   }
   return Status::Ok();

@@ -81,6 +81,16 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
                               bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
                               bool programmatic_launch = false);
 
+// Matrices of one format, `in` and FP8 block but different heights (`out`) that read the same kind of
+// input, in one launch: e.g. wq_a [1280, 5120] and wkv [512, 5120] of the attention input (one fixed
+// kernel latency instead of two). Item i: y_i [n, mats[i].out] = W_i · act_i, as gemv_quantized
+// computes it (a split-K plan chosen for all row tiles together, so the bits may differ from separate
+// calls by the K split, within the GEMV's summation bound). mats[i].data / scales are ignored (items').
+SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t count);
+Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
+                            bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
+                            bool programmatic_launch = false);
+
 // Workspace for linear_quantized: codes [n·in] f16 + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {
   uint16_t* codes = nullptr;
