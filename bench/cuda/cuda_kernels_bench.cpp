@@ -23,6 +23,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/gemm_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/stream.h"
 
@@ -66,6 +67,18 @@ DeviceBuffer<float> random_floats(size_t n, uint32_t seed, float scale) {
   std::vector<float> h(n);
   for (auto& v : h) v = nd(rng);
   return must(DeviceBuffer<float>::from_host(h));
+}
+
+// Large buffers for timing only: a 4 Mi-float random pattern repeated on the device (fast to make).
+DeviceBuffer<float> tiled_floats(size_t n, uint32_t seed, float scale) {
+  const size_t tile = std::min<size_t>(n, size_t{1} << 22);
+  auto pattern = random_floats(tile, seed, scale);
+  auto out = must(DeviceBuffer<float>::allocate(n));
+  for (size_t off = 0; off < n; off += tile)
+    must(cuda_status(cudaMemcpy(out.get() + off, pattern.get(), std::min(tile, n - off) * sizeof(float),
+                                cudaMemcpyDeviceToDevice),
+                     "cudaMemcpy(tiled)"));
+  return out;
 }
 
 // Mean time of one launch (µs): `launch(i)` enqueues call i (i < count) on the stream; captured once
@@ -195,6 +208,20 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
     r2.gbps = r2.bytes / (us2 * 1e-6) / 1e9;
     r2.pct_copy = 100.0 * r2.gbps / copy_gbps;
     rows.push_back(r2);
+    if (n == 1) {  // back-to-back with programmatic dependent launch: the next GEMV's launch and first
+                   // weight lines overlap the previous one (what a PDL decode graph gets)
+      const double us3 = try_time_graph_us(stream, copies, [&](int i) {
+        return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
+      });
+      if (us3 > 0) {
+        Row r3 = r;
+        r3.kernel += "_pdl";
+        r3.us = us3;
+        r3.gbps = bytes / (us3 * 1e-6) / 1e9;
+        r3.pct_copy = 100.0 * r3.gbps / copy_gbps;
+        rows.push_back(r3);
+      }
+    }
   }
 }
 
@@ -238,9 +265,17 @@ void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, c
 
 // sinkhorn_iters = 20 is the model's; 1 isolates how much of the time the serial Sinkhorn tail costs.
 // cluster: mhc_fused_cluster (ffn_kernels.h) instead of mhc_fused.
+struct MhcMode {
+  bool cluster = false, pdl = false;
+  bool sized_ws = false;     // partial_floats / counter_count given: decode tiles in one launch, streaming path
+  bool expand = true;        // y given (expand)
+  bool coefficients = true;  // fn given
+  bool collapse = true;
+  const char* name = nullptr;  // row name override
+};
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
-               std::vector<Row>& rows, bool cluster = false, bool pdl = false) {
-  if (cluster) {
+               std::vector<Row>& rows, MhcMode mode = {}) {
+  if (mode.cluster) {
     if (Status s = mhc_cluster_supported(d); !s.ok()) {
       std::printf("mhc_fused_cluster not benchmarked: %s\n", s.error().message.c_str());
       return;
@@ -248,48 +283,63 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   }
   const int64_t hc = 4, width = hc * d, mix = (2 + hc) * hc;
   const size_t fn_count = static_cast<size_t>(mix * width);
-  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (fn_count * 4) + 1));
+  const size_t x_bytes = static_cast<size_t>(n * width) * 4;
+  // Weights (fn) rotate through HBM-sized copies at decode sizes; at prefill sizes X itself is far
+  // larger than L2 and two calls alternate between two X buffers.
+  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / (fn_count * 4 + x_bytes) + 1));
   auto fn = random_floats(fn_count * copies, 4, 0.02f);
-  auto X = random_floats(n * width, 5, 1.0f);
+  auto X = tiled_floats(n * width * (x_bytes > (size_t{64} << 20) ? 2 : 1), 5, 1.0f);
   auto Xo = must(DeviceBuffer<float>::allocate(n * width));
-  auto y = random_floats(n * d, 6, 1.0f);
-  auto coeff = random_floats(n * mix, 7, 0.3f);  // post / comb / collapse weights (values irrelevant)
+  auto y = tiled_floats(n * d, 6, 1.0f);
+  auto coeff = tiled_floats(n * mix, 7, 0.3f);  // post / comb / collapse weights (values irrelevant)
   auto base = random_floats(mix, 8, 1.0f);
   auto scale = random_floats(3, 9, 1.0f);
   auto col = must(DeviceBuffer<float>::allocate(n * d));
   auto mix_out = must(DeviceBuffer<float>::allocate(n * mix));
-  auto part = must(DeviceBuffer<float>::allocate(mhc_workspace_floats(n, d)));
-  auto counter = must(DeviceBuffer<unsigned>::allocate(1));
+  const int64_t ws_floats = mhc_workspace_floats(n, d), ws_counters = mhc_workspace_counters(n);
+  auto part = must(DeviceBuffer<float>::allocate(ws_floats));
+  auto counter = must(DeviceBuffer<unsigned>::allocate(ws_counters));
   must(counter.zero());
+  const bool two_x = x_bytes > (size_t{64} << 20);
   auto launch = [&](int i) {
     MhcFusedArgs a;
     a.n = n;
     a.hc = hc;
     a.d = d;
-    a.X = X.get();
-    a.y = y.get();
+    a.X = X.get() + (two_x ? (i % 2) * n * width : 0);
+    a.y = mode.expand ? y.get() : nullptr;
     a.post = coeff.get();
     a.comb = coeff.get() + n * hc;
     a.X_out = Xo.get();
-    a.collapse_w = coeff.get();
+    a.collapse_w = mode.collapse ? coeff.get() : nullptr;
     a.collapsed = col.get();
-    a.fn = fn.get() + i * fn_count;
+    a.fn = mode.coefficients ? fn.get() + (i % copies) * fn_count : nullptr;
     a.base = base.get();
     a.scale = scale.get();
     a.mix_out = mix_out.get();
     a.sinkhorn_iters = sinkhorn_iters;
-    return cluster ? mhc_fused_cluster(a, stream, pdl) : mhc_fused(a, MhcWorkspace{part.get(), counter.get()}, stream);
+    a.programmatic_launch = mode.pdl && !mode.cluster;
+    MhcWorkspace ws{part.get(), counter.get()};
+    if (mode.sized_ws) {
+      ws.partial_floats = ws_floats;
+      ws.counter_count = ws_counters;
+    }
+    return mode.cluster ? mhc_fused_cluster(a, stream, mode.pdl) : mhc_fused(a, ws, stream);
   };
   // PDL may be unsupported inside graphs on some drivers: that row is skipped instead of ending the run.
-  const double us = pdl ? try_time_graph_us(stream, copies, launch)
-                        : time_graph_us(stream, copies, [&](int i) { must(launch(i)); });
+  const int calls = two_x ? 2 : copies;
+  const double us = mode.pdl ? try_time_graph_us(stream, calls, launch)
+                             : time_graph_us(stream, calls, [&](int i) { must(launch(i)); });
   if (us < 0) {
-    std::printf("mhc_fused_cluster with programmatic dependent launch: not supported here (skipped)\n");
+    std::printf("mHC with programmatic dependent launch: not supported here (skipped)\n");
     return;
   }
   // fn + X read + y read + X_out written + collapsed written (+ tiny coefficient traffic).
-  const double bytes = 4.0 * (static_cast<double>(fn_count) + n * width + n * d + n * width + n * d);
-  const std::string name = cluster ? (pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster") : "mhc_fused";
+  const double bytes = 4.0 * ((mode.coefficients ? static_cast<double>(fn_count) : 0.0) + n * width +
+                              (mode.expand ? n * d + n * width : 0.0) + (mode.collapse ? n * d : 0.0));
+  std::string name = mode.name ? mode.name
+                     : mode.cluster ? (mode.pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster")
+                                    : "mhc_fused";
   Row r{sinkhorn_iters == 20 ? name : name + "_sk" + std::to_string(sinkhorn_iters), "4x" + std::to_string(d), n, us,
         bytes};
   r.gbps = bytes / (us * 1e-6) / 1e9;
@@ -446,33 +496,58 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
 // update, the final head and the samplers: the small per-layer / per-step kernels and their latency.
 void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   constexpr int64_t d = 5120, E = 384, K = 6;
-  {  // router
+  {  // router: without a workspace (what callers that pass none get), with one (n <= 8: one fused
+     // launch), and prefill sizes through cuBLASLt when it loads
     const size_t gate_bytes = E * d * 2;
     const int copies = static_cast<int>(kRotateBytes / gate_bytes + 1);
     auto gate = random_bytes(gate_bytes * copies, 41, 0x30, 16);  // small bf16 values
     auto bias = random_floats(E, 42, 0.1f);
-    for (int64_t n : {1, 8, 64}) {
+    const SplitKSize rws = router_workspace_size(E, d);
+    auto part = must(DeviceBuffer<float>::allocate(rws.partial_floats));
+    auto cnt = must(DeviceBuffer<unsigned>::allocate(rws.counters));
+    must(cnt.zero());
+    auto blas = BlasContext::create();
+    if (!blas.ok()) std::printf("moe_route_blas not benchmarked: %s\n", blas.error().message.c_str());
+    enum class Mode { Plain, Workspace, Blas };
+    auto route_rows = [&](int64_t n, Mode mode, bool logits_only) {
       auto x = random_floats(n * d, 43, 1.0f);
+      auto xb = must(DeviceBuffer<uint16_t>::allocate(n * d));
       auto logits = must(DeviceBuffer<float>::allocate(n * E));
       auto ex = must(DeviceBuffer<int32_t>::allocate(n * K));
       auto wt = must(DeviceBuffer<float>::allocate(n * K));
-      const double us = time_graph_us(stream, copies, [&](int c) {
+      const int reps = n >= 1024 ? 4 : copies;
+      const double us = time_graph_us(stream, reps, [&](int c) {
         RouterArgs a;
         a.n = n;
         a.d = d;
         a.n_experts = E;
         a.topk = K;
         a.x = x.get();
-        a.gate = reinterpret_cast<const uint16_t*>(gate.get() + c * gate_bytes);
+        a.gate = reinterpret_cast<const uint16_t*>(gate.get() + (c % copies) * gate_bytes);
         a.bias = bias.get();
         a.route_scale = 1.5f;
         a.logits = logits.get();
         a.experts = ex.get();
         a.weights = wt.get();
-        must(moe_route(a, stream));
+        if (mode != Mode::Plain) a.splitk = SplitKWorkspace{part.get(), cnt.get(), rws.partial_floats, rws.counters};
+        if (mode == Mode::Blas) {
+          a.blas = blas->get();
+          a.x_bf16 = xb.get();
+          a.x_bf16_elems = n * d;
+        }
+        must(logits_only ? router_logits(a, stream) : moe_route(a, stream));
       });
-      rows.push_back(make_row("moe_route", "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
-    }
+      const char* name = logits_only ? "router_logits_ws"
+                         : mode == Mode::Plain ? "moe_route"
+                         : mode == Mode::Workspace ? "moe_route_ws"
+                                                   : "moe_route_blas";
+      rows.push_back(make_row(name, "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
+    };
+    for (int64_t n : {1, 8, 64}) route_rows(n, Mode::Plain, false);
+    for (int64_t n : {1, 2, 8, 64, 1024}) route_rows(n, Mode::Workspace, false);
+    route_rows(1, Mode::Workspace, true);
+    if (blas.ok())
+      for (int64_t n : {1024, 8192}) route_rows(n, Mode::Blas, false);
   }
   {  // Engram gather: 24 rows of 256 + 8 bytes per token from a 2 GiB table (device) or host-mapped
     constexpr int64_t cols = 24, hd = 256, table_rows = int64_t{1} << 23;  // 8 Mi rows
@@ -611,6 +686,114 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
   }
 }
 
+// wq_a [1280, 5120] and wkv [512, 5120] (FP8) read the same normed input: two gemv_quantized calls
+// (two graph nodes) next to one gemv_quantized_multi launch.
+void bench_attn_input(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  constexpr int64_t in = 5120, outs[2] = {1280, 512};
+  size_t wb[2], sb[2];
+  for (int i = 0; i < 2; ++i) {
+    wb[i] = outs[i] * in;
+    sb[i] = (outs[i] / 32) * (in / 32);
+  }
+  const size_t pair = wb[0] + sb[0] + wb[1] + sb[1];
+  const int copies = static_cast<int>(kRotateBytes / pair + 1);
+  auto w = random_bytes(pair * copies, 95, 0, 0, 0x7E);  // scale bytes are random too: finite values
+  auto x = random_floats(in, 96, 1.0f);
+  auto codes = must(DeviceBuffer<uint16_t>::allocate(in));
+  auto ascales = must(DeviceBuffer<float>::allocate(in / 32));
+  must(quantize_act_fp8(x.get(), 1, in, codes.get(), ascales.get(), stream));
+  auto y0 = must(DeviceBuffer<float>::allocate(outs[0])), y1 = must(DeviceBuffer<float>::allocate(outs[1]));
+  auto base = [&](int c, int i) { return w.get() + c * pair + (i == 0 ? 0 : wb[0] + sb[0]); };
+  QuantWeightView mats[2];
+  for (int i = 0; i < 2; ++i) mats[i] = QuantWeightView{QuantWeightFormat::FP8Block, outs[i], in, nullptr, nullptr, 32, 32};
+  SplitKSize need = splitk_workspace_size_multi(mats, 2);
+  for (int i = 0; i < 2; ++i) {
+    const SplitKSize one = splitk_workspace_size(mats[i]);
+    need.partial_floats = std::max(need.partial_floats, one.partial_floats);
+    need.counters = std::max(need.counters, one.counters);
+  }
+  auto part = must(DeviceBuffer<float>::allocate(std::max<int64_t>(need.partial_floats, 1)));
+  auto cnt = must(DeviceBuffer<unsigned>::allocate(std::max<int64_t>(need.counters, 1)));
+  must(cnt.zero());
+  const SplitKWorkspace ws{part.get(), cnt.get(), need.partial_floats, need.counters};
+  const double bytes = static_cast<double>(pair) + in * (2.0 + 4.0 / 32) + 4.0 * (outs[0] + outs[1]);
+  double us = time_graph_us(stream, copies, [&](int c) {
+    for (int i = 0; i < 2; ++i) {
+      QuantWeightView v = mats[i];
+      v.data = base(c, i);
+      v.scales = base(c, i) + wb[i];
+      must(gemv_quantized(v, codes.get(), ascales.get(), 1, i == 0 ? y0.get() : y1.get(), true, stream, ws));
+    }
+  });
+  rows.push_back(make_row("gemv_fp8 wq_a, wkv", "1280+512 x5120 (2 calls)", 1, us, bytes, copy_gbps));
+  us = time_graph_us(stream, copies, [&](int c) {
+    GemvGroupItem items[2];
+    for (int i = 0; i < 2; ++i)
+      items[i] = GemvGroupItem{base(c, i), base(c, i) + wb[i], codes.get(), ascales.get(), i == 0 ? y0.get() : y1.get()};
+    must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws));
+  });
+  rows.push_back(make_row("gemv_fp8_multi wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
+}
+
+// wo_a (8 groups of [1024, 4096] over o's slices): gemv_bf16 on the BF16 weight (67 MB, the reference's
+// dequantized values) next to the same GEMV reading the weight as stored (FP8 + UE8M0 32×32: 34 MB),
+// dequantized in registers — the same results bit for bit.
+void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  constexpr int64_t groups = 8, out = 1024, in = 4096, total = groups * out;
+  const size_t w8 = total * in, s8 = (total / 32) * (in / 32), w16 = 2 * w8;
+  const int copies8 = static_cast<int>(kRotateBytes / (w8 + s8) + 1), copies16 = static_cast<int>(kRotateBytes / w16 + 1);
+  auto wfp8 = random_bytes(w8 * copies8, 91, 0, 0, 0x7E);
+  auto sfp8 = random_bytes(s8 * copies8, 92, 112, 8);
+  auto wbf = random_bytes(w16 * copies16, 93, 0x30, 16);
+  for (int64_t n : {1, 8, 64}) {
+    auto x = random_floats(n * groups * in, 94, 1.0f);
+    auto y = must(DeviceBuffer<float>::allocate(n * total));
+    const double act = 4.0 * n * (groups * in + total);
+    double us = time_graph_us(stream, copies16, [&](int c) {
+      Bf16GemvArgs a;
+      a.w = reinterpret_cast<const uint16_t*>(wbf.get() + c * w16);
+      a.out = out;
+      a.in = in;
+      a.groups = groups;
+      a.x = x.get();
+      a.y = y.get();
+      a.n = n;
+      a.bf16_output = true;
+      must(gemv_bf16(a, stream));
+    });
+    rows.push_back(make_row("gemv_bf16 wo_a", "8x1024x4096 bf16", n, us, w16 + act, copy_gbps));
+    us = time_graph_us(stream, copies8, [&](int c) {
+      Bf16GemvArgs a;
+      a.w_fp8 = wfp8.get() + c * w8;
+      a.w_scales = sfp8.get() + c * s8;
+      a.out = out;
+      a.in = in;
+      a.groups = groups;
+      a.x = x.get();
+      a.y = y.get();
+      a.n = n;
+      a.bf16_output = true;
+      must(gemv_bf16(a, stream));
+    });
+    rows.push_back(make_row("gemv_fp8w wo_a", "8x1024x4096 fp8", n, us, w8 + s8 + act, copy_gbps));
+    us = try_time_graph_us(stream, copies8, [&](int c) {
+      Bf16GemvArgs a;
+      a.w_fp8 = wfp8.get() + c * w8;
+      a.w_scales = sfp8.get() + c * s8;
+      a.out = out;
+      a.in = in;
+      a.groups = groups;
+      a.x = x.get();
+      a.y = y.get();
+      a.n = n;
+      a.bf16_output = true;
+      a.programmatic_launch = true;
+      return gemv_bf16(a, stream);
+    });
+    if (us > 0) rows.push_back(make_row("gemv_fp8w_pdl wo_a", "8x1024x4096 fp8", n, us, w8 + s8 + act, copy_gbps));
+  }
+}
+
 int run(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i)
@@ -652,10 +835,36 @@ int run(int argc, char** argv) {
   }
   for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows);
   bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows);
+  {  // cuda-perf: the sized workspace (decode tiles in one launch; streaming path for prefill sizes),
+     // PDL back to back, and the split of a decode site: expand + collapse (critical path) and the
+     // coefficients alone (which can run on a forked graph branch next to the sublayer)
+    MhcMode ws;
+    ws.sized_ws = true;
+    ws.name = "mhc_fused_ws";
+    for (int64_t n : {1, 4, 8, 20, 64}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ws);
+    MhcMode pdl = ws;
+    pdl.pdl = true;
+    pdl.name = "mhc_fused_ws_pdl";
+    for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, pdl);
+    MhcMode ec = ws;
+    ec.coefficients = false;
+    ec.name = "mhc_expand_collapse";
+    for (int64_t n : {1, 8, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ec);
+    MhcMode co = ws;
+    co.expand = co.collapse = false;
+    co.name = "mhc_coefficients";
+    for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, co);
+    MhcMode st = ws;
+    st.name = "mhc_stream";
+    for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
+  }
   // cuda-ffn: the cluster mHC, the packed MXFP4 expert layout, the device-routed experts and the rest.
-  for (int64_t n : {1, 4, 8, 20}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, true);
-  bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, true);
-  for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, true, true);  // back-to-back, PDL
+  MhcMode cl;
+  cl.cluster = true;
+  for (int64_t n : {1, 4, 8, 20}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, cl);
+  bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, cl);
+  cl.pdl = true;
+  for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, cl);  // back-to-back, PDL
   bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows);
   bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows);
   for (int64_t n : {1, 4}) {
@@ -673,6 +882,8 @@ int run(int argc, char** argv) {
     for (int64_t n : {1, 8, 64}) bench_moe_items(n, expert_pool, copy_gbps, stream->get(), rows);
   }
   bench_ffn_small(copy_gbps, stream->get(), rows);
+  bench_wo_a(copy_gbps, stream->get(), rows);
+  bench_attn_input(copy_gbps, stream->get(), rows);
 
   std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
               "%copy-floor");

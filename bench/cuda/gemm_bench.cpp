@@ -166,6 +166,43 @@ void bench_quant(BlasContext* blas, QuantWeightFormat fmt, const Shape& s, const
     }
     print_row(r);
     rows.push_back(r);
+    if (blas) {
+      // quant_gemm's cuBLASLt path (exact bf16 dequantization): "_blas" dequantizes the weight into
+      // scratch every call (dequant + act to bf16 + GEMM + bf16 rounding), "_blas_w" takes it
+      // dequantized once (w_bf16) and the activations from quantize_act_bf16 (its time in the last
+      // column, instead of quantize_act_fp8's).
+      const int64_t elems = quant_gemm_blas_elems(view, m, false);
+      auto scratch = must(DeviceBuffer<uint16_t>::allocate(elems));
+      auto xq = must(DeviceBuffer<uint16_t>::allocate(m * s.in));
+      auto wbf = must(DeviceBuffer<uint16_t>::allocate(s.out * s.in));
+      must(dequant_weight_bf16(view, wbf.get(), stream));
+      QuantGemmArgs c = a;
+      c.blas = blas;
+      QuantGemmWorkspace cws;
+      cws.bf16 = scratch.get();
+      cws.bf16_elems = elems;
+      Row rb{r.kernel + "_blas", r.shape, "dequant/call", m};
+      rb.us = time_us(stream, reps, [&] { must(quant_gemm(c, cws, stream)); });
+      rb.tflops = flops / (rb.us * 1e-6) / 1e12;
+      rb.quant_us = r.quant_us;
+      print_row(rb);
+      rows.push_back(rb);
+      QuantGemmArgs cw = c;
+      cw.w_bf16 = wbf.get();
+      cw.act_bf16 = xq.get();
+      Row rw{r.kernel + "_blas_w", r.shape, "w_bf16 kept", m};
+      rw.quant_us = time_us(stream, reps, [&] { must(quantize_act_bf16(x_f32.get(), m, s.in, 32, xq.get(), stream)); });
+      rw.us = time_us(stream, reps, [&] { must(quant_gemm(cw, QuantGemmWorkspace{}, stream)); });
+      rw.tflops = flops / (rw.us * 1e-6) / 1e12;
+      print_row(rw);
+      rows.push_back(rw);
+      if (m == ms.front()) {  // the weight's dequantization alone (once per matrix and chunk, or at load)
+        Row rd{fp4 ? "mxfp4_dequant" : "fp8_dequant", r.shape, "bf16", 0};
+        rd.us = time_us(stream, 10, [&] { must(dequant_weight_bf16(view, wbf.get(), stream)); });
+        print_row(rd);
+        rows.push_back(rd);
+      }
+    }
   }
 }
 

@@ -4,6 +4,8 @@
 //  * prefill: one-sequence prefill time of CED vs exact across prompt lengths, their ratio and the
 //    first length from which CED stays > 10% faster (the crossover; CPU time, see cpu_seconds).
 // JSON on stdout (or --json FILE); a readable table on stderr.
+// --device cuda: the GPU benchmark instead (cmd_bench_cuda.cpp): peaks measured in the same run, the
+// roofline of the model, decode / prefill on the CUDA model (docs/cuda.md).
 #include <time.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/bench_cuda.h"
 #include "cli/commands.h"
 #include "cli/generation_setup.h"
 #include "engine/engine.h"
@@ -31,7 +34,11 @@ const CommandSpec kSpec{
     "bench",
     "Benchmark the engine: offered load at several concurrencies and prompt/output lengths (TTFT, TPOT,\n"
     "throughput) and CED vs exact prefill time across prompt lengths. MODEL defaults to the embedded tiny\n"
-    "model. Prints JSON (stdout or --json FILE) and a table on stderr. See docs/engine.md.",
+    "model. Prints JSON (stdout or --json FILE) and a table on stderr. See docs/engine.md.\n"
+    "--device cuda: the GPU benchmark (needs a CUDA build): device copy bandwidth and cuBLAS bf16 / fp8 GEMM\n"
+    "peaks measured in the same run, the model's memory plan and roofline (bytes per decode token at each\n"
+    "--batches, FLOPs per prefill token exact vs CED at each --prefill-lens), decode / prefill timings as\n"
+    "ratios to the peaks. See docs/cuda.md.",
     {},
     {"MODEL"},
     {
@@ -54,26 +61,15 @@ const CommandSpec kSpec{
          "1024", "N"},
         {"swa-ttl-s", "seconds an SWA snapshot stays after its last use", true, "600", "S"},
         {"swa-history", "extra SWA ring slots per sequence (default: sliding window + 64)", true, "", "N"},
+        {"device", "cpu (the engine on the CPU backend) or cuda (the GPU benchmark)", true, "cpu", "DEVICE"},
+        {"batches", "--device cuda: decode batch sizes", true, "1,8,64", "LIST"},
+        {"prefill-lens", "--device cuda: prompt lengths of the prefill runs", true, "1024,8192,32768", "LIST"},
+        {"context", "--device cuda: cached positions per sequence of the decode runs", true, "4096", "N"},
+        {"gemm-size", "--device cuda: M = N = K of the cuBLAS peak GEMMs", true, "8192", "N"},
+        {"bandwidth-mib", "--device cuda: buffer of the copy-bandwidth measurement, MiB", true, "1024", "MIB"},
+        {"decode-profile", "--device cuda: 1 = per-stage device time of a batch-1 decode step, 0 = skip", true, "1",
+         "N"},
     }};
-
-Result<std::vector<int64_t>> parse_list(const std::string& text, const std::string& name) {
-  std::vector<int64_t> out;
-  size_t i = 0;
-  while (i < text.size()) {
-    const size_t comma = std::min(text.find(',', i), text.size());
-    const std::string item = text.substr(i, comma - i);
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0) throw 0;
-      out.push_back(v);
-    } catch (...) {
-      return make_error("--" + name + ": '" + item + "' is not a positive integer");
-    }
-    i = comma + 1;
-  }
-  return out;
-}
 
 // Deterministic pseudo-random ordinary-text token ids (< 128000: no control tokens).
 std::vector<int64_t> random_prompt(int64_t n, uint64_t seed, int64_t bos) {
@@ -211,6 +207,25 @@ Result<PrefillTime> time_prefill(const DeepseekV41Model& model, ThreadPool& pool
 
 }  // namespace
 
+Result<std::vector<int64_t>> parse_positive_list(const std::string& text, const std::string& name) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t comma = std::min(text.find(',', i), text.size());
+    const std::string item = text.substr(i, comma - i);
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0) throw 0;
+      out.push_back(v);
+    } catch (...) {
+      return make_error("--" + name + ": '" + item + "' is not a positive integer");
+    }
+    i = comma + 1;
+  }
+  return out;
+}
+
 int cmd_bench(const Args& args) {
   auto parsed = parse_args(kSpec, args);
   if (!parsed.ok()) {
@@ -226,10 +241,13 @@ int cmd_bench(const Args& args) {
     std::fprintf(stderr, "cedar bench: %s\n", m.c_str());
     return 2;
   };
-  auto conc = parse_list(a.get("concurrency"), "concurrency");
-  auto plens = parse_list(a.get("prompt-len"), "prompt-len");
-  auto olens = parse_list(a.get("output-len"), "output-len");
-  auto ced_lens = parse_list(a.get("ced-lens"), "ced-lens");
+  const std::string device = a.get("device");
+  if (device == "cuda") return cmd_bench_cuda(a);
+  if (device != "cpu") return usage_error("--device must be cpu or cuda, got '" + device + "'");
+  auto conc = parse_positive_list(a.get("concurrency"), "concurrency");
+  auto plens = parse_positive_list(a.get("prompt-len"), "prompt-len");
+  auto olens = parse_positive_list(a.get("output-len"), "output-len");
+  auto ced_lens = parse_positive_list(a.get("ced-lens"), "ced-lens");
   for (const auto* r : {&conc, &plens, &olens, &ced_lens})
     if (!r->ok()) return usage_error(r->error().message);
   auto mode = parse_forward_mode(a.get("mode"));

@@ -163,6 +163,7 @@ ordered_json inspect_json(const InspectResult& r) {
   out["params_active_prefill"] = s.params_active_prefill;
   out["params_active_decode"] = s.params_active_decode;
   out["params_active_draft"] = s.params_active_draft;
+  out["bytes_active_decode"] = s.bytes_active_decode;
   out["kv_bytes_per_token"] = s.kv.bytes_per_token();
   // Measured: what the KV block pool allocates per token (dry run over 2^20 tokens, kv/kv_layout.h).
   if (Result<double> measured = kv_bytes_per_token_measured(r.config, r.plan); measured.ok())
@@ -203,8 +204,11 @@ std::string inspect_text(const InspectResult& r) {
   const ModelStats& s = r.stats;
   std::string o;
   o += r.path + ": " + std::string(arch_name(c.arch)) + " (" + c.source_format + " config), " +
-       std::to_string(c.num_hidden_layers) + " layers + " + std::to_string(c.num_draft_blocks()) + " " +
-       std::string(draft_kind_name(r.plan.draft_kind)) + " draft blocks, d=" + std::to_string(c.hidden_size) + ", " +
+       std::to_string(c.num_hidden_layers) + " layers" +
+       (c.num_draft_blocks() > 0 ? " + " + std::to_string(c.num_draft_blocks()) + " " +
+                                       std::string(draft_kind_name(r.plan.draft_kind)) + " draft blocks"
+                                 : std::string(", no draft blocks")) +
+       ", d=" + std::to_string(c.hidden_size) + ", " +
        std::to_string(c.n_routed_experts) + " experts top-" + std::to_string(c.num_experts_per_tok) + "\n";
   o += "weights: " + (c.quant.quantized() ? "fp8 " + std::to_string(c.quant.weight_block_rows) + "x" +
                                                 std::to_string(c.quant.weight_block_cols) + " blocks, experts " +
@@ -232,6 +236,7 @@ std::string inspect_text(const InspectResult& r) {
                          std::to_string(r.plan.last_kv_source) + " compressor)"
                    : " (all layers" + std::string(r.plan.ced_unavailable_reason.empty() ? "" : "; " + r.plan.ced_unavailable_reason) + ")") +
        ", decode " + billions(s.params_active_decode) + ", draft " + billions(s.params_active_draft) + "\n";
+  o += "decode weight bytes per token (batch 1, as stored, scales included): " + gb(s.bytes_active_decode) + "\n";
 
   o += "\nKV cache: " + fmt("%.2f", s.kv.bytes_per_token()) + " B/token global (main " +
        fmt("%.2f", s.kv.main_bytes_per_token) + " + indexer " + fmt("%.2f", s.kv.indexer_bytes_per_token) +

@@ -66,6 +66,18 @@ Status AtomicFile::append(std::span<const uint8_t> bytes) {
   return Status::Ok();
 }
 
+Status AtomicFile::write_at(uint64_t offset, std::span<const uint8_t> bytes) {
+  if (fd_ < 0) return make_error("cannot write " + path_.string() + ": file already committed");
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return make_error("cannot write " + tmp_path_.string() + ": " + errno_text(n < 0 ? errno : EIO));
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
 Status AtomicFile::append(std::string_view text) {
   return append(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }

@@ -24,6 +24,9 @@ class AtomicFile {
 
   Status append(std::span<const uint8_t> bytes);
   Status append(std::string_view text);
+  // Writes `bytes` at `offset` of the temporary file (pwrite; may extend it). Safe to call from several
+  // threads for disjoint ranges, and mixed with append() only before it.
+  Status write_at(uint64_t offset, std::span<const uint8_t> bytes);
   // fsync, set mode 0644, rename over the destination, fsync the directory. Once only.
   Status commit();
 

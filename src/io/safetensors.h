@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,6 +21,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/threads.h"
 
 namespace cedar::io {
 
@@ -146,5 +148,30 @@ class SafetensorsWriter {
   std::set<std::string, std::less<>> names_;  // of pending_, for the duplicate check
   std::map<std::string, std::string> metadata_;
 };
+
+// A tensor of a streamed checkpoint: its bytes are produced on demand, so a checkpoint larger than
+// memory can be written in parallel. A row is the tensor's last dimension (a 0- or 1-D tensor is one
+// row); fill(first_row, rows, out) writes rows [first_row, first_row + rows) into `out` (rows × row
+// bytes). It is called concurrently for disjoint row ranges, and must give the same bytes however the
+// rows are split into calls.
+struct StreamedTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::function<Status(int64_t first_row, int64_t rows, std::span<uint8_t> out)> fill;
+};
+
+struct StreamedWriteOptions {
+  int n_shards = 1;
+  std::map<std::string, std::string> metadata;  // written into every file's header
+  ThreadPool* pool = nullptr;                   // null: the caller's thread only
+  int64_t chunk_bytes = int64_t{16} << 20;      // bytes per fill call (at least one row)
+};
+
+// Writes the tensors as SafetensorsWriter::write_sharded writes the same bytes (same shard split,
+// layout, index; byte-identical files), filling and writing chunks of rows in parallel with pwrite
+// into each shard's temporary file. Nothing of a tensor is held in memory beyond one chunk per thread.
+Status write_streamed_sharded(const std::filesystem::path& dir, const std::vector<StreamedTensor>& tensors,
+                              const StreamedWriteOptions& options);
 
 }  // namespace cedar::io

@@ -63,6 +63,8 @@ class DeepseekV41Model {
   const ModelConfig& config() const { return config_; }
   const LayerPlan& plan() const { return plan_; }
   const BoundWeights& weights() const { return weights_; }
+  // The Engram hasher (null without Engram layers): its layout and token map feed device-side hashing.
+  const EngramHasher* engram_hasher() const { return hasher_ ? &*hasher_ : nullptr; }
 
   Result<SequenceState> new_sequence(const SequenceOptions& options = {}) const;
 

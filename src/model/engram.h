@@ -85,6 +85,7 @@ class EngramHasher {
 
   const EngramLayout& layout() const { return layout_; }
   int64_t pad() const { return pad_; }  // T[engram_pad_id]
+  std::span<const int32_t> token_map() const { return map_; }  // raw id -> compressed id (device hashing)
 
   // Hashes n = tokens.size() tokens at absolute positions [pos0, pos0+n) of one sequence (pos0 must be
   // hist.next_pos), then advances hist. is_image: [n] (non-zero = image-span token) or empty.

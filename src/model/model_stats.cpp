@@ -95,14 +95,16 @@ ModelStats compute_model_stats(const ModelConfig& c, const LayerPlan& plan, cons
     s.by_group[group_of(w)].add(1, params, bytes);
     s.total.add(1, params, bytes);
 
-    if (is_lookup(w) || params == 0) continue;
+    if (is_lookup(w)) continue;
+    // Scales (0 parameters) count with their weight's bytes: a GEMV reads them too.
+    if (w.draft_block < 0) decode_bytes += static_cast<double>(bytes) * active_fraction(c, w);
+    if (params == 0) continue;
     const double active = static_cast<double>(params) * active_fraction(c, w);
     if (w.draft_block >= 0) {
       draft += active;
       continue;
     }
     decode += active;  // every backbone layer, plus head / final norm / global hc_head
-    decode_bytes += static_cast<double>(bytes) * active_fraction(c, w);
     const bool in_prefill = plan.ced ? (w.layer >= 0 && w.layer < plan.encoder_layers) ||
                                            (w.layer == plan.last_kv_source && is_boundary_piece(w))
                                      : w.layer >= 0;

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/threads.h"
 #include "model/inventory.h"
 #include "model/weights.h"
 #include "model/tokenizer_source.h"
@@ -38,16 +40,37 @@ Status write_text(const fs::path& path, const std::string& text) {
 
 std::string error_text(const std::error_code& ec) { return ec.message(); }
 
+// The perf profile's ~24 GB: generated and written in parallel, chunk by chunk (perf_tensors).
+Status write_perf_shards(const ModelConfig& config, const LayerPlan& plan, const TinyCheckpointOptions& o,
+                         const std::string& tag, const fs::path& dir) {
+  CEDAR_ASSIGN_OR_RETURN(std::vector<io::StreamedTensor> tensors, perf_tensors(config, plan, o.seed));
+  CEDAR_ASSIGN_OR_RETURN(const std::vector<WeightSpec> specs, expected_weights(config, plan));
+  uint64_t total = 0;
+  for (const WeightSpec& w : specs) total += w.nbytes();
+  constexpr uint64_t kShardBytes = uint64_t{4} << 30;
+  ThreadPool pool(o.threads);
+  io::StreamedWriteOptions wo;
+  wo.n_shards = std::max<int>(o.n_shards, static_cast<int>((total + kShardBytes - 1) / kShardBytes));
+  wo.metadata = {{"format", "pt"}, {"cedar_tiny", tag}};
+  wo.pool = &pool;
+  return io::write_streamed_sharded(dir, tensors, wo);
+}
+
 }  // namespace
 
 Status write_tiny_checkpoint(const TinyCheckpointOptions& o, const fs::path& dir) {
   CEDAR_ASSIGN_OR_RETURN(const ModelConfig config, tiny_model_config(o.arch, o.profile, o.bf16));
   CEDAR_ASSIGN_OR_RETURN(const LayerPlan plan, build_layer_plan(config));
-  CEDAR_ASSIGN_OR_RETURN(io::SafetensorsWriter writer, tiny_tensors(config, plan, o.seed));
-  writer.set_metadata("format", "pt");
-  writer.set_metadata("cedar_tiny", std::string(arch_name(o.arch)) + " profile=" + o.profile +
-                                        " seed=" + std::to_string(o.seed) + (o.bf16 ? " bf16" : ""));
-  CEDAR_RETURN_IF_ERROR(writer.write_sharded(dir, o.n_shards));
+  const std::string tag = std::string(arch_name(o.arch)) + " profile=" + o.profile + " seed=" + std::to_string(o.seed) +
+                          (o.bf16 ? " bf16" : "");
+  if (o.profile == "perf") {
+    CEDAR_RETURN_IF_ERROR(write_perf_shards(config, plan, o, tag, dir));
+  } else {
+    CEDAR_ASSIGN_OR_RETURN(io::SafetensorsWriter writer, tiny_tensors(config, plan, o.seed));
+    writer.set_metadata("format", "pt");
+    writer.set_metadata("cedar_tiny", tag);
+    CEDAR_RETURN_IF_ERROR(writer.write_sharded(dir, o.n_shards));
+  }
   CEDAR_RETURN_IF_ERROR(write_text(dir / "config.json", to_hf_config_json(config).dump(2) + "\n"));
 
   if (!o.tokenizer_files) return Status::Ok();

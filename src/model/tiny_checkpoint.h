@@ -23,12 +23,27 @@ struct TinyCheckpointOptions {
   uint64_t seed = 0;
   bool bf16 = false;                 // unquantized variant: no quantization_config, BF16 weights
   std::filesystem::path tokenizer;   // V4 tokenizer.json to start from; empty: find_tokenizer_json()
-  int n_shards = 2;
+  int n_shards = 2;                  // perf profile: at least one shard per 4 GiB
   bool tokenizer_files = true;       // false: shards, index and config.json only (tests of tensors)
+  int threads = 0;                   // perf profile: generator threads (0 = all cores)
 };
 
-// The configuration of a named profile ("tiny"; "small": the same layers at d 512 for benchmarks). `bf16` drops the quantization_config.
+// The configuration of a named profile. `bf16` drops the quantization_config (not for "perf").
+//   tiny   structurally complete miniature (d 64; the embedded default model)
+//   small  the same layers at d 512 (CPU benchmarks)
+//   perf   deepseek_v41 only: DeepSeek-V4.1-Flash at full width and depth (40 layers, the released
+//          layer plan and formats) with kPerfRoutedExperts routed experts per layer, Engram tables
+//          from primes >= kPerfEngramVocabSize and no DSpark blocks — the GPU benchmark model
+//          (docs/cuda.md). Per-token weight bytes at batch 1 equal the released model's except for
+//          the router rows of the experts left out.
 Result<ModelConfig> tiny_model_config(Arch arch, std::string_view profile, bool bf16);
+
+inline constexpr int64_t kPerfRoutedExperts = 16;        // released: 384 (top-6 either way)
+inline constexpr int64_t kPerfEngramVocabSize = 160000;  // released: 16 000 000 (prime search start)
+
+// The perf profile's tensors, streamed (values from per-row streams seeded by (seed, name, row), so the
+// bytes do not depend on threads or chunking; table-driven, ~1 ns per value). perf_tensors.cpp.
+Result<std::vector<io::StreamedTensor>> perf_tensors(const ModelConfig& c, const LayerPlan& plan, uint64_t seed);
 
 // Engram table rows per Engram layer by the released prime rule (§3.9 item 5): for every
 // (layer, n-gram order 2..max, head) in that order, the next unused prime >= engram_vocab_size;

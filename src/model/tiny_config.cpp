@@ -134,6 +134,85 @@ void widen_to_small(ModelConfig& c) {
   }
 }
 
+// The perf profile: DeepSeek-V4.1-Flash as released (../shared/spec/architecture.md §1.1, the values
+// of tests/data/configs/deepseek_v41_flash) except
+//   * n_routed_experts = kPerfRoutedExperts (top-6 of them, as released): the checkpoint fits one
+//     H200 with room for KV, and a batch-1 decode step reads 6 experts per layer either way;
+//   * engram_vocab_size = kPerfEngramVocabSize: the same two Engram layers, orders, heads, widths and
+//     hashing, with tables of Σ 24 primes from 160 000 on (≈ 3.84 M rows, 1 GB per layer) instead of
+//     384 M rows (Engram rows are lookups: not part of the per-token weight bytes);
+//   * no DSpark blocks (num_nextn_predict_layers = 0): decode steps without speculation never read
+//     them (≈ 14 B parameters), and the config allows their absence;
+//   * no vision tower (a text engine does not load it).
+ModelConfig perf_v41() {
+  ModelConfig c;
+  c.arch = Arch::DeepseekV41;
+  c.vocab_size = 129280;
+  c.hidden_size = 5120;
+  c.num_hidden_layers = 40;
+  c.num_nextn_predict_layers = 0;
+  c.num_attention_heads = 64;
+  c.num_key_value_heads = 1;
+  c.head_dim = 512;
+  c.qk_rope_head_dim = 64;
+  c.q_lora_rank = 1280;
+  c.o_groups = 8;
+  c.o_lora_rank = 1024;
+  c.sliding_window = 128;
+  c.compress_ratios.assign(2, 0);
+  c.compress_ratios.insert(c.compress_ratios.end(), 18, 2);
+  c.compress_ratios.insert(c.compress_ratios.end(), 20, 1);
+  c.kv_source_layer_ids = {2, 8, 14, 20};
+  c.index_source_layer_ids = {2, 8, 14, 20, 24, 28, 32, 36};
+  c.candidate_source_layer_id = 20;
+  c.candidate_topk_blocks = 2048;
+  c.candidate_block_size = 8;
+  c.index_n_heads = 32;
+  c.index_head_dim = 128;
+  c.index_topk = 512;
+  c.rope_theta = 10000.0;
+  c.compress_rope_theta = 160000.0;
+  c.rope_scaling = RopeScaling{"yarn", 16.0, 32.0, 1.0, 65536};
+  c.max_position_embeddings = 1048576;
+  c.rms_norm_eps = 1e-20;
+  c.n_routed_experts = kPerfRoutedExperts;
+  c.n_shared_experts = 1;
+  c.num_experts_per_tok = 6;
+  c.moe_intermediate_size = 2304;
+  c.scoring_func = "sqrtsoftplus";
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 1.5;
+  c.swiglu_limit = 10.0;
+  c.gate_temp = 1.0;
+  c.hc_mult = 4;
+  c.hc_sinkhorn_iters = 20;
+  c.hc_eps = 1e-6;
+  c.engram_layer_ids = {1, 14};
+  c.engram_max_ngram_size = 4;
+  c.engram_vocab_size = kPerfEngramVocabSize;
+  c.engram_n_heads = 8;
+  c.engram_head_dim = 256;
+  c.engram_pad_id = 2;
+  c.engram_compressed_vocab_size = 99092;
+  c.engram_num_embeddings = engram_table_rows(c);
+  c.draft_kind = DraftKind::None;
+  // The released DSpark hyper-parameters without blocks (what a V4.1 config.json without the keys
+  // means): config.json must carry valid values even when num_nextn_predict_layers is 0.
+  c.dspark_block_size = 5;
+  c.dspark_noise_token_id = 128799;
+  c.dspark_markov_rank = 256;
+  c.dspark_n_routed_experts = 128;
+  c.dspark_num_experts_per_tok = 3;
+  c.bos_token_id = 0;
+  c.eos_token_id = 1;
+  c.pad_token_id = 2;
+  c.image_token_id = 129264;
+  c.tie_word_embeddings = false;
+  c.has_vision = false;
+  c.quant = QuantConfig{"fp8", "dynamic", 32, 32, "e4m3", "ue8m0", "fp4"};
+  return c;
+}
+
 }  // namespace
 
 std::vector<int64_t> engram_table_rows(const ModelConfig& c) {
@@ -153,8 +232,15 @@ std::vector<int64_t> engram_table_rows(const ModelConfig& c) {
 }
 
 Result<ModelConfig> tiny_model_config(Arch arch, std::string_view profile, bool bf16) {
+  if (profile == "perf") {
+    if (arch != Arch::DeepseekV41) return make_error("the perf profile exists for deepseek_v41 only");
+    if (bf16) return make_error("the perf profile has no bf16 variant (it measures the released formats)");
+    ModelConfig c = perf_v41();
+    c.source_format = "cedar make-tiny";
+    return c;
+  }
   if (profile != "tiny" && profile != "small")
-    return make_error("unknown tiny-checkpoint profile '" + std::string(profile) + "' (known: tiny, small)");
+    return make_error("unknown tiny-checkpoint profile '" + std::string(profile) + "' (known: tiny, small, perf)");
   ModelConfig c = arch == Arch::DeepseekV41 ? tiny_v41() : tiny_v4();
   if (profile == "small") widen_to_small(c);
   c.source_format = "cedar make-tiny";

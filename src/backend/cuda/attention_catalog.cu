@@ -7,6 +7,7 @@ namespace cedar::cuda {
 
 // Defined next to each kernel (their symbols stay file-local there).
 const void* gemv_bf16_kernel_ptr();
+const void* gemv_fp8w_kernel_ptr();
 const void* rope_apply_kernel_ptr();
 const void* swa_kv_encode_kernel_ptr();
 const void* swa_ring_commit_kernel_ptr();
@@ -27,6 +28,8 @@ struct Entry {
 const Entry kEntries[] = {
     {"gemv_bf16", "BF16 GEMV / skinny GEMM (bf16 HMMA, 16-byte loads, <=64 tokens/pass, split-K, grouped)",
      gemv_bf16_kernel_ptr},
+    {"gemv_bf16_fp8w", "gemv_bf16 over an FP8 weight dequantized in registers to the exact bf16 values (wo_a)",
+     gemv_fp8w_kernel_ptr},
     {"rope_apply", "RoPE/YaRN (forward / inverse) with host-computed angles, bf16 output", rope_apply_kernel_ptr},
     {"swa_kv_encode", "SWA KV: exact RMSNorm_kv + RoPE + FP8 QDQ (32, UE8M0) -> 528-B records",
      swa_kv_encode_kernel_ptr},

@@ -61,6 +61,19 @@ struct Bf16GemvArgs {
   int64_t y_group_stride = 0;  // 0 = out
   int64_t n = 1;               // tokens (0: nothing to do)
   bool bf16_output = false;
+  // FP8 weight instead of w (wo_a as stored: e4m3 [out, in] bytes, UE8M0 scales [ceil(out/block_out),
+  // ceil(in/block_in)] per group): dequantized in registers to bf16(e4m3·2^(s−127)) — the reference's
+  // load-time conversion, dequant_weight_bf16 bit for bit — then the same MMAs in the same order, so
+  // the result equals gemv_bf16 on the dequantized weight bit for bit, reading half the bytes.
+  // w_group_stride counts bytes here; scale_group_stride (0: the packed default) scale bytes.
+  // Requires block_in % 32 == 0, w_fp8 8-byte aligned.
+  const uint8_t* w_fp8 = nullptr;
+  const uint8_t* w_scales = nullptr;
+  int64_t block_out = 32, block_in = 32;
+  int64_t scale_group_stride = 0;
+  // Programmatic dependent launch (kernels.h): the first weight lines are prefetched into L2 before
+  // the kernel waits for the previous one; same results.
+  bool programmatic_launch = false;
 };
 // Workspace a split-K launch of this shape can use (zeros: never split). Counters must be zero before
 // the first call; the kernel re-arms them.

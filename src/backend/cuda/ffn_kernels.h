@@ -43,13 +43,25 @@ Status embed_gather(const EmbedGatherArgs& a, cudaStream_t stream);
 
 // ---- MoE router (§3.8) ----------------------------------------------------------------------------
 // logits = fp32(x)·fp32(gate)ᵀ (the gate's bf16 values; products exact, fp32 sums in a fixed blocked
-// order — the CPU sums in index order, so logits differ by fp32 rounding: ≤ (d + d/32 + 5)·2^-24·Σ|x·w|);
+// order — the CPU sums in index order, so logits differ by fp32 rounding. GPU side (bf16 tensor-core
+// MMAs, 2^-23 per accumulation step as gemv_bf16): ≤ (d/64 + 8)·2^-24·Σ|x·w| without a workspace,
+// ≤ (23 + ksplit)·2^-24·Σ|x·w| with one (16-MMA chains, 8 warps, ksplit ≤ 64 splits in order); with
+// `blas` (prefill, n > kRouterBlasMinTokens) cuBLASLt's order, ≤ d·2^-24·Σ|x·w|). A token's logits do
+// not depend on the other tokens of the call (same bits at n = 1, 8, 64 on the MMA path).
 // s = sqrt(softplus(logits / gate_temp)) (expf / log1pf evaluated in double and rounded to fp32 step
 // by step as the CPU's float calls round: the correctly rounded results, which glibc returns in all
 // but rare cases); selection = top-k of s + b (b = bias_vl for image tokens, else bias) in the CPU's
 // strict order (larger first, NaN above every number, lower id on ties) or tid2eid[token] (V4 hash
 // layers); weights = s[sel] / (Σ_k s[sel_k] + 1e-20) · route_scale with the Σ in slot order (bit-exact
 // given the scores).
+//
+// Speed: pass `splitk` (router_workspace_size) — the gate is then streamed by ~120 blocks (d = 5120,
+// E = 384) and, for n <= 8, moe_route is ONE launch (the last block selects: same bits as
+// router_logits + router_select with the same workspace). Without it the logits run unsplit (24
+// blocks). Prefill: pass `blas` and the bf16 scratch for x (dense_gemm_workspace_elems of an
+// [n, d] input) to run the logits of n > kRouterBlasMinTokens tokens as one cuBLASLt GEMM.
+class BlasContext;  // gemm_kernels.h
+constexpr int64_t kRouterBlasMinTokens = 64;
 struct RouterArgs {
   int64_t n = 0, d = 0, n_experts = 0, topk = 0;
   const float* x = nullptr;            // [n, d]
@@ -66,10 +78,18 @@ struct RouterArgs {
   float* scores = nullptr;     // [n, n_experts] unbiased scores, or null
   int32_t* experts = nullptr;  // [n, topk]
   float* weights = nullptr;    // [n, topk]
+  // Optional (see above). Counters must be zero before the first call (the kernels re-arm them).
+  SplitKWorkspace splitk;
+  BlasContext* blas = nullptr;
+  uint16_t* x_bf16 = nullptr;  // [n, d] bf16 scratch for the cuBLASLt path
+  int64_t x_bf16_elems = 0;
 };
+// Split-K partials and tickets router_logits / moe_route use for this gate shape (any n).
+SplitKSize router_workspace_size(int64_t n_experts, int64_t d);
 Status router_logits(const RouterArgs& a, cudaStream_t stream);
 Status router_select(const RouterArgs& a, cudaStream_t stream);
-Status moe_route(const RouterArgs& a, cudaStream_t stream);  // router_logits + router_select
+// router_logits + router_select (one fused launch for n <= 8 with a workspace and n·E <= 5120).
+Status moe_route(const RouterArgs& a, cudaStream_t stream);
 
 // ---- MoE dispatch: device-side grouped-GEMV items ---------------------------------------------------
 // One item = one weight matrix applied to up to 8 activation rows (gathered) writing up to 8 output

@@ -1,23 +1,46 @@
 // Embedding gather + stream expansion (§3.2) and the MoE router (§3.8): fp32 logits from the bf16
 // gate, sqrtsoftplus, biased top-k selection with the CPU's strict order, routing weights.
+//
+// Router logits: a bandwidth problem (the 384×5120 bf16 gate is 3.9 MB, read once per step). The gate
+// is streamed by bf16 tensor-core MMAs (mma_bf16.cuh's fragment convention: 16 experts × 8 tokens per
+// MMA, products exact in fp32) with K split over the 8 warps of a block and over `ksplit` blocks, so
+// ~120 blocks each issue all their weight loads at once (4 chunks × 2 rows × 16 B per thread). The
+// partial sums meet in a workspace in a fixed order (warps, then splits): deterministic, and a token's
+// logits do not depend on the other tokens of the call (MMA columns are independent, the split
+// depends only on the shape). For n <= 8 with a workspace, moe_route fuses the selection into the
+// same launch: the last block (ticket) adds the partials and one warp per token selects its top-k
+// (K rounds of a warp max over order-preserving 64-bit keys) — one kernel instead of two.
+// (The first version — 2 rows per block, CUDA-core FMAs, one block per token for the selection with
+// an O(E²) rank loop per thread — measured 62 µs at n = 1 on the H200, almost all of it the selection.)
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/ffn_device.cuh"
 #include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/gemm_kernels.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
 
 constexpr int kEmbedThreads = 256;
-constexpr int kRouterWarps = 8;  // warps per block: kRouterRowsPerBlock rows × kRouterSplit quarters
-constexpr int kRouterSplit = 4;  // warps sharing one expert row
-constexpr int kRouterRowsPerBlock = kRouterWarps / kRouterSplit;
-constexpr int kRouterTokens = 8;  // tokens per router_logits launch tile
-constexpr int kSelectThreads = 256;
-constexpr int64_t kMaxExperts = 4096;  // router_select keeps scores in shared memory
+constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxTopk = 64;
+
+constexpr int kRlWarps = 8;
+constexpr int kRlThreads = kRlWarps * 32;
+constexpr int kRlRows = 16;                           // experts per block (the MMA's M)
+constexpr int kRlTile = 8;                            // tokens per MMA (N)
+constexpr int kRlMaxTiles = 8;                        // tokens per pass: up to 64
+constexpr int kRlPassTokens = kRlTile * kRlMaxTiles;  // also the token stride of the partials
+constexpr int kRlChunk = 32;                          // K values per chunk (two k16 MMAs)
+constexpr int kRlChunksPerWarp = 4;                   // per split: all of a warp's weight loads in flight
+constexpr int kFuseMaxTokens = 8;
+constexpr int64_t kFuseMaxValues = 5120;  // n·E: score + biased rows in <= 40 KB of dynamic shared memory
+constexpr int kSelectMaxWarps = 8;
+constexpr int64_t kSelectSmemBytes = 48 * 1024;
 
 // One block per (token, slice of 8-value chunks). Out-of-range tokens give zero rows.
 __global__ void __launch_bounds__(kEmbedThreads) embed_gather_kernel(EmbedGatherArgs a) {
@@ -38,124 +61,325 @@ __global__ void __launch_bounds__(kEmbedThreads) embed_gather_kernel(EmbedGather
     a.pre_prev[t * a.hc + threadIdx.x] = threadIdx.x == 0 ? 1.0f : 0.0f;
 }
 
-// logits[t, e] for a tile of <= 8 tokens. A block holds 2 expert rows × 4 warps; the 4 warps of a row
-// take interleaved quarters of its 16-byte chunks (chunk ch goes to warp (ch / 32) % 4, lane ch % 32),
-// so 384 experts give 192 blocks (every SM streams the 3.9 MB gate). Each lane accumulates its chunks in
-// order (fp32 FMA: bf16·bf16 products are exact, so fma == mul + add), then a fixed butterfly per warp
-// and the 4 quarters added in order. Deterministic.
-__global__ void __launch_bounds__(kRouterWarps * 32)
-    router_logits_kernel(const float* x, const uint16_t* gate, int64_t d, int64_t n_experts, int nt, float* logits) {
-  __shared__ float quarter[kRouterRowsPerBlock][kRouterSplit][kRouterTokens];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = warp / kRouterSplit, q = warp % kRouterSplit;
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * kRouterRowsPerBlock + row;
-  const bool live = e < n_experts;
-  const uint4* w = reinterpret_cast<const uint4*>(gate + (live ? e : 0) * d);
-  const int64_t chunks = d / 8;
-  float acc[kRouterTokens];
-#pragma unroll
-  for (int t = 0; t < kRouterTokens; ++t) acc[t] = 0.0f;
-  for (int64_t ch = q * 32 + lane; ch < chunks; ch += 32 * kRouterSplit) {
-    const uint4 wv = __ldg(w + ch);
-    const float wf[8] = {detail::bf16_bits_to_float(wv.x & 0xFFFFu), detail::bf16_bits_to_float(wv.x >> 16),
-                         detail::bf16_bits_to_float(wv.y & 0xFFFFu), detail::bf16_bits_to_float(wv.y >> 16),
-                         detail::bf16_bits_to_float(wv.z & 0xFFFFu), detail::bf16_bits_to_float(wv.z >> 16),
-                         detail::bf16_bits_to_float(wv.w & 0xFFFFu), detail::bf16_bits_to_float(wv.w >> 16)};
-#pragma unroll
-    for (int t = 0; t < kRouterTokens; ++t) {
-      if (t < nt) {
-        const float4* xp = reinterpret_cast<const float4*>(x + t * d + ch * 8);
-        const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-        float s = acc[t];
-        s = fmaf(x0.x, wf[0], s);
-        s = fmaf(x0.y, wf[1], s);
-        s = fmaf(x0.z, wf[2], s);
-        s = fmaf(x0.w, wf[3], s);
-        s = fmaf(x1.x, wf[4], s);
-        s = fmaf(x1.y, wf[5], s);
-        s = fmaf(x1.z, wf[6], s);
-        s = fmaf(x1.w, wf[7], s);
-        acc[t] = s;
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kRouterTokens; ++t) {
-    const float s = detail::warp_sum(acc[t]);  // every lane holds the same sum (commutative butterfly)
-    if (lane == 0) quarter[row][q][t] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < kRouterRowsPerBlock * kRouterTokens) {
-    const int r = threadIdx.x / kRouterTokens, t = threadIdx.x % kRouterTokens;
-    const int64_t er = static_cast<int64_t>(blockIdx.x) * kRouterRowsPerBlock + r;
-    if (er < n_experts && t < nt) {
-      float s = quarter[r][0][t];
-      for (int qq = 1; qq < kRouterSplit; ++qq) s += quarter[r][qq][t];
-      logits[t * n_experts + er] = s;
-    }
-  }
-}
+// ---- selection helpers ----------------------------------------------------------------------------
 
 // torch softplus (beta 1, threshold 20) then sqrt, with the CPU's fp32 rounding steps.
 __device__ __forceinline__ float sqrt_softplus(float v) {
   return sqrtf(v > 20.0f ? v : detail::log1pf_cr(detail::expf_cr(v)));
 }
 
-// The CPU's SelectionOrder: does expert a come before expert b?
-__device__ __forceinline__ bool selected_before(float va, int64_t a, float vb, int64_t b) {
-  const bool na = isnan(va), nb = isnan(vb);
-  if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
-  return a < b;
+// Score of expert e for token t from its logit; the biased value (selection key) unless tid2eid routes.
+__device__ __forceinline__ void score_entry(const RouterArgs& a, int64_t t, int64_t e, float logit, float* score,
+                                            float* biased) {
+  const float s = sqrt_softplus(logit / a.gate_temp);
+  score[e] = s;
+  if (a.scores) a.scores[t * a.n_experts + e] = s;
+  if (a.tid2eid == nullptr) {
+    const bool image = a.is_image != nullptr && a.is_image[t] != 0;
+    biased[e] = s + (image ? a.bias_vl : a.bias)[e];
+  }
 }
 
-// One block per token: scores, biased values, rank of every expert under the strict total order
-// (rank < topk: selected at slot rank), then thread 0 forms the weights in slot order.
-__global__ void __launch_bounds__(kSelectThreads) router_select_kernel(RouterArgs a) {
-  extern __shared__ float smem[];
-  float* score = smem;                 // [E]
-  float* biased = smem + a.n_experts;  // [E]
-  __shared__ int32_t sel[kMaxTopk];
-  const int64_t t = blockIdx.x, E = a.n_experts, K = a.topk;
-  const bool image = a.is_image != nullptr && a.is_image[t] != 0;
-  const float* b = image ? a.bias_vl : a.bias;
-  for (int64_t e = threadIdx.x; e < E; e += kSelectThreads) {
-    const float s = sqrt_softplus(a.logits[t * E + e] / a.gate_temp);
-    score[e] = s;
-    if (a.scores) a.scores[t * E + e] = s;
-    if (a.tid2eid == nullptr) biased[e] = s + b[e];
+// A total order equal to the CPU's SelectionOrder (larger value first, NaN above every number, lower
+// id on ties; −0 == +0) as one unsigned key, larger = selected first. Keys of distinct experts differ.
+__device__ __forceinline__ uint64_t selection_key(float v, int64_t e) {
+  uint32_t ord = 0xFFFFFFFFu;  // every NaN
+  if (!isnan(v)) {
+    uint32_t b = __float_as_uint(v);
+    if ((b & 0x7FFFFFFFu) == 0) b = 0;  // −0 → +0
+    ord = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   }
-  __syncthreads();
+  return (static_cast<uint64_t>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(e));
+}
+
+// One warp selects token t's top-k from its scores / biased values (shared memory rows of n_experts)
+// and lane 0 writes the experts and weights. K rounds: every lane takes the largest of its keys below
+// the previous winner, then a warp max (two 32-bit redux steps: high word, then the low word among
+// the lanes holding the maximal high word). sel: per-warp shared scratch [kMaxTopk].
+__device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, const float* biased, int lane,
+                            int32_t* sel) {
+  const int64_t E = a.n_experts, K = a.topk;
   if (a.tid2eid != nullptr) {
     int64_t id = a.token_ids[t];
     id = id < 0 ? 0 : (id >= a.tid2eid_vocab ? a.tid2eid_vocab - 1 : id);
-    for (int64_t k = threadIdx.x; k < K; k += kSelectThreads) sel[k] = a.tid2eid[id * K + k];
+    for (int64_t k = lane; k < K; k += 32) sel[k] = a.tid2eid[id * K + k];
   } else {
-    for (int64_t e = threadIdx.x; e < E; e += kSelectThreads) {
-      const float v = biased[e];
-      int64_t rank = 0;
-      for (int64_t f = 0; f < E && rank < K; ++f) rank += selected_before(biased[f], f, v, e) ? 1 : 0;
-      if (rank < K) sel[rank] = static_cast<int32_t>(e);
+    uint64_t prev = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      uint64_t best = 0;  // below every real key (their low word is >= 0xFFFFF000)
+      for (int64_t e = lane; e < E; e += 32) {
+        const uint64_t key = selection_key(biased[e], e);
+        if ((k == 0 || key < prev) && key > best) best = key;
+      }
+      const uint32_t hi = static_cast<uint32_t>(best >> 32);
+      const uint32_t max_hi = __reduce_max_sync(detail::kFullMask, hi);
+      const uint32_t max_lo = __reduce_max_sync(detail::kFullMask, hi == max_hi ? static_cast<uint32_t>(best) : 0u);
+      prev = (static_cast<uint64_t>(max_hi) << 32) | max_lo;
+      if (lane == 0) sel[k] = static_cast<int32_t>(0xFFFFFFFFu - max_lo);
     }
   }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
+  __syncwarp();
+  if (lane != 0) return;
   // Weights in slot order, as route_tokens: w_k = s_k / (Σ + 1e-20) · route_scale (no contraction:
   // each step is one rounded operation).
-  float w[kMaxTopk];
   float sum = 0.0f;
   for (int64_t k = 0; k < K; ++k) {
     const int32_t e = sel[k];
-    w[k] = (e >= 0 && e < E) ? score[e] : 0.0f;
-    sum = __fadd_rn(sum, w[k]);
+    sum = __fadd_rn(sum, (e >= 0 && e < E) ? score[e] : 0.0f);
   }
   for (int64_t k = 0; k < K; ++k) {
-    float v = w[k];
+    const int32_t e = sel[k];
+    float v = (e >= 0 && e < E) ? score[e] : 0.0f;
     if (a.norm_topk_prob) v = v / __fadd_rn(sum, 1e-20f);
     v = __fmul_rn(v, a.route_scale);
-    a.experts[t * K + k] = sel[k];
+    a.experts[t * K + k] = e;
     a.weights[t * K + k] = v;
   }
+}
+
+// ---- logits ---------------------------------------------------------------------------------------
+
+// Σ_{z < ksplit} parts[i][z·stride] in split order (from 0.0f) for kN independent sums, loads issued
+// 8 splits × kN at a time (one L2 round trip per 8 splits instead of one per split).
+template <int kN>
+__device__ __forceinline__ void sum_splits(const float* const (&parts)[kN], int64_t stride, int ksplit,
+                                           float (&s)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) s[i] = 0.0f;
+  for (int z0 = 0; z0 < ksplit; z0 += 8) {
+    float v[kN][8];
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v[i][q] = __ldcg(parts[i] + static_cast<int64_t>(min(z0 + q, ksplit - 1)) * stride);
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        if (z0 + q < ksplit) s[i] += v[i][q];
+  }
+}
+
+struct RouterLogitsParams {
+  const float* x;  // [n, d] of this pass
+  const uint16_t* gate;
+  int64_t d, E;
+  int n;          // tokens of this pass (1..64; <= 8 when fused)
+  float* logits;  // [n, E] of this pass
+  int ksplit, chunks_per_split;
+  float* partials;     // [ksplit][kRlPassTokens][E]
+  unsigned* counters;  // [row tiles] per-tile tickets, then one ticket for the fused selection
+};
+
+template <int kTiles>
+constexpr int kRlUnroll = kTiles == 1 ? 4 : 2;
+
+// Block (x, y): experts [16x, 16x+16), K chunks of split y. kFuse: the last block of the grid adds the
+// partials of every (token, expert) and selects (dynamic shared memory: score and biased rows).
+template <int kTiles, bool kFuse>
+__global__ void __launch_bounds__(kRlThreads) router_logits_kernel(RouterLogitsParams p, RouterArgs a) {
+  constexpr int kTok = kTiles * kRlTile;
+  constexpr int kU = kRlUnroll<kTiles>;
+  __shared__ float partial[kRlWarps][kRlRows][kTok];
+  __shared__ int32_t sel[kFuse ? kFuseMaxTokens : 1][kMaxTopk];
+  __shared__ bool is_last;
+  detail::pdl_launch_dependents();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t E = p.E, d = p.d;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRlRows;
+  // Rows past E and tokens past n read row / token 0 (valid memory); their outputs are never written.
+  const int64_t r_lo = row0 + g < E ? row0 + g : 0;
+  const int64_t r_hi = row0 + g + 8 < E ? row0 + g + 8 : 0;
+  const uint16_t* w_lo = p.gate + r_lo * d + 8 * t;
+  const uint16_t* w_hi = p.gate + r_hi * d + 8 * t;
+  const float* x_tile[kTiles];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const int tok = i * kRlTile + g;
+    x_tile[i] = p.x + static_cast<int64_t>(tok < p.n ? tok : 0) * d + 8 * t;
+  }
+  const int n_chunks = static_cast<int>((d + kRlChunk - 1) / kRlChunk);
+  const int c_begin = static_cast<int>(blockIdx.y) * p.chunks_per_split;
+  const int c_end = min(n_chunks, c_begin + p.chunks_per_split);
+
+  float acc[kTiles][4];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  // Loads are unconditional (a chunk past the split reads the split's first chunk, then counts as
+  // zeros). ptxas interleaves loads with the MMAs (one chunk in flight at a time: 4 HBM round trips per
+  // warp instead of one), so every MMA is made to depend on all of the iteration's loads through the
+  // chunk mask, with a runtime condition that is never true (n < 0): all loads are issued up front.
+  // At one token tile the activations are loaded up front as well.
+  constexpr bool kXUpFront = kTiles == 1;
+  for (int c0 = c_begin + warp; c0 < c_end; c0 += kRlWarps * kU) {
+    uint4 wl[kU], wh[kU];
+    float4 xa[kXUpFront ? kU : 1][2];
+    bool ok[kU];
+    int64_t off[kU];
+    uint32_t dep = 0;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + u * kRlWarps;
+      ok[u] = c < c_end && static_cast<int64_t>(c) * kRlChunk + 8 * t < d;  // d % 8 == 0: 8 values all in or out
+      off[u] = static_cast<int64_t>(ok[u] ? c : c_begin) * kRlChunk;
+      wl[u] = __ldg(reinterpret_cast<const uint4*>(w_lo + off[u]));
+      wh[u] = __ldg(reinterpret_cast<const uint4*>(w_hi + off[u]));
+      dep ^= wl[u].x ^ wl[u].y ^ wl[u].z ^ wl[u].w ^ wh[u].x ^ wh[u].y ^ wh[u].z ^ wh[u].w;
+      if constexpr (kXUpFront) {
+        xa[u][0] = __ldg(reinterpret_cast<const float4*>(x_tile[0] + off[u]));
+        xa[u][1] = __ldg(reinterpret_cast<const float4*>(x_tile[0] + off[u] + 4));
+        dep ^= __float_as_uint(xa[u][0].x) ^ __float_as_uint(xa[u][1].w);
+      }
+    }
+    const uint32_t keep = (static_cast<uint32_t>(p.n < 0) & static_cast<uint32_t>(dep == 0)) ? 0u : 0xFFFFFFFFu;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const uint32_t m = ok[u] ? keep : 0u;  // zero weights and activations of a skipped chunk
+      const uint32_t a1[4] = {wl[u].x & m, wh[u].x & m, wl[u].y & m, wh[u].y & m};
+      const uint32_t a2[4] = {wl[u].z & m, wh[u].z & m, wl[u].w & m, wh[u].w & m};
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        float4 x0, x1;
+        if constexpr (kXUpFront) {
+          x0 = xa[u][0];
+          x1 = xa[u][1];
+        } else {
+          const float* xp = x_tile[i] + off[u];
+          x0 = __ldg(reinterpret_cast<const float4*>(xp));
+          x1 = __ldg(reinterpret_cast<const float4*>(xp + 4));
+        }
+        detail::mma_bf16_16816(a1, detail::pack_bf16x2_rn(x0.x, x0.y) & m, detail::pack_bf16x2_rn(x0.z, x0.w) & m,
+                               acc[i]);
+        detail::mma_bf16_16816(a2, detail::pack_bf16x2_rn(x1.x, x1.y) & m, detail::pack_bf16x2_rn(x1.z, x1.w) & m,
+                               acc[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const int tok0 = i * kRlTile + 2 * t;
+    partial[warp][g][tok0] = acc[i][0];
+    partial[warp][g][tok0 + 1] = acc[i][1];
+    partial[warp][g + 8][tok0] = acc[i][2];
+    partial[warp][g + 8][tok0 + 1] = acc[i][3];
+  }
+  __syncthreads();
+
+  // Thread outputs (row, tok) = (e / kTok, e % kTok), e = threadIdx.x + j·256: the warps in order.
+  constexpr int kOutputs = kRlRows * kTok;
+  constexpr int kPer = (kOutputs + kRlThreads - 1) / kRlThreads;
+  float sum[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int e = threadIdx.x + j * kRlThreads;
+    sum[j] = 0.0f;
+    if (e < kOutputs) {
+#pragma unroll
+      for (int w = 0; w < kRlWarps; ++w) sum[j] += partial[w][e / kTok][e % kTok];
+    }
+  }
+  auto writer = [&](int e) { return e < kOutputs && (e % kTok) < p.n && row0 + e / kTok < E; };
+  if (!kFuse && p.ksplit == 1) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int e = threadIdx.x + j * kRlThreads;
+      if (writer(e)) p.logits[static_cast<int64_t>(e % kTok) * E + row0 + e / kTok] = sum[j];
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int e = threadIdx.x + j * kRlThreads;
+    if (writer(e))
+      p.partials[(static_cast<int64_t>(blockIdx.y) * kRlPassTokens + e % kTok) * E + row0 + e / kTok] = sum[j];
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (kFuse)
+      is_last = atomicAdd(p.counters + gridDim.x, 1u) == gridDim.x * gridDim.y - 1;
+    else
+      is_last = atomicAdd(p.counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  if (!kFuse) {  // the last split of this row tile: Σ over splits in split order
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int e = threadIdx.x + j * kRlThreads;
+      if (writer(e)) {
+        const float* const base[1] = {p.partials + static_cast<int64_t>(e % kTok) * E + row0 + e / kTok};
+        float s[1];
+        sum_splits<1>(base, kRlPassTokens * E, p.ksplit, s);
+        p.logits[static_cast<int64_t>(e % kTok) * E + row0 + e / kTok] = s[0];
+      }
+    }
+    if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
+    return;
+  }
+  // Fused selection: every logit (same split order as above, so the same bits as the two-kernel path),
+  // its score and biased value, then one warp per token.
+  extern __shared__ float rows_smem[];
+  float* score = rows_smem;             // [n][E]
+  float* biased = rows_smem + p.n * E;  // [n][E]
+  constexpr int kGroup = 4;             // (token, expert) pairs per thread whose loads are in flight together
+  const int64_t pairs = p.n * E;
+  for (int64_t i0 = threadIdx.x; i0 < pairs; i0 += kGroup * kRlThreads) {
+    const float* base[kGroup];
+#pragma unroll
+    for (int q = 0; q < kGroup; ++q) {
+      const int64_t idx = min(i0 + q * kRlThreads, pairs - 1);
+      base[q] = p.partials + (idx / E) * E + idx % E;
+    }
+    float s[kGroup];
+    sum_splits<kGroup>(base, kRlPassTokens * E, p.ksplit, s);
+#pragma unroll
+    for (int q = 0; q < kGroup; ++q) {
+      const int64_t idx = i0 + q * kRlThreads;
+      if (idx >= pairs) break;
+      const int64_t tt = idx / E, e = idx % E;
+      p.logits[tt * E + e] = s[q];
+      score_entry(a, tt, e, s[q], score + tt * E, biased + tt * E);
+    }
+  }
+  __syncthreads();
+  if (warp < p.n) select_warp(a, warp, score + warp * E, biased + warp * E, lane, sel[warp]);
+  if (threadIdx.x == 0) p.counters[gridDim.x] = 0;
+}
+
+// One warp per token (warps_per_block tokens per block): scores of all experts into shared memory,
+// then select_warp.
+__global__ void __launch_bounds__(kSelectMaxWarps * 32) router_select_kernel(RouterArgs a, int warps_per_block) {
+  extern __shared__ float smem[];  // [warps_per_block][2][E]
+  __shared__ int32_t sel[kSelectMaxWarps][kMaxTopk];
+  detail::pdl_launch_dependents();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * warps_per_block + warp;
+  if (t >= a.n) return;  // whole warps: no block-wide barrier follows
+  const int64_t E = a.n_experts;
+  float* score = smem + static_cast<int64_t>(warp) * 2 * E;
+  float* biased = score + E;
+  for (int64_t e = lane; e < E; e += 32) score_entry(a, t, e, a.logits[t * E + e], score, biased);
+  __syncwarp();
+  select_warp(a, t, score, biased, lane, sel[warp]);
+}
+
+int64_t router_row_tiles(int64_t E) { return (E + kRlRows - 1) / kRlRows; }
+
+// K splits: ~4 chunks per warp and split (d = 5120: 5 splits × 24 row tiles = 120 blocks). Depends on
+// the shape only, so a token's logits are the same bits at every batch size.
+int router_ksplit(int64_t d) {
+  const int64_t chunks = (d + kRlChunk - 1) / kRlChunk;
+  const int64_t per_split = int64_t{kRlWarps} * kRlChunksPerWarp;
+  return static_cast<int>(std::clamp<int64_t>((chunks + per_split - 1) / per_split, 1, 64));
+}
+
+bool router_workspace_ok(const RouterArgs& a) {
+  const SplitKSize need = router_workspace_size(a.n_experts, a.d);
+  return a.splitk.partials != nullptr && a.splitk.counters != nullptr &&
+         a.splitk.partial_floats >= need.partial_floats && a.splitk.counter_count >= need.counters;
 }
 
 Status check_router(const RouterArgs& a, bool logits_stage) {
@@ -184,7 +408,35 @@ Status check_router(const RouterArgs& a, bool logits_stage) {
   return Status::Ok();
 }
 
+template <int kTiles, bool kFuse>
+Status launch_logits(const RouterLogitsParams& p, const RouterArgs& a, size_t smem, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(router_row_tiles(p.E)), static_cast<unsigned>(p.ksplit));
+  router_logits_kernel<kTiles, kFuse><<<grid, kRlThreads, smem, stream>>>(p, a);
+  return launch_status("router_logits_kernel");
+}
+
+RouterLogitsParams logits_params(const RouterArgs& a) {
+  RouterLogitsParams p{};
+  p.x = a.x;
+  p.gate = a.gate;
+  p.d = a.d;
+  p.E = a.n_experts;
+  p.logits = a.logits;
+  const bool ws = router_workspace_ok(a);
+  p.ksplit = ws ? router_ksplit(a.d) : 1;
+  const int n_chunks = static_cast<int>((a.d + kRlChunk - 1) / kRlChunk);
+  p.chunks_per_split = (n_chunks + p.ksplit - 1) / p.ksplit;
+  p.partials = a.splitk.partials;
+  p.counters = a.splitk.counters;
+  return p;
+}
+
 }  // namespace
+
+SplitKSize router_workspace_size(int64_t n_experts, int64_t d) {
+  if (n_experts <= 0 || d <= 0) return {};
+  return SplitKSize{router_ksplit(d) * kRlPassTokens * n_experts, router_row_tiles(n_experts) + 1};
+}
 
 Status embed_gather(const EmbedGatherArgs& a, cudaStream_t stream) {
   if (a.n < 0 || a.n > 65535 || a.d <= 0 || a.vocab <= 0 || a.hc <= 0 || a.hc > kEmbedThreads)
@@ -199,12 +451,34 @@ Status embed_gather(const EmbedGatherArgs& a, cudaStream_t stream) {
 
 Status router_logits(const RouterArgs& a, cudaStream_t stream) {
   CEDAR_RETURN_IF_ERROR(check_router(a, true));
-  const unsigned grid = static_cast<unsigned>((a.n_experts + kRouterRowsPerBlock - 1) / kRouterRowsPerBlock);
-  for (int64_t t0 = 0; t0 < a.n; t0 += kRouterTokens) {
-    const int nt = static_cast<int>(a.n - t0 < kRouterTokens ? a.n - t0 : kRouterTokens);
-    router_logits_kernel<<<grid, kRouterWarps * 32, 0, stream>>>(a.x + t0 * a.d, a.gate, a.d, a.n_experts, nt,
-                                                                 a.logits + t0 * a.n_experts);
-    CEDAR_RETURN_IF_ERROR(launch_status("router_logits_kernel"));
+  if (a.n == 0) return Status::Ok();
+  if (a.blas != nullptr && a.n > kRouterBlasMinTokens) {  // prefill: one cuBLASLt GEMM
+    DenseGemmArgs g;
+    g.type = DenseWeightType::BF16;
+    g.w = a.gate;
+    g.out = a.n_experts;
+    g.in = a.d;
+    g.x = a.x;
+    g.n = a.n;
+    g.y = a.logits;
+    g.bf16_output = false;
+    const Status s = dense_gemm(*a.blas, g, a.x_bf16, a.x_bf16_elems, stream);
+    if (!s.ok()) return s.error().with_context("cuda::router_logits");
+    return s;
+  }
+  RouterLogitsParams p = logits_params(a);
+  for (int64_t t0 = 0; t0 < a.n; t0 += kRlPassTokens) {
+    const int64_t nt = std::min<int64_t>(kRlPassTokens, a.n - t0);
+    RouterLogitsParams q = p;
+    q.x = a.x + t0 * a.d;
+    q.logits = a.logits + t0 * a.n_experts;
+    q.n = static_cast<int>(nt);
+    const int64_t tiles = (nt + kRlTile - 1) / kRlTile;
+    Status s = tiles <= 1   ? launch_logits<1, false>(q, a, 0, stream)
+               : tiles <= 2 ? launch_logits<2, false>(q, a, 0, stream)
+               : tiles <= 4 ? launch_logits<4, false>(q, a, 0, stream)
+                            : launch_logits<8, false>(q, a, 0, stream);
+    CEDAR_RETURN_IF_ERROR(s);
   }
   return Status::Ok();
 }
@@ -212,20 +486,31 @@ Status router_logits(const RouterArgs& a, cudaStream_t stream) {
 Status router_select(const RouterArgs& a, cudaStream_t stream) {
   CEDAR_RETURN_IF_ERROR(check_router(a, false));
   if (a.n == 0) return Status::Ok();
-  const size_t smem = static_cast<size_t>(2 * a.n_experts) * sizeof(float);
-  router_select_kernel<<<static_cast<unsigned>(a.n), kSelectThreads, smem, stream>>>(a);
+  const int64_t row_bytes = 2 * a.n_experts * static_cast<int64_t>(sizeof(float));
+  const int wpb = static_cast<int>(std::clamp<int64_t>(kSelectSmemBytes / row_bytes, 1, kSelectMaxWarps));
+  const unsigned grid = static_cast<unsigned>((a.n + wpb - 1) / wpb);
+  router_select_kernel<<<grid, wpb * 32, static_cast<size_t>(wpb * row_bytes), stream>>>(a, wpb);
   return launch_status("router_select_kernel");
+}
+
+bool moe_route_fused(const RouterArgs& a) {
+  return a.n >= 1 && a.n <= kFuseMaxTokens && a.n * a.n_experts <= kFuseMaxValues && router_workspace_ok(a);
 }
 
 Status moe_route(const RouterArgs& a, cudaStream_t stream) {
   CEDAR_RETURN_IF_ERROR(check_router(a, true));
   CEDAR_RETURN_IF_ERROR(check_router(a, false));
+  if (moe_route_fused(a)) {
+    RouterLogitsParams p = logits_params(a);
+    p.n = static_cast<int>(a.n);
+    return launch_logits<1, true>(p, a, static_cast<size_t>(2 * a.n * a.n_experts) * sizeof(float), stream);
+  }
   CEDAR_RETURN_IF_ERROR(router_logits(a, stream));
   return router_select(a, stream);
 }
 
 const void* embed_gather_kernel_ptr() { return reinterpret_cast<const void*>(&embed_gather_kernel); }
-const void* router_logits_kernel_ptr() { return reinterpret_cast<const void*>(&router_logits_kernel); }
+const void* router_logits_kernel_ptr() { return reinterpret_cast<const void*>(&router_logits_kernel<1, true>); }
 const void* router_select_kernel_ptr() { return reinterpret_cast<const void*>(&router_select_kernel); }
 
 }  // namespace cedar::cuda

@@ -33,6 +33,8 @@ namespace cedar::cuda {
 Status quantize_act_fp8_blocked(const float* x, int64_t n, int64_t in, int64_t act_block, uint16_t* codes,
                                 float* scales, cudaStream_t stream);
 
+class BlasContext;  // below
+
 // ---- block-scaled GEMM (prefill linear) -------------------------------------------------------
 struct QuantGemmArgs {
   QuantWeightView w;                    // FP8Block (block_out % 32 == 0) or MXFP4, [out, in], in % 32 == 0
@@ -46,6 +48,13 @@ struct QuantGemmArgs {
   // 0: automatic (quant_gemm_plan). Tests and benchmarks pin a tile height (32/64/128) or a split
   // count; a split needs the workspace (without it the override is an error).
   int force_tile_m = 0, force_splits = 0;
+  // cuBLASLt path ("FP8 / MXFP4 through bf16 cuBLASLt" below): with `blas` the weight (or w_bf16, the
+  // weight already dequantized by dequant_weight_bf16) and the activation values are taken as exact
+  // bf16 and multiplied by one cuBLASLt GEMM with fp32 accumulation; needs QuantGemmWorkspace::bf16.
+  // force_tile_m / force_splits do not apply.
+  BlasContext* blas = nullptr;
+  const uint16_t* w_bf16 = nullptr;    // [out, in] bf16 bits, or null (dequantized into the workspace)
+  const uint16_t* act_bf16 = nullptr;  // [m, in] quantize_act_bf16 output; then act_codes/scales are unused
 };
 
 // Split-K scratch for shapes whose tiles fill the GPU badly (e.g. wkv 512×5120 at 1k tokens). The
@@ -55,6 +64,8 @@ struct QuantGemmArgs {
 struct QuantGemmWorkspace {
   float* partials = nullptr;
   int64_t partial_floats = 0;
+  uint16_t* bf16 = nullptr;  // cuBLASLt path: quant_gemm_blas_elems() elements, 16-byte aligned
+  int64_t bf16_elems = 0;
 };
 // Floats of scratch quant_gemm would use for this shape (0: never split).
 int64_t quant_gemm_workspace_floats(const QuantWeightView& w, int64_t m);
@@ -85,8 +96,40 @@ struct SwigluGemmArgs {
   uint16_t* h_codes = nullptr;         // [m, inter]
   float* h_scales = nullptr;           // [m, inter / act_block]
   int force_tile_m = 0;                // 0: automatic
+  // cuBLASLt path: W1 and W3 as two exact-bf16 GEMMs (weights dequantized into bf16_scratch unless
+  // both *_bf16 are given) into fp32 g / u (gu_scratch), then the same SwiGLU + FP8 quantization as
+  // the tile kernel's epilogue. Sizes: swiglu_gemm_blas_sizes().
+  BlasContext* blas = nullptr;
+  const uint16_t* w1_bf16 = nullptr;
+  const uint16_t* w3_bf16 = nullptr;
+  uint16_t* bf16_scratch = nullptr;  // 16-byte aligned
+  int64_t bf16_scratch_elems = 0;
+  float* gu_scratch = nullptr;
+  int64_t gu_scratch_floats = 0;
 };
 Status swiglu_gemm(const SwigluGemmArgs& a, cudaStream_t stream);
+
+// ---- FP8 / MXFP4 through bf16 cuBLASLt (prefill) ----------------------------------------------
+// e4m3·2^k and e2m1·2^k (UE8M0 scales) are exactly bf16 values, and so are the FP8-quantized
+// activations q_a·s_a, so a bf16 GEMM with fp32 accumulation over the dequantized operands forms the
+// reference's exact products and differs from Σ_blocks (Σ q_a q_w)·s_a·s_w only in the fp32 summation
+// order (as split-K does; the quant_gemm tolerance covers it). The dense linears of a prefill chunk
+// run at cuBLAS's bf16 rate; the weight can be dequantized per call (scratch) or once and kept.
+// dequant_weight_bf16: out[r, k] = bf16(W[r, k]·2^(s−127)) — the reference's own dequantization
+// (core/numeric f32_to_bf16 of e4m3_to_f32·ue8m0_to_f32, bit for bit; e.g. wo_a, §2.3).
+Status dequant_weight_bf16(const QuantWeightView& w, uint16_t* out, cudaStream_t stream);
+// bf16(code·scale) of quantize_act_fp8(_blocked)'s output (exact). codes / out 16-byte aligned.
+Status act_codes_to_bf16(const uint16_t* codes, const float* scales, int64_t m, int64_t in, int64_t act_block,
+                         uint16_t* out, cudaStream_t stream);
+// quantize_act_fp8_blocked's recipe written as the dequantized bf16 values (the GEMM's B operand).
+Status quantize_act_bf16(const float* x, int64_t m, int64_t in, int64_t act_block, uint16_t* out, cudaStream_t stream);
+// Scratch of quant_gemm's cuBLASLt path: the dequantized weight (unless given) + the activations
+// (unless act_bf16 is given: pass m = 0).
+int64_t quant_gemm_blas_elems(const QuantWeightView& w, int64_t m, bool weight_given);
+struct SwigluBlasSizes {
+  int64_t bf16_elems = 0, floats = 0;
+};
+SwigluBlasSizes swiglu_gemm_blas_sizes(const QuantWeightView& w1, int64_t m, bool weights_given);
 
 // ---- routed experts (prefill MoE) ---------------------------------------------------------------
 // The router's top-k on the device: expert ids [n, topk] (int32) and routing weights [n, topk].

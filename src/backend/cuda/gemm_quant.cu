@@ -19,6 +19,8 @@ Status splitk_reduce(const float* partials, int splits, int64_t m, int64_t n, fl
                      cudaStream_t stream);
 const void* gemm_fp8_kernel_ptr();
 const void* gemm_mxfp4_kernel_ptr();
+Status quant_gemm_blas(const QuantGemmArgs& a, const QuantGemmWorkspace& ws, cudaStream_t stream);  // gemm_blas.cu
+Status swiglu_gemm_blas(const SwigluGemmArgs& a, cudaStream_t stream);
 }  // namespace gemm_detail
 
 namespace {
@@ -155,8 +157,10 @@ Status quant_gemm(const QuantGemmArgs& a, const QuantGemmWorkspace& ws, cudaStre
   if (ldy < a.w.out)
     return make_error("cuda::quant_gemm: ldy=" + std::to_string(ldy) + " < out=" + std::to_string(a.w.out));
   if (a.m == 0) return Status::Ok();
-  if (a.act_codes == nullptr || a.act_scales == nullptr || a.y == nullptr)
+  const bool bf16_acts = a.blas != nullptr && a.act_bf16 != nullptr;
+  if ((!bf16_acts && (a.act_codes == nullptr || a.act_scales == nullptr)) || a.y == nullptr)
     return make_error("cuda::quant_gemm: null activation or output pointer (m=" + std::to_string(a.m) + ")");
+  if (a.blas != nullptr) return gemm_detail::quant_gemm_blas(a, ws, stream);
 
   QuantGemmPlan plan = quant_gemm_plan(a.w, a.m, true);
   if (plan.splits > 1 && (ws.partials == nullptr || ws.partial_floats < plan.splits * a.m * a.w.out))
@@ -224,6 +228,7 @@ Status swiglu_gemm(const SwigluGemmArgs& a, cudaStream_t stream) {
   if (a.m == 0) return Status::Ok();
   if (a.act_codes == nullptr || a.act_scales == nullptr || a.h_codes == nullptr || a.h_scales == nullptr)
     return make_error("cuda::swiglu_gemm: null activation or output pointer (m=" + std::to_string(a.m) + ")");
+  if (a.blas != nullptr) return gemm_detail::swiglu_gemm_blas(a, stream);
   QuantGemmPlan plan = choose_plan((a.w1.out + 127) / 128, a.m, a.w1.in / 32, 0, false);
   if (a.force_tile_m != 0) {
     if (!gemm_detail::valid_tile_m(a.force_tile_m))
@@ -256,14 +261,21 @@ Status swiglu_gemm(const SwigluGemmArgs& a, cudaStream_t stream) {
   return gemm_detail::launch(p, plan.tile_m, (a.m + plan.tile_m - 1) / plan.tile_m, 1, stream);
 }
 
+const void* dequant_fp8_kernel_ptr();    // gemm_blas.cu
+const void* dequant_mxfp4_kernel_ptr();  // gemm_blas.cu
+
 std::vector<KernelInfo> gemm_kernel_catalog() {
   return {{"gemm_fp8_block", "FP8 block-scaled prefill GEMM, 256x128 tiles, exact f16 HMMA, per-32-K fp32 scaling"},
-          {"gemm_mxfp4", "MXFP4 prefill / grouped expert GEMM (e2m1 -> e4m3 exact), fused SwiGLU + FP8 quant"}};
+          {"gemm_mxfp4", "MXFP4 prefill / grouped expert GEMM (e2m1 -> e4m3 exact), fused SwiGLU + FP8 quant"},
+          {"dequant_fp8_bf16", "FP8 block-scaled weight -> exact bf16 (cuBLASLt prefill path, wo_a)"},
+          {"dequant_mxfp4_bf16", "MXFP4 weight -> exact bf16 (cuBLASLt prefill path)"}};
 }
 
 Status check_gemm_kernels_loadable() {
   const std::pair<const char*, const void*> kernels[] = {{"gemm_fp8_block", gemm_detail::gemm_fp8_kernel_ptr()},
-                                                         {"gemm_mxfp4", gemm_detail::gemm_mxfp4_kernel_ptr()}};
+                                                         {"gemm_mxfp4", gemm_detail::gemm_mxfp4_kernel_ptr()},
+                                                         {"dequant_fp8_bf16", dequant_fp8_kernel_ptr()},
+                                                         {"dequant_mxfp4_bf16", dequant_mxfp4_kernel_ptr()}};
   for (const auto& [name, ptr] : kernels) {
     cudaFuncAttributes attr{};
     if (cudaError_t err = cudaFuncGetAttributes(&attr, ptr); err != cudaSuccess)

@@ -9,7 +9,11 @@
 // K (chunk c goes to warp c % 8), each keeping 16 rows × 8·kTiles tokens of accumulators, and the
 // warps' partial sums are added in warp order. With few row tiles K is also split across blocks
 // (split-K, same ticket scheme as gemv.cu: deterministic and graph-replayable).
+// With w_fp8 (wo_a as stored: FP8 + UE8M0 32×32 scales) the weight is dequantized in registers to the
+// reference's bf16 values and the same MMAs run: bit-identical to gemv_bf16 on dequant_weight_bf16's
+// output, at half the weight bytes.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -17,6 +21,8 @@
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -32,6 +38,11 @@ constexpr int kBlocksPerSm = 4;  // for the split-K wave estimate (132 SMs on an
 
 struct Bf16Params {
   const uint16_t* w;
+  // FP8 weights (gemv_bf16 with w_fp8): e4m3 bytes [out, in] and UE8M0 scales [out/block_out, in/block_in]
+  const uint8_t* w8;
+  const uint8_t* w8_scales;
+  int64_t block_out, block_in, scale_cols, scale_group_stride;
+  int block_in_shift;  // log2(block_in)
   int64_t out, in;
   int64_t w_group_stride;
   const float* x;
@@ -63,8 +74,67 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 template <int kTiles>
 constexpr int kUnroll = kTiles >= 4 ? 1 : (kTiles == 2 ? 2 : 4);
 
+// ---- FP8 weights dequantized in registers ---------------------------------------------------------
+// The weight's bf16 values are the reference's bf16(e4m3·2^(s−127)) (dequant_weight_bf16, bit for
+// bit), so the MMAs below see exactly the operands gemv_bf16 sees on the dequantized weight: the
+// same sums in the same order, bit-identical results at half the bytes.
+//
+// Fast path (a chunk's 8 values of a row share one scale byte s; the check is per thread and chunk):
+// cvt e4m3x2 → f16x2 (exact; e4m3 subnormals are f16 normals), take each half's exponent and top 7
+// mantissa bits as a bf16 bit pattern (|h| >> 3: the value · 2^-112, sign copied), and one bf16x2
+// multiply by 2^(s−15) — exact while every result is a normal bf16, which holds for s in [20, 142]
+// (all scales of real weights). Zeros stay ±0. Otherwise (NaN codes 0x7F/0xFF, other scales) the
+// scalar formula of dequant_weight_bf16.
+
+// core/numeric.cpp f32_to_bf16 / e4m3_to_f32, bit for bit (as gemm_blas.cu).
+__device__ __forceinline__ uint32_t f32_bf16_bits(float v) {
+  const uint32_t b = __float_as_uint(v);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return ((b >> 16) & 0x8000u) | 0x7FC0u;
+  return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float e4m3_f32(uint32_t bits) {
+  const uint32_t sign = (bits & 0x80u) << 24, exp = (bits >> 3) & 0xFu, man = bits & 0x7u;
+  if (exp == 0xFu && man == 0x7u) return __uint_as_float(0x7FC00000u);
+  if (exp == 0) return __uint_as_float(sign | __float_as_uint(static_cast<float>(man) * 0x1p-9f));
+  return __uint_as_float(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+// Whether a chunk (16 bytes of two rows, scale bytes sl / sh) can take the fast path.
+__device__ __forceinline__ bool fp8_fast(uint2 lo, uint2 hi, uint32_t sl, uint32_t sh) {
+  const uint32_t nan = __vcmpeq4(lo.x & 0x7F7F7F7Fu, 0x7F7F7F7Fu) | __vcmpeq4(lo.y & 0x7F7F7F7Fu, 0x7F7F7F7Fu) |
+                       __vcmpeq4(hi.x & 0x7F7F7F7Fu, 0x7F7F7F7Fu) | __vcmpeq4(hi.y & 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+  return nan == 0u && sl - 20u <= 122u && sh - 20u <= 122u;  // s in [20, 142]
+}
+// Fast path: 4 e4m3 bytes (value order from the low byte) → two bf16x2 words, scale byte s.
+__device__ __forceinline__ void fp8x4_to_bf16_fast(uint32_t bytes, uint32_t s, uint32_t& lo, uint32_t& hi) {
+  const unsigned short m = static_cast<unsigned short>((s - 15u + 127u) << 7);  // bf16 2^(s−15)
+  const __nv_bfloat162 mul = __halves2bfloat162(__ushort_as_bfloat16(m), __ushort_as_bfloat16(m));
+  uint32_t w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((bytes >> (16 * i)) & 0xFFFFu), __NV_E4M3);
+    const uint32_t hh = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+    const uint32_t raw = ((hh & 0x7FFF7FFFu) >> 3) | (hh & 0x80008000u);  // each half: value · 2^-112 as bf16
+    const __nv_bfloat162 prod = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&raw), mul);
+    w[i] = *reinterpret_cast<const uint32_t*>(&prod);
+  }
+  lo = w[0];
+  hi = w[1];
+}
+// Any bytes and scale: dequant_weight_bf16's scalar formula.
+__device__ __forceinline__ void fp8x4_to_bf16_exact(uint32_t bytes, uint32_t s, uint32_t& lo, uint32_t& hi) {
+  const float sf = detail::ue8m0_to_float(s);
+  uint32_t v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = f32_bf16_bits(__fmul_rn(e4m3_f32((bytes >> (8 * i)) & 0xFFu), sf));
+  lo = v[0] | (v[1] << 16);
+  hi = v[2] | (v[3] << 16);
+}
+
 // Block (x, y, z): rows [16x, 16x+16) of group z, K chunks of split y; tokens [0, n) of this pass.
-template <int kTiles>
+// kFp8: the weight is FP8 + UE8M0 scales, dequantized in registers to the same bf16 values.
+template <int kTiles, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
   constexpr int kTok = kTiles * kTokensPerTile;
   constexpr int kU = kUnroll<kTiles>;
@@ -81,6 +151,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
   const uint16_t* wg = p.w + group * p.w_group_stride;
   const uint16_t* w_lo = wg + r_lo * p.in + 8 * t;
   const uint16_t* w_hi = wg + r_hi * p.in + 8 * t;
+  // FP8: bytes of rows g, g+8 and their scale rows (a chunk's 8 values share one scale: block_in % 32 == 0).
+  const uint8_t* w8g = kFp8 ? p.w8 + group * p.w_group_stride : nullptr;
+  const uint8_t* w8_lo = kFp8 ? w8g + r_lo * p.in + 8 * t : nullptr;
+  const uint8_t* w8_hi = kFp8 ? w8g + r_hi * p.in + 8 * t : nullptr;
+  const uint8_t* s8_lo =
+      kFp8 ? p.w8_scales + group * p.scale_group_stride + (r_lo / p.block_out) * p.scale_cols : nullptr;
+  const uint8_t* s8_hi =
+      kFp8 ? p.w8_scales + group * p.scale_group_stride + (r_hi / p.block_out) * p.scale_cols : nullptr;
   const float* x_tile[kTiles];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
@@ -94,19 +172,64 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
   float acc[kTiles][4];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  detail::pdl_launch_dependents();
+  if (c_begin + warp < c_end) {  // PDL: this warp's first weight chunk into L2 before waiting
+    const int64_t off = static_cast<int64_t>(c_begin + warp) * kChunk;
+    if constexpr (kFp8) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w8_lo + off));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w8_hi + off));
+    } else {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo + off));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi + off));
+    }
+  }
+  detail::pdl_wait();
 
   for (int c0 = c_begin + warp; c0 < c_end; c0 += kWarps * kU) {
     uint4 wl[kU], wh[kU];
     bool ok[kU];
+    if constexpr (kFp8) {
+      // All loads first (unconditional: a chunk past the range reads the range's first chunk and is
+      // zeroed); the conversions then depend on every load of the iteration, so they stay in flight.
+      uint2 bl[kU], bh[kU];
+      uint32_t sl[kU], sh[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int c = c0 + u * kWarps;
-      const int64_t k = static_cast<int64_t>(c) * kChunk + 8 * t;
-      ok[u] = c < c_end && k < p.in;  // in % 8 == 0: a thread's 8 values are all inside or all outside
-      wl[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(w_lo + static_cast<int64_t>(c) * kChunk))
-                    : make_uint4(0, 0, 0, 0);
-      wh[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(w_hi + static_cast<int64_t>(c) * kChunk))
-                    : make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < kU; ++u) {
+        const int c = c0 + u * kWarps;
+        const int64_t k = static_cast<int64_t>(c) * kChunk + 8 * t;
+        ok[u] = c < c_end && k < p.in;
+        const int64_t off = static_cast<int64_t>(ok[u] ? c : c_begin) * kChunk;
+        bl[u] = __ldg(reinterpret_cast<const uint2*>(w8_lo + off));
+        bh[u] = __ldg(reinterpret_cast<const uint2*>(w8_hi + off));
+        sl[u] = __ldg(s8_lo + ((off + 8 * t) >> p.block_in_shift));
+        sh[u] = __ldg(s8_hi + ((off + 8 * t) >> p.block_in_shift));
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (fp8_fast(bl[u], bh[u], sl[u], sh[u])) {
+          fp8x4_to_bf16_fast(bl[u].x, sl[u], wl[u].x, wl[u].y);
+          fp8x4_to_bf16_fast(bl[u].y, sl[u], wl[u].z, wl[u].w);
+          fp8x4_to_bf16_fast(bh[u].x, sh[u], wh[u].x, wh[u].y);
+          fp8x4_to_bf16_fast(bh[u].y, sh[u], wh[u].z, wh[u].w);
+        } else {
+          fp8x4_to_bf16_exact(bl[u].x, sl[u], wl[u].x, wl[u].y);
+          fp8x4_to_bf16_exact(bl[u].y, sl[u], wl[u].z, wl[u].w);
+          fp8x4_to_bf16_exact(bh[u].x, sh[u], wh[u].x, wh[u].y);
+          fp8x4_to_bf16_exact(bh[u].y, sh[u], wh[u].z, wh[u].w);
+        }
+        if (!ok[u]) wl[u] = wh[u] = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int c = c0 + u * kWarps;
+        const int64_t k = static_cast<int64_t>(c) * kChunk + 8 * t;
+        ok[u] = c < c_end && k < p.in;  // in % 8 == 0: a thread's 8 values are all inside or all outside
+        wl[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(w_lo + static_cast<int64_t>(c) * kChunk))
+                      : make_uint4(0, 0, 0, 0);
+        wh[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(w_hi + static_cast<int64_t>(c) * kChunk))
+                      : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -198,9 +321,11 @@ int64_t choose_ksplit(int64_t out, int64_t in, int64_t groups) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <int kTiles>
-Status launch(const Bf16Params& p, dim3 grid, cudaStream_t stream) {
-  gemv_bf16_kernel<kTiles><<<grid, kWarps * 32, 0, stream>>>(p);
-  return launch_status("gemv_bf16_kernel");
+Status launch(const Bf16Params& p, dim3 grid, cudaStream_t stream, bool pdl) {
+  if (p.w8 != nullptr)
+    return launch_kernel(gemv_bf16_kernel<kTiles, true>, grid, dim3(kWarps * 32), 0, stream, pdl,
+                         "gemv_bf16_kernel<fp8 weight>", p);
+  return launch_kernel(gemv_bf16_kernel<kTiles, false>, grid, dim3(kWarps * 32), 0, stream, pdl, "gemv_bf16_kernel", p);
 }
 
 }  // namespace
@@ -220,10 +345,29 @@ Status gemv_bf16(const Bf16GemvArgs& a, cudaStream_t stream, const SplitKWorkspa
   if (a.groups < 1 || a.groups > 65535) return fail("groups=" + std::to_string(a.groups) + " (1..65535)");
   if (a.n < 0) return fail("n=" + std::to_string(a.n));
   if (a.n == 0) return Status::Ok();
-  if (a.w == nullptr || a.x == nullptr || a.y == nullptr) return fail("null weight, input or output");
+  const bool fp8 = a.w_fp8 != nullptr;
+  if ((a.w == nullptr) == !fp8 || a.x == nullptr || a.y == nullptr)
+    return fail("exactly one of w / w_fp8, and x and y, are required");
   if (row_tiles(a.out) > 0x7FFFFFFF || a.in / kChunk > 0x3FFFFFFF) return fail("too large");
   Bf16Params p{};
-  p.w = a.w;
+  p.w = fp8 ? reinterpret_cast<const uint16_t*>(a.w_fp8) : a.w;  // unused by the FP8 kernel
+  if (fp8) {
+    if (a.w_scales == nullptr || a.block_out <= 0 || a.block_in < 32 || (a.block_in & (a.block_in - 1)) != 0)
+      return fail("FP8 weight needs scales and a power-of-two block_in >= 32 (block " + std::to_string(a.block_out) +
+                  "x" + std::to_string(a.block_in) + ")");
+    if (reinterpret_cast<uintptr_t>(a.w_fp8) % 8 != 0 || (a.w_group_stride != 0 && a.w_group_stride % 8 != 0))
+      return fail("FP8 weight must be 8-byte aligned with a group stride that is a multiple of 8 bytes");
+    if (a.groups > 1 && a.scale_group_stride == 0 && a.out % a.block_out != 0)
+      return fail("grouped FP8 weight: out % block_out != 0 needs an explicit scale_group_stride");
+    p.w8 = a.w_fp8;
+    p.w8_scales = a.w_scales;
+    p.block_out = a.block_out;
+    p.block_in = a.block_in;
+    while ((int64_t{1} << p.block_in_shift) < a.block_in) ++p.block_in_shift;
+    p.scale_cols = (a.in + a.block_in - 1) / a.block_in;
+    p.scale_group_stride =
+        a.scale_group_stride != 0 ? a.scale_group_stride : ((a.out + a.block_out - 1) / a.block_out) * p.scale_cols;
+  }
   p.out = a.out;
   p.in = a.in;
   p.w_group_stride = a.w_group_stride != 0 ? a.w_group_stride : a.out * a.in;
@@ -233,7 +377,7 @@ Status gemv_bf16(const Bf16GemvArgs& a, cudaStream_t stream, const SplitKWorkspa
   p.y = a.y;
   p.y_row_stride = a.y_row_stride != 0 ? a.y_row_stride : a.groups * a.out;
   p.y_group_stride = a.y_group_stride != 0 ? a.y_group_stride : a.out;
-  if (!aligned16(a.w) || p.w_group_stride % 8 != 0)
+  if (!fp8 && (!aligned16(a.w) || p.w_group_stride % 8 != 0))
     return fail("weight must be 16-byte aligned with a group stride that is a multiple of 8 elements");
   if (!aligned16(a.x) || p.x_row_stride % 4 != 0 || p.x_group_stride % 4 != 0)
     return fail("input must be 16-byte aligned with strides that are multiples of 4 floats");
@@ -258,10 +402,13 @@ Status gemv_bf16(const Bf16GemvArgs& a, cudaStream_t stream, const SplitKWorkspa
     q.y = a.y + t0 * p.y_row_stride;
     q.n = static_cast<int>(nt);
     const int64_t tiles = (nt + kTokensPerTile - 1) / kTokensPerTile;
-    Status s = tiles <= 1   ? launch<1>(q, grid, stream)
-               : tiles <= 2 ? launch<2>(q, grid, stream)
-               : tiles <= 4 ? launch<4>(q, grid, stream)
-                            : launch<8>(q, grid, stream);
+    // Passes of one call write disjoint rows and share the split-K workspace only in stream order
+    // (the wait precedes every workspace access), so each may take PDL.
+    const bool pdl = a.programmatic_launch;
+    Status s = tiles <= 1   ? launch<1>(q, grid, stream, pdl)
+               : tiles <= 2 ? launch<2>(q, grid, stream, pdl)
+               : tiles <= 4 ? launch<4>(q, grid, stream, pdl)
+                            : launch<8>(q, grid, stream, pdl);
     CEDAR_RETURN_IF_ERROR(s);
   }
   return Status::Ok();
@@ -269,5 +416,6 @@ Status gemv_bf16(const Bf16GemvArgs& a, cudaStream_t stream, const SplitKWorkspa
 
 // For the catalog's loadability check.
 const void* gemv_bf16_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_bf16_kernel<1>); }
+const void* gemv_fp8w_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_bf16_kernel<1, true>); }
 
 }  // namespace cedar::cuda

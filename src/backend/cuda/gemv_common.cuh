@@ -32,6 +32,7 @@ struct GemvOperands {
   const uint16_t* act;      // [n_tile, in] e4m3 codes as f16
   const float* act_scales;  // [n_tile, in/32]
   float* y;                 // [n_tile, out]
+  int64_t out = 0;          // rows of this matrix (gemv_quantized_multi); 0: the launch's out
 };
 
 // d += A·B, m16n8k16, f16 × f16 → f32 (native HMMA on sm_80+; products of e4m3 values are exact).

@@ -19,15 +19,19 @@ namespace cedar::cuda {
 // ---- RMSNorm ----------------------------------------------------------------------------------
 // y[r] = bf16(weight ⊙ (x[r] · rsqrt(mean(x[r]²) + eps))) for `rows` rows of `dim`; weight may be null
 // (unweighted). y may alias x.
+// programmatic_launch (here and below): launched with programmatic stream serialization (PDL, see
+// launch.h): the kernel may start while the previous one finishes and waits for it before reading
+// its inputs; GEMVs prefetch their first weight lines into L2 before waiting. Same results.
 Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* y,
-                cudaStream_t stream);
+                cudaStream_t stream, bool programmatic_launch = false);
 
 // ---- FP8 activation quantization (§3.1) --------------------------------------------------------
 // Per token, per block of 32 channels: amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)) (UE8M0),
 // codes = e4m3_RNE(clamp(x/s, ±448)). x [n, in] (in % 32 == 0) → codes [n, in], each e4m3 code stored
 // as its exact f16 value (bits; the GEMV's MMA operand), scales [n, in/32] (the power of two s as
 // fp32). Bit-exact with cedar::quantize_act_block32.
-Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream);
+Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream,
+                        bool programmatic_launch = false);
 
 // ---- block-scaled GEMV / skinny GEMM ----------------------------------------------------------
 // A linear layer's weight in device memory (logical [out, in], in % 32 == 0).
@@ -59,7 +63,8 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
 // bf16_output rounds y to bf16 (what the reference's linear() returns). Any n ≥ 1 (tiles of 8 tokens).
 // Deterministic: split-K partials are added in a fixed order.
 Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
+                      bool programmatic_launch = false);
 
 // Several matrices of one shape and format in one launch (grid.z): e.g. the w1/w3 of a token's routed
 // experts (12 × 2304×5120 MXFP4 for top-6), whose per-matrix launches would each pay the fixed
@@ -73,7 +78,18 @@ struct GemvGroupItem {
   float* y = nullptr;
 };
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {});
+                              bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
+                              bool programmatic_launch = false);
+
+// Matrices of one format, `in` and FP8 block but different heights (`out`) that read the same kind of
+// input, in one launch: e.g. wq_a [1280, 5120] and wkv [512, 5120] of the attention input (one fixed
+// kernel latency instead of two). Item i: y_i [n, mats[i].out] = W_i · act_i, as gemv_quantized
+// computes it (a split-K plan chosen for all row tiles together, so the bits may differ from separate
+// calls by the K split, within the GEMV's summation bound). mats[i].data / scales are ignored (items').
+SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t count);
+Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
+                            bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
+                            bool programmatic_launch = false);
 
 // Workspace for linear_quantized: codes [n·in] f16 + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {
@@ -84,17 +100,22 @@ struct ActWorkspace {
 };
 // quantize_act_fp8 + gemv_quantized: the FP8 / MXFP4 `linear()` of the reference (cpu::linear).
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
-                        bool bf16_output, cudaStream_t stream);
+                        bool bf16_output, cudaStream_t stream, bool programmatic_launch = false);
 
 // ---- fused single-pass mHC (§3.3) -------------------------------------------------------------
 // One kernel per mHC site and step, for n tokens with hc = 4 streams of width d (d % 32 == 0):
 //   1. X_new = expand(y, X, post, comb)      (skipped when y is null: X_new = X)
 //   2. collapsed = collapse(X_new, collapse_w) (skipped when collapse_w is null)
-//   3. mix_out = H(X_new; fn, base, scale)    (coefficients + Sinkhorn of the next site)
+//   3. mix_out = H(X_new; fn, base, scale)    (coefficients + Sinkhorn of the next site; skipped when
+//                                              fn is null: the final collapse, the expand before Engram)
 // i.e. the expand of one sublayer, the input of the next sublayer (single pass: it uses the previous
 // site's pre) and the next site's coefficients, in one pass over the streams and fn. Expand and
 // collapse reproduce model/mhc.h bit-exactly (same products and sums in the same order, no FMA
 // contraction); H sums in a different (blocked, deterministic) order.
+//
+// Decode can take H off the critical path: call it once with fn = null (expand + collapse: the
+// sublayer's input is ready after one short kernel) and once with y = collapse_w = null (H only) on a
+// forked graph branch that joins before the next site — H then overlaps the sublayer.
 struct MhcFusedArgs {
   int64_t n = 1, hc = 4, d = 0;
   const float* X = nullptr;           // [n, hc, d]
@@ -104,20 +125,37 @@ struct MhcFusedArgs {
   float* X_out = nullptr;             // [n, hc, d] (may alias X)
   const float* collapse_w = nullptr;  // [n, hc] or null
   float* collapsed = nullptr;         // [n, d]
-  const float* fn = nullptr;          // [(2+hc)*hc, hc*d]
+  const float* fn = nullptr;          // [(2+hc)*hc, hc*d], or null (no coefficients)
   const float* base = nullptr;        // [(2+hc)*hc]
   const float* scale = nullptr;       // [3]
   int64_t sinkhorn_iters = 20;
   float hc_eps = 1e-6f, norm_eps = 1e-20f;
   float* mix_out = nullptr;           // [n, 2hc + hc*hc]: pre[hc], post[hc], comb[hc*hc]
+  // Row strides in floats between consecutive tokens (0: packed, i.e. hc, hc*hc, hc, (2+hc)*hc).
+  // post / comb / collapse_w may point into the previous site's mix_out rows (collapse_w = mix,
+  // post = mix + hc, comb = mix + 2hc, all with stride (2+hc)*hc): no copies between sites.
+  int64_t post_stride = 0, comb_stride = 0, collapse_w_stride = 0, mix_stride = 0;
+  // Launch with programmatic stream serialization (PDL): the kernel starts and streams fn while the
+  // previous kernel finishes, and waits for it (griddepcontrol.wait) before reading X, y or the
+  // coefficients. Inside a graph this becomes a programmatic edge.
+  bool programmatic_launch = false;
 };
-// Device scratch of the cross-block reduction; counter must be zero before the first call (the
-// kernel resets it, so the same workspace can be replayed in a CUDA graph).
+// Device scratch of the cross-block reduction; counters must be zero before the first call (the
+// kernels reset them, so the same workspace can be replayed in a CUDA graph).
+//   legacy (partial_floats == 0): `partials` holds the old contract's min(n, 8)·25·(d/32) floats and
+//     one counter; token tiles of 8 run one launch after another.
+//   sized (partial_floats = mhc_workspace_floats(n, d), counter_count = mhc_workspace_counters(n)):
+//     every tile of a decode batch in one launch, and n >= kMhcStreamMinTokens on the streaming
+//     (prefill) path.
 struct MhcWorkspace {
-  float* partials = nullptr;     // mhc_workspace_floats(n, d) floats
-  unsigned* counter = nullptr;   // one zero-initialized unsigned
+  float* partials = nullptr;
+  unsigned* counter = nullptr;
+  int64_t partial_floats = 0;
+  int64_t counter_count = 1;
 };
+constexpr int64_t kMhcStreamMinTokens = 128;
 int64_t mhc_workspace_floats(int64_t n, int64_t d);
+int64_t mhc_workspace_counters(int64_t n);
 Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream);
 
 // ---- device copy bandwidth (the roofline reference) --------------------------------------------

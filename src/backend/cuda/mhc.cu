@@ -1,527 +1,558 @@
-// Fused single-pass mHC kernel (§3.3): expand + collapse + the next site's coefficients (RMS-scaled
-// GEMV with fn, sigmoid/softmax, Sinkhorn) in one launch.
+// Fused single-pass mHC (§3.3): expand + collapse + the next site's coefficients (RMS-scaled GEMV
+// with fn, sigmoid/softmax, Sinkhorn) — kernels.h mhc_fused. Three paths:
 //
-// Each block owns 32 channels of every stream (128 threads: warp k = stream k, lane = channel), so
-// expand and collapse are channel-local. H needs a reduction over all hc·d channels: each block
-// writes its partial dot products (24 + the sum of squares, per token) to a workspace slot, and the
-// last block to finish (atomic ticket, threadfence-reduction pattern) sums the slots in block order —
-// deterministic — and runs the Sinkhorn: one warp per two tokens, lane = entry (j, k) of the 4×4
-// matrix, sums gathered in index order to round as the CPU oracle does.
-#include <cooperative_groups.h>
-
+// * Decode (n < kMhcStreamMinTokens): a latency problem (2.2 MB at n = 1). Block = 64 channels of
+//   all 4 streams (thread = stream × channel, 80 blocks at d = 5120). Every load — fn first (a weight,
+//   before griddepcontrol.wait under PDL), then X, y and the per-token coefficients — is issued at the
+//   start: one memory round trip. The 25 per-token sums are reduced in the block (reduce-scatter
+//   butterfly, warps in order), written to the workspace, and the last block (ticket) adds the blocks'
+//   sums in block order and runs the coefficients + Sinkhorn with one thread per token in registers.
+//   X_out / collapsed are stored after the ticket, off the critical path. All token tiles of a batch
+//   run in one launch when the workspace has a counter per tile. (The first version: 160 blocks, X
+//   staged through shared memory, coefficients loaded after two barriers, the X_out stores before the
+//   threadfence, the last block's 4000 partials read with dependent loads, a warp-per-two-tokens
+//   Sinkhorn with shuffles and divisions: 12.8 µs at n = 1 on the H200, tiles one launch each.)
+// * Streaming (prefill, n >= kMhcStreamMinTokens): bandwidth-bound (X read + written, ~200 KB per
+//   token). Block = 64 tokens × a channel range (split), chunks of 32 channels × 4 streams: X and y
+//   are streamed, expanded, collapsed and stored; X_new goes to shared memory [value][token] and the
+//   fn chunk to [value][24] (one broadcast float4 per 4 rows), and lane = token (two tokens per lane)
+//   accumulates its 25 sums with FMAs. Per split, the warps' sums are added in order into
+//   partials[split][token][25]; a second kernel adds the splits in order and finishes each token.
+// * fn == null: expand and/or collapse only (elementwise, any n).
+//
+// Expand and collapse are bit-exact with model/mhc.h in every path (mhc_common.cuh); the coefficients
+// are summed in fixed blocked orders (deterministic, ~1e-6 relative from the CPU's sequential sums).
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mhc_common.cuh"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
 
-constexpr int kHc = 4;
-constexpr int kMix = (2 + kHc) * kHc;  // 24
-constexpr int kSlot = kMix + 1;        // 24 dot products + the sum of squares
-constexpr int kChannels = 32;          // per block
-constexpr int kThreads = kHc * kChannels;
-constexpr int kMaxTokens = 8;          // tokens per launch (the host loops over tiles)
+using namespace mhc_detail;
 
-struct MhcKernelArgs {
-  MhcFusedArgs a;
-  float* partials;  // [n][kSlot][gridDim.x]
-  unsigned* counter;
+// ---- decode ------------------------------------------------------------------------------------
+
+constexpr int kDecThreads = 256;
+constexpr int kDecChannels = 64;                  // per block, of all 4 streams: thread = (stream warp/2, channel)
+constexpr int kCoef = 2 * kHc + kHc * kHc + kHc;  // per token in shared memory: post[4], comb[16], cw[4]
+
+struct MhcDecodeParams {
+  MhcFusedArgs a;      // strides resolved
+  float* partials;     // [tile][kMaxTokens·kSlot][blocks] (one tile per launch: tile 0 only)
+  unsigned* counters;  // [tiles of the launch]
+  int64_t tile0;       // first token tile of this launch
 };
 
-__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+int64_t decode_blocks(int64_t d) { return (d + kDecChannels - 1) / kDecChannels; }
 
-// Sum of the 4 values held by lanes base, base+stride, base+2·stride, base+3·stride, in that order.
-__device__ __forceinline__ float ordered_sum4(float v, int base, int stride) {
-  const float v0 = __shfl_sync(detail::kFullMask, v, base);
-  const float v1 = __shfl_sync(detail::kFullMask, v, base + stride);
-  const float v2 = __shfl_sync(detail::kFullMask, v, base + 2 * stride);
-  const float v3 = __shfl_sync(detail::kFullMask, v, base + 3 * stride);
-  return __fadd_rn(__fadd_rn(__fadd_rn(v0, v1), v2), v3);
+// v[k] for a runtime k without a local-memory array.
+__device__ __forceinline__ float pick(const float (&v)[kHc], int k) {
+  return k == 0 ? v[0] : (k == 1 ? v[1] : (k == 2 ? v[2] : v[3]));
 }
 
-__device__ __forceinline__ float ordered_max4(float v, int base, int stride) {
-  float m = __shfl_sync(detail::kFullMask, v, base);
-  for (int i = 1; i < 4; ++i) m = fmaxf(m, __shfl_sync(detail::kFullMask, v, base + i * stride));
-  return m;
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
 }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Coefficients of one token from its reduced m (unscaled dot products) and sum of squares; `lane16`
-// is the entry (j = lane16/4, k = lane16%4) this lane owns. All 32 lanes call it (two tokens per warp).
-__device__ void finish_token(const MhcFusedArgs& a, int tok, const float* m_raw, float ss, int lane16, bool active) {
-  const int half = (threadIdx.x & 31) & 16;  // lane offset of this token's 16 lanes
-  const int j = lane16 >> 2, k = lane16 & 3;
-  const float width = static_cast<float>(kHc * a.d);
-  const float rstd = 1.0f / sqrtf(ss / width + a.norm_eps);
-  const float eps = a.hc_eps;
-  float* out = a.mix_out + static_cast<int64_t>(tok) * kMix;
-  // pre (j == 0) and post (j == 1) lanes.
-  if (active && j == 0) out[k] = sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m_raw[k], rstd), a.scale[0]), a.base[k])) + eps;
-  if (active && j == 1)
-    out[kHc + k] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m_raw[kHc + k], rstd), a.scale[1]), a.base[kHc + k]));
-  // comb: softmax over k of row j, + eps, then column / row normalizations.
-  const int idx = 2 * kHc + j * kHc + k;
-  float c = __fadd_rn(__fmul_rn(__fmul_rn(m_raw[idx], rstd), a.scale[2]), a.base[idx]);
-  const int row_base = half + j * kHc, col_base = half + k;
-  const float mx = ordered_max4(c, row_base, 1);
-  c = expf(c - mx);
-  const float sum = ordered_sum4(c, row_base, 1);
-  c = __fadd_rn(c / sum, eps);
-  c = c / __fadd_rn(ordered_sum4(c, col_base, kHc), eps);
-  for (int64_t it = 1; it < a.sinkhorn_iters; ++it) {
-    c = c / __fadd_rn(ordered_sum4(c, row_base, 1), eps);
-    c = c / __fadd_rn(ordered_sum4(c, col_base, kHc), eps);
-  }
-  if (active) out[2 * kHc + j * kHc + k] = c;
-}
-
-__global__ void __launch_bounds__(kThreads) mhc_fused_kernel(MhcKernelArgs args) {
-  const MhcFusedArgs& a = args.a;
-  __shared__ float xs[kMaxTokens][kHc][kChannels];
-  __shared__ float xn[kMaxTokens][kHc][kChannels];
-  __shared__ float red[kMaxTokens][kHc][kSlot];
+__global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams p) {
+  const MhcFusedArgs& a = p.a;
+  __shared__ float coef[kMaxTokens][kCoef];
+  __shared__ float red[kMaxTokens][kDecThreads / 32][kSlot];
+  __shared__ float m_all[kMaxTokens][kSlot];
+  __shared__ float own[kMaxTokens][kDecThreads];
   __shared__ bool is_last;
-  const int k = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + lane;
-  const int64_t d = a.d, width = kHc * a.d;
-  const int n = static_cast<int>(a.n);
+  detail::pdl_launch_dependents();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int k = warp >> 1;  // this thread's stream
+  const int64_t d = a.d, width = kHc * d;
+  const int64_t c_raw = static_cast<int64_t>(blockIdx.x) * kDecChannels + (warp & 1) * 32 + lane;
+  const bool cv = c_raw < d;  // the last block may own 32 channels only
+  const int64_t c = cv ? c_raw : d - 1;
+  const int64_t t0 = (p.tile0 + blockIdx.y) * kMaxTokens;
+  const int nt = static_cast<int>(a.n - t0 < kMaxTokens ? a.n - t0 : kMaxTokens);
+  const int64_t G = gridDim.x;
 
-  // fn does not depend on X: its loads go first so their latency overlaps the expand.
+  // fn is a weight (independent of the previous kernel): first, before the PDL wait.
   float fw[kMix];
 #pragma unroll
-  for (int i = 0; i < kMix; ++i) fw[i] = __ldg(a.fn + i * width + k * d + c);
-  // Stage X (every thread reads its own (stream, channel) for each token) so X_out may alias X.
-  for (int t = 0; t < n; ++t) xs[t][k][lane] = a.X[t * width + k * d + c];
-  __syncthreads();
-  for (int t = 0; t < n; ++t) {
-    float v = xs[t][k][lane];
-    if (a.y) {  // X'_k = bf16(post_k·y + Σ_j comb[j,k]·X_j), sums in stream order, no contraction
-      const float* cb = a.comb + t * kHc * kHc;
-      float mixed = __fmul_rn(cb[k], xs[t][0][lane]);
-      for (int jj = 1; jj < kHc; ++jj) mixed = __fadd_rn(mixed, __fmul_rn(cb[jj * kHc + k], xs[t][jj][lane]));
-      v = detail::round_bf16(__fadd_rn(__fmul_rn(a.post[t * kHc + k], a.y[t * d + c]), mixed));
-      a.X_out[t * width + k * d + c] = v;
-    }
-    xn[t][k][lane] = v;
+  for (int i = 0; i < kMix; ++i) fw[i] = cv ? __ldg(a.fn + i * width + k * d + c) : 0.0f;
+  detail::pdl_wait();
+  // X of all 4 streams (this channel) and y for the tile's tokens; tokens past n read token t0.
+  float xv[kMaxTokens][kHc], yv[kMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kMaxTokens; ++t) {
+    const int64_t tok = t0 + (t < nt ? t : 0);
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) xv[t][j] = a.X[tok * width + j * d + c];
+    yv[t] = a.y ? a.y[tok * d + c] : 0.0f;
+  }
+  if (tid < nt * kCoef) {
+    const int t = tid / kCoef, q = tid % kCoef;
+    const int64_t tok = t0 + t;
+    float v = 0.0f;
+    if (q < kHc)
+      v = a.y ? a.post[tok * a.post_stride + q] : 0.0f;
+    else if (q < kHc + kHc * kHc)
+      v = a.y ? a.comb[tok * a.comb_stride + (q - kHc)] : 0.0f;
+    else
+      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (q - kHc - kHc * kHc)] : 0.0f;
+    coef[t][q] = v;
   }
   __syncthreads();
-  if (a.collapse_w && k == 0) {
-    for (int t = 0; t < n; ++t) {
-      const float* w = a.collapse_w + t * kHc;
-      float acc = __fmul_rn(w[0], xn[t][0][lane]);
-      for (int kk = 1; kk < kHc; ++kk) acc = __fadd_rn(acc, __fmul_rn(w[kk], xn[t][kk][lane]));
-      a.collapsed[t * d + c] = detail::round_bf16(acc);
+
+  float xn[kMaxTokens][kHc];  // X_new of this channel, all streams
+#pragma unroll
+  for (int t = 0; t < kMaxTokens; ++t) {
+    if (a.y) {
+      expand_channel(xv[t], yv[t], coef[t], coef[t] + kHc, xn[t]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) xn[t][j] = xv[t][j];
     }
   }
-  // Partial dot products of this block's 128 channels with the 24 rows of fn (loaded at the top), per token.
-  // The warp's 32 lanes reduce their 25 values (24 products + the square, padded to 32) with a
-  // reduce-scatter butterfly: 31 shuffles instead of 25 × 5, and lane i ends with the sum of value i
-  // (a fixed order: deterministic).
-  for (int t = 0; t < n; ++t) {
-    const float x = xn[t][k][lane];
+  // Per token: 24 products with fn and the square of this thread's X_new value, reduced over the warp
+  // (lane i ends with value i), then the block's 8 warps in order. (The thread's own values go through
+  // shared memory so the token loop can stay rolled: unrolled 8 times, the butterfly's 32-value array
+  // would end up in local memory.)
+#pragma unroll
+  for (int t = 0; t < kMaxTokens; ++t) own[t][tid] = cv ? pick(xn[t], k) : 0.0f;
+#pragma unroll 1
+  for (int t = 0; t < nt; ++t) {
+    const float x = own[t][tid];
     float v[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = i < kMix ? fw[i] * x : (i == kMix ? x * x : 0.0f);
-#pragma unroll
-    for (int half = 16; half >= 1; half >>= 1) {
-      const bool upper = (lane & half) != 0;
-#pragma unroll
-      for (int i = 0; i < half; ++i) {
-        const float keep = upper ? v[i + half] : v[i];
-        const float send = upper ? v[i] : v[i + half];
-        v[i] = keep + __shfl_xor_sync(detail::kFullMask, send, half);
-      }
-    }
-    if (lane < kSlot) red[t][k][lane] = v[0];
+    warp_reduce_scatter32(v, lane);
+    if (lane < kSlot) red[t][warp][lane] = v[0];
   }
   __syncthreads();
-  const int64_t blocks = gridDim.x;
-  for (int e = threadIdx.x; e < n * kSlot; e += kThreads) {
-    const int t = e / kSlot, i = e % kSlot;
-    const float s = ((red[t][0][i] + red[t][1][i]) + red[t][2][i]) + red[t][3][i];
-    args.partials[(static_cast<int64_t>(t) * kSlot + i) * blocks + blockIdx.x] = s;
+  float* part = p.partials + static_cast<int64_t>(blockIdx.y) * kMaxTokens * kSlot * G;
+  if (tid < nt * kSlot) {
+    const int t = tid / kSlot, i = tid % kSlot;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecThreads / 32; ++w) s += red[t][w][i];
+    part[static_cast<int64_t>(t * kSlot + i) * G + blockIdx.x] = s;
   }
-  // Last block: reduce the slots in block order and finish every token.
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(args.counter, 1u) == gridDim.x - 1;
+  if (tid == 0) is_last = atomicAdd(p.counters + blockIdx.y, 1u) == static_cast<unsigned>(G - 1);
   __syncthreads();
+  // X_out / collapsed after the ticket: their stores do not delay the fence above.
+  if (cv) {
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+      if (t >= nt) break;
+      const int64_t tok = t0 + t;
+      if (a.y) a.X_out[tok * width + k * d + c] = own[t][tid];
+      if (a.collapse_w && k == 0) a.collapsed[tok * d + c] = collapse_channel(xn[t], coef[t] + kHc + kHc * kHc);
+    }
+  }
   if (!is_last) return;
   __threadfence();
-  __shared__ float m_all[kMaxTokens][kSlot];
-  // Warp-per-slot sums, kPer slots per warp at once (independent loads in flight); lanes stride the
-  // blocks, then a fixed shuffle tree: the order is fixed, so the result is deterministic.
-  constexpr int kPer = 8;
-  const int total = n * kSlot;
-  for (int e0 = (threadIdx.x >> 5) * kPer; e0 < total; e0 += (kThreads / 32) * kPer) {
-    float s[kPer];
+  // Σ over the blocks in block order per (token, slot): warp w takes slots w, w+8, ...; lane l the
+  // blocks l, l+32, l+64, ... (sequentially), then a fixed butterfly. 4 slots' loads in flight per lane.
+  const int slots = nt * kSlot;
+  for (int s0 = warp * 4; s0 < slots; s0 += (kDecThreads / 32) * 4) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b = lane; b < G; b += 32) {
+      float v[4];
 #pragma unroll
-    for (int q = 0; q < kPer; ++q) s[q] = 0.0f;
-    for (int64_t b = lane; b < blocks; b += 32) {
+      for (int q = 0; q < 4; ++q) v[q] = __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b);
 #pragma unroll
-      for (int q = 0; q < kPer; ++q)
-        if (e0 + q < total) s[q] += __ldcg(args.partials + static_cast<int64_t>(e0 + q) * blocks + b);
+      for (int q = 0; q < 4; ++q) acc[q] += v[q];
     }
 #pragma unroll
-    for (int q = 0; q < kPer; ++q) {
-      const float v = detail::warp_sum(s[q]);
-      if (lane == 0 && e0 + q < total) m_all[(e0 + q) / kSlot][(e0 + q) % kSlot] = v;
+    for (int q = 0; q < 4; ++q) {
+      const float v = detail::warp_sum(acc[q]);
+      if (lane == 0 && s0 + q < slots) m_all[(s0 + q) / kSlot][(s0 + q) % kSlot] = v;
     }
   }
   __syncthreads();
-  const int warp = threadIdx.x >> 5;
-  for (int t0 = 2 * warp; t0 < n; t0 += 2 * (kThreads / 32)) {
-    const int tok = t0 + (lane >> 4);
-    const bool active = tok < n;
-    const int tt = active ? tok : t0;  // inactive lanes mirror a valid token so the shuffles stay uniform
-    finish_token(a, tt, m_all[tt], m_all[tt][kMix], lane & 15, active);
+  if (tid < nt) {
+    float m[kSlot];
+#pragma unroll
+    for (int i = 0; i < kSlot; ++i) m[i] = m_all[tid][i];
+    finish_mix(m, a, a.mix_out + (t0 + tid) * a.mix_stride);
   }
-  if (threadIdx.x == 0) *args.counter = 0;  // ready for the next launch / graph replay
+  if (tid == 0) p.counters[blockIdx.y] = 0;  // re-armed for the next launch / graph replay
 }
 
+// ---- streaming (prefill) -----------------------------------------------------------------------
 
-// ---- cluster variant (mhc_fused_cluster) ---------------------------------------------------------
-// One cluster of 16 blocks per tile of <= 8 tokens, block r owning a contiguous channel range of all
-// 4 streams. Thread 0 streams the block's fn slice (24 rows × 4 streams × its channels, contiguous
-// runs) into shared memory with TMA bulk copies on one mbarrier while the block expands / collapses X;
-// the per-token 25 partial sums are reduced in the block (butterfly + warps in order), exchanged
-// through distributed shared memory after one cluster barrier (block t sums token t's 16 partials in
-// rank order: deterministic), and the Sinkhorn of token t runs in one thread of block t.
+constexpr int kStThreads = 256;
+constexpr int kStWarps = kStThreads / 32;
+constexpr int kStTokens = 64;                               // per block; lane = tokens lane and lane + 32
+constexpr int kStValues = kHc * kChannels;                  // 128 values (4 streams × 32 channels) per chunk
+constexpr int kStXs = kStTokens + 1;                        // row stride of xs: conflict-free stores and loads
+constexpr int kStTargetBlocks = 4 * 132;                    // ~2 waves of 2 blocks per SM
+constexpr int kStPieces = kStTokens * kHc * kChannels / 4;  // 16-byte X pieces per chunk (2048)
+constexpr int kStYPieces = kStTokens * kChannels / 4;       // 16-byte y pieces per chunk (512)
+static_assert(kStPieces == kStThreads * (kStTokens / kStWarps) && kStYPieces % kStThreads == 0,
+              "stream_prefetch's piece mapping");
 
-constexpr int kClusterBlocks = 16;
-constexpr int kClThreads = 256;
-constexpr int kClWarps = kClThreads / 32;
-
-struct MhcClusterArgs {
-  MhcFusedArgs a;
-  int64_t chunks_per_block;  // 32-channel chunks per block (the last blocks may own fewer)
+struct MhcStreamParams {
+  MhcFusedArgs a;  // strides resolved
+  int chunks_per_split;
+  float* partials;  // [split][n][kSlot]
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+// Shared memory (floats): X / y staging, X_new [value][token], two fn buffers [value][24], coefficients.
+constexpr size_t kStStage = static_cast<size_t>(kStTokens) * kHc * kChannels;
+constexpr size_t kStYStage = static_cast<size_t>(kStTokens) * kChannels;
+constexpr size_t kStXsSize = static_cast<size_t>(kStValues) * kStXs;
+constexpr size_t kStFs = static_cast<size_t>(kStValues) * kMix;
+constexpr size_t stream_smem_bytes() {
+  return sizeof(float) * (kStStage + kStYStage + kStXsSize + 2 * kStFs + static_cast<size_t>(kStTokens) * kCoef);
 }
 
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned phase) {
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
   asm volatile(
-      "{\n .reg .pred p;\n"
-      "WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(phase)
+      "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+      "l"(src)
       : "memory");
 }
 
-// Coefficients of one token by one thread: the CPU's op order (mhc.cpp hc_mix) with the Sinkhorn
-// normalizations as multiplications by a correctly rounded reciprocal (16 independent divisions per
-// half-step would dominate a single thread; the reciprocal differs from a division by <= 1 ulp, and
-// each normalization contracts the error).
-__device__ void finish_token_serial(const MhcFusedArgs& a, int64_t tok, const float* m_raw) {
-  const float width = static_cast<float>(kHc * a.d);
-  const float rstd = 1.0f / sqrtf(m_raw[kMix] / width + a.norm_eps);
-  const float eps = a.hc_eps;
-  float* out = a.mix_out + tok * kMix;
-  for (int k = 0; k < kHc; ++k) {
-    out[k] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m_raw[k], rstd), a.scale[0]), a.base[k])), eps);
-    out[kHc + k] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m_raw[kHc + k], rstd), a.scale[1]), a.base[kHc + k]));
+// Copies chunk ch's X and y rows of the block's tokens into the staging buffers and its fn rows into
+// fs (transposed to [value][24] by 4-byte copies): all asynchronous, no registers held. Thread tid
+// copies 16-byte piece tid % 8 of stream (tid / 8) % 4 for tokens tid / 32 + 8q (X), of token
+// tid / 8 + 32q' for y, and fn rows warp + 8q (i = row / 4, stream row % 4) at channel lane.
+// Offsets are 32-bit element offsets from per-call bases (the host checks they fit), which keeps the
+// loop-invariant part the compiler hoists out of the chunk loop small.
+struct StreamOffsets {
+  uint32_t x[kStTokens / kStWarps];  // token rows of the 8 X pieces (clamped to the tile's first token)
+  uint32_t y[kStYPieces / kStThreads];
+};
+__device__ __forceinline__ void stream_prefetch(const MhcFusedArgs& a, const StreamOffsets& o, int64_t ch, float* stage,
+                                                float* ystage, float* fs, int tid) {
+  const uint32_t d = static_cast<uint32_t>(a.d), width = kHc * d;
+  const uint32_t c0 = static_cast<uint32_t>(ch) * kChannels;
+  const int piece = tid % (kChannels / 4), j = (tid / (kChannels / 4)) % kHc;
+  const float* xb = a.X + c0 + j * d + 4 * piece;
+#pragma unroll
+  for (int q = 0; q < kStTokens / kStWarps; ++q) {
+    const int row = tid / (kChannels / 4) + (kStThreads / (kChannels / 4)) * q;  // (token, stream) row
+    cp_async16(stage + row * kChannels + 4 * piece, xb + o.x[q]);
   }
-  float c[kHc][kHc];
+  if (a.y) {
+    const float* yb = a.y + c0 + 4 * piece;
 #pragma unroll
-  for (int j = 0; j < kHc; ++j) {
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) {
-      const int idx = 2 * kHc + j * kHc + k;
-      c[j][k] = __fadd_rn(__fmul_rn(__fmul_rn(m_raw[idx], rstd), a.scale[2]), a.base[idx]);
+    for (int q = 0; q < kStYPieces / kStThreads; ++q) {
+      const int t = tid / (kChannels / 4) + (kStThreads / (kChannels / 4)) * q;
+      cp_async16(ystage + t * kChannels + 4 * piece, yb + o.y[q]);
     }
-    const float mx = fmaxf(fmaxf(fmaxf(c[j][0], c[j][1]), c[j][2]), c[j][3]);
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) c[j][k] = expf(c[j][k] - mx);
-    const float sum = __fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]);
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) c[j][k] = __fadd_rn(c[j][k] / sum, eps);
   }
-  auto columns = [&] {
+  const int warp = tid >> 5, lane = tid & 31;
+  const float* fb = a.fn + c0 + lane;
 #pragma unroll
-    for (int k = 0; k < kHc; ++k) {
-      const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps));
-#pragma unroll
-      for (int j = 0; j < kHc; ++j) c[j][k] = __fmul_rn(c[j][k], r);
-    }
-  };
-  auto rows = [&] {
-#pragma unroll
-    for (int j = 0; j < kHc; ++j) {
-      const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]), eps));
-#pragma unroll
-      for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r);
-    }
-  };
-  columns();
-  for (int64_t it = 1; it < a.sinkhorn_iters; ++it) {
-    rows();
-    columns();
+  for (int q = 0; q < kMix * kHc / kStWarps; ++q) {
+    const int r = warp + kStWarps * q, i = r / kHc, jj = r % kHc;
+    cp_async4(fs + (jj * kChannels + lane) * kMix + i, fb + i * width + jj * d);
   }
-#pragma unroll
-  for (int j = 0; j < kHc; ++j)
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-__global__ void __launch_bounds__(kClThreads, 1) mhc_cluster_kernel(MhcClusterArgs args) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const MhcFusedArgs& a = args.a;
-  extern __shared__ __align__(128) float dyn[];
-  __shared__ __align__(8) uint64_t bar;
-  __shared__ float part[kMaxTokens][kSlot];  // this block's partial sums per token (read remotely)
-  __shared__ float red[kClWarps][kSlot];
-  __shared__ float m_tok[kSlot];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t tile = blockIdx.x / kClusterBlocks;
-  const int64_t d = a.d, width = kHc * d, n_chunks = d / kChannels;
-  const int64_t cb = rank * args.chunks_per_block;
-  const int64_t ce = cb + args.chunks_per_block < n_chunks ? cb + args.chunks_per_block : n_chunks;
-  const int64_t ncl = ce > cb ? (ce - cb) * kChannels : 0;  // channels of this block
-  const int64_t stride = args.chunks_per_block * kChannels;  // floats per (row, stream) in shared memory
-  const int64_t c_begin = cb * kChannels;
-  float* fs = dyn;                          // [kMix][kHc][stride]
-  float* xn = dyn + kMix * kHc * stride;    // [kMaxTokens][kHc][stride]
-  const int64_t t0 = tile * kMaxTokens;
-  const int nt = static_cast<int>(a.n - t0 < kMaxTokens ? a.n - t0 : kMaxTokens);
+// Block (tile x, split y). Per chunk: wait for its copies, expand / collapse / store from the staging
+// buffer into xs, start the next chunk's copies, then the FMAs over xs and fs.
+__global__ void __launch_bounds__(kStThreads, 2) mhc_stream_kernel(MhcStreamParams p) {
+  const MhcFusedArgs& a = p.a;
+  extern __shared__ __align__(16) float smem[];
+  float* fs_buf = smem;               // 2 × [kStValues][kMix] (96-byte rows: float4-aligned)
+  float* stage = fs_buf + 2 * kStFs;  // [token][stream][32]
+  float* ystage = stage + kStStage;   // [token][32]
+  float* xs = ystage + kStYStage;     // [kStValues][kStXs]
+  float* coef = xs + kStXsSize;       // [kStTokens][kCoef]
+  detail::pdl_launch_dependents();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t d = a.d, width = kHc * d, n = a.n;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kStTokens;
+  const int64_t n_chunks = d / kChannels;
+  const int64_t ch_begin = static_cast<int64_t>(blockIdx.y) * p.chunks_per_split;
+  const int64_t ch_end = min(n_chunks, ch_begin + p.chunks_per_split);
+  StreamOffsets off;
+  {
+    const uint32_t width = static_cast<uint32_t>(kHc * d), dd = static_cast<uint32_t>(d);
+#pragma unroll
+    for (int q = 0; q < kStTokens / kStWarps; ++q) {
+      const int64_t t = tid / 32 + kStWarps * q;  // token of X row tid / 8 + 32q
+      off.x[q] = static_cast<uint32_t>((t0 + t < n ? t0 + t : t0) * width);
+    }
+#pragma unroll
+    for (int q = 0; q < kStYPieces / kStThreads; ++q) {
+      const int64_t t = tid / 8 + 32 * q;
+      off.y[q] = static_cast<uint32_t>((t0 + t < n ? t0 + t : t0) * dd);
+    }
+  }
+  detail::pdl_wait();
+  stream_prefetch(a, off, ch_begin, stage, ystage, fs_buf, tid);
+  for (int q = tid; q < kStTokens * kCoef; q += kStThreads) {
+    const int t = q / kCoef, r = q % kCoef;
+    const int64_t tok = t0 + t < n ? t0 + t : t0;
+    float v = 0.0f;
+    if (r < kHc)
+      v = a.y ? a.post[tok * a.post_stride + r] : 0.0f;
+    else if (r < kHc + kHc * kHc)
+      v = a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
+    else
+      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
+    coef[q] = v;
+  }
+  float acc0[kSlot], acc1[kSlot];  // tokens lane and lane + 32
+#pragma unroll
+  for (int i = 0; i < kSlot; ++i) acc0[i] = acc1[i] = 0.0f;
 
-  if (tid == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#pragma unroll 1
+  for (int64_t ch = ch_begin; ch < ch_end; ++ch) {
+    const float* fs = fs_buf + ((ch - ch_begin) & 1) * kStFs;
+    cp_async_wait_all();
+    __syncthreads();  // this chunk's copies (and, on the first chunk, coef) are visible
+    const int64_t c = ch * kChannels + lane;
+#pragma unroll 2
+    for (int u = 0; u < kStTokens / kStWarps; ++u) {
+      const int tl = warp + kStWarps * u;
+      const int64_t tok = t0 + tl;
+      const bool valid = tok < n;
+      const float* cf = coef + tl * kCoef;
+      float x[kHc], v[kHc];
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) x[j] = stage[(tl * kHc + j) * kChannels + lane];
+      if (a.y) {
+        expand_channel(x, ystage[tl * kChannels + lane], cf, cf + kHc, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kHc; ++j) v[j] = x[j];
+      }
+      if (valid) {
+        if (a.y) {
+#pragma unroll
+          for (int j = 0; j < kHc; ++j) a.X_out[tok * width + j * d + c] = v[j];
+        }
+        if (a.collapse_w) a.collapsed[tok * d + c] = collapse_channel(v, cf + kHc + kHc * kHc);
+      }
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) xs[(j * kChannels + lane) * kStXs + tl] = valid ? v[j] : 0.0f;
+    }
+    __syncthreads();  // xs complete; the staging buffers and the other fs buffer are free
+    if (ch + 1 < ch_end) {
+      stream_prefetch(a, off, ch + 1, stage, ystage, fs_buf + ((ch + 1 - ch_begin) & 1) * kStFs, tid);
+    }
+    // Warp w: values w, w+8, ..., lane: tokens lane and lane + 32.
+#pragma unroll 1
+    for (int vv = 0; vv < kStValues / kStWarps; ++vv) {
+      const int v = warp + kStWarps * vv;
+      const float x0 = xs[v * kStXs + lane], x1 = xs[v * kStXs + lane + 32];
+      const float4* f4 = reinterpret_cast<const float4*>(fs + v * kMix);
+#pragma unroll
+      for (int q = 0; q < kMix / 4; ++q) {
+        const float4 f = f4[q];
+        acc0[4 * q] = fmaf(f.x, x0, acc0[4 * q]);
+        acc0[4 * q + 1] = fmaf(f.y, x0, acc0[4 * q + 1]);
+        acc0[4 * q + 2] = fmaf(f.z, x0, acc0[4 * q + 2]);
+        acc0[4 * q + 3] = fmaf(f.w, x0, acc0[4 * q + 3]);
+        acc1[4 * q] = fmaf(f.x, x1, acc1[4 * q]);
+        acc1[4 * q + 1] = fmaf(f.y, x1, acc1[4 * q + 1]);
+        acc1[4 * q + 2] = fmaf(f.z, x1, acc1[4 * q + 2]);
+        acc1[4 * q + 3] = fmaf(f.w, x1, acc1[4 * q + 3]);
+      }
+      acc0[kMix] = fmaf(x0, x0, acc0[kMix]);
+      acc1[kMix] = fmaf(x1, x1, acc1[kMix]);
+    }
+    __syncthreads();  // xs and this fs buffer are rewritten by the next chunks
   }
-  __syncthreads();
-  if (tid == 0 && ncl > 0) {
-    const unsigned bytes = static_cast<unsigned>(ncl * sizeof(float));
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&bar)),
-                 "r"(bytes * kMix * kHc)
-                 : "memory");
-    for (int i = 0; i < kMix; ++i)
-      for (int k = 0; k < kHc; ++k)
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                smem_u32(fs + (i * kHc + k) * stride)),
-            "l"(a.fn + i * width + k * d + c_begin), "r"(bytes), "r"(smem_u32(&bar))
-            : "memory");
+  // The 8 warps' sums per (token, slot) in warp order, through xs (8 × 25 × 32 floats per half).
+  float* red = xs;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < kSlot; ++i) red[(warp * kSlot + i) * 32 + lane] = h ? acc1[i] : acc0[i];
+    __syncthreads();
+    for (int o = tid; o < kSlot * 32; o += kStThreads) {
+      const int i = o / 32, tl = o % 32;
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kStWarps; ++w) s += red[(w * kSlot + i) * 32 + tl];
+      const int64_t tok = t0 + 32 * h + tl;
+      if (tok < n) p.partials[(static_cast<int64_t>(blockIdx.y) * n + tok) * kSlot + i] = s;
+    }
+    __syncthreads();
   }
-  // Programmatic dependent launch: everything above touches only fn (a weight); X, y and the
-  // coefficients come from the previous kernel. A no-op unless launched with programmatic serialization.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // Expand + collapse while fn streams in: a thread owns one channel of one token (all 4 streams), so
-  // X_out may alias X. Same expressions as mhc_fused_kernel (bit-exact with model/mhc.h).
-  for (int64_t idx = tid; idx < nt * ncl; idx += kClThreads) {
-    const int t = static_cast<int>(idx / ncl);
-    const int64_t cl = idx % ncl, c = c_begin + cl, tok = t0 + t;
+}
+
+// One warp per token: Σ over the splits in split order (lane l takes splits l, l+32, ..., then a
+// fixed butterfly), and lane 0 finishes the token.
+__global__ void __launch_bounds__(256) mhc_stream_finish_kernel(MhcFusedArgs a, const float* partials, int splits) {
+  detail::pdl_launch_dependents();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t tok = static_cast<int64_t>(blockIdx.x) * 8 + warp;
+  if (tok >= a.n) return;  // whole warps
+  float m[kSlot];
+#pragma unroll
+  for (int i = 0; i < kSlot; ++i) m[i] = 0.0f;
+  for (int s = lane; s < splits; s += 32) {
+    const float* row = partials + (static_cast<int64_t>(s) * a.n + tok) * kSlot;
+    float v[kSlot];
+#pragma unroll
+    for (int i = 0; i < kSlot; ++i) v[i] = __ldcg(row + i);
+#pragma unroll
+    for (int i = 0; i < kSlot; ++i) m[i] += v[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kSlot; ++i) m[i] = detail::warp_sum(m[i]);
+  if (lane == 0) finish_mix(m, a, a.mix_out + tok * a.mix_stride);
+}
+
+// ---- expand / collapse only (fn == null) -----------------------------------------------------------
+
+__global__ void __launch_bounds__(256) mhc_elementwise_kernel(MhcFusedArgs a) {
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
+  const int64_t d = a.d, width = kHc * d, total = a.n * d;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t tok = e / d, c = e % d;
     float x[kHc], v[kHc];
 #pragma unroll
-    for (int k = 0; k < kHc; ++k) x[k] = a.X[tok * width + k * d + c];
+    for (int j = 0; j < kHc; ++j) x[j] = a.X[tok * width + j * d + c];
     if (a.y) {
-      const float* cmb = a.comb + tok * kHc * kHc;
+      expand_channel(x, a.y[tok * d + c], a.post + tok * a.post_stride, a.comb + tok * a.comb_stride, v);
 #pragma unroll
-      for (int k = 0; k < kHc; ++k) {
-        float mixed = __fmul_rn(cmb[k], x[0]);
-        for (int jj = 1; jj < kHc; ++jj) mixed = __fadd_rn(mixed, __fmul_rn(cmb[jj * kHc + k], x[jj]));
-        v[k] = detail::round_bf16(__fadd_rn(__fmul_rn(a.post[tok * kHc + k], a.y[tok * d + c]), mixed));
-      }
-#pragma unroll
-      for (int k = 0; k < kHc; ++k) a.X_out[tok * width + k * d + c] = v[k];
+      for (int j = 0; j < kHc; ++j) a.X_out[tok * width + j * d + c] = v[j];
     } else {
 #pragma unroll
-      for (int k = 0; k < kHc; ++k) v[k] = x[k];
+      for (int j = 0; j < kHc; ++j) v[j] = x[j];
     }
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) xn[(t * kHc + k) * stride + cl] = v[k];
-    if (a.collapse_w) {
-      const float* w = a.collapse_w + tok * kHc;
-      float acc = __fmul_rn(w[0], v[0]);
-      for (int kk = 1; kk < kHc; ++kk) acc = __fadd_rn(acc, __fmul_rn(w[kk], v[kk]));
-      a.collapsed[tok * d + c] = detail::round_bf16(acc);
-    }
+    if (a.collapse_w) a.collapsed[tok * d + c] = collapse_channel(v, a.collapse_w + tok * a.collapse_w_stride);
   }
-  if (ncl > 0) mbar_wait(&bar, 0);
-  __syncthreads();
-  // Per token: 24 dot products with fn + the sum of squares over this block's 4·ncl values (a thread
-  // sums its values in order), butterfly reduce-scatter per warp, then the warps in order.
-  for (int t = 0; t < nt; ++t) {
-    float acc[kSlot];
-#pragma unroll
-    for (int i = 0; i < kSlot; ++i) acc[i] = 0.0f;
-    for (int64_t q = tid; q < kHc * ncl; q += kClThreads) {
-      const int64_t k = q / ncl, cl = q % ncl;
-      const float x = xn[(t * kHc + k) * stride + cl];
-#pragma unroll
-      for (int i = 0; i < kMix; ++i) acc[i] = fmaf(fs[(i * kHc + k) * stride + cl], x, acc[i]);
-      acc[kMix] = fmaf(x, x, acc[kMix]);
-    }
-    float v[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) v[i] = i < kSlot ? acc[i] : 0.0f;
-#pragma unroll
-    for (int half = 16; half >= 1; half >>= 1) {
-      const bool upper = (lane & half) != 0;
-#pragma unroll
-      for (int i = 0; i < half; ++i) {
-        const float keep = upper ? v[i + half] : v[i];
-        const float send = upper ? v[i] : v[i + half];
-        v[i] = keep + __shfl_xor_sync(detail::kFullMask, send, half);
-      }
-    }
-    if (lane < kSlot) red[warp][lane] = v[0];
-    __syncthreads();
-    if (tid < kSlot) {
-      float s = 0.0f;
-      for (int w = 0; w < kClWarps; ++w) s += red[w][tid];
-      part[t][tid] = s;
-    }
-    __syncthreads();
-  }
-  cluster.sync();  // every block's partials are visible cluster-wide
-  if (rank < nt) {
-    if (tid < kSlot) {
-      float s = 0.0f;
-      for (int r = 0; r < kClusterBlocks; ++r) s += cluster.map_shared_rank(&part[rank][0], r)[tid];
-      m_tok[tid] = s;
-    }
-    __syncthreads();
-    if (tid == 0) finish_token_serial(a, t0 + rank, m_tok);
-  }
-  cluster.sync();  // no block leaves while its partials may still be read
 }
 
-size_t mhc_cluster_smem(int64_t d, int64_t* chunks_per_block) {
-  const int64_t n_chunks = d / kChannels;
-  *chunks_per_block = (n_chunks + kClusterBlocks - 1) / kClusterBlocks;
-  return static_cast<size_t>((kMix + kMaxTokens) * kHc * *chunks_per_block * kChannels) * sizeof(float);
-}
+// ---- host ----------------------------------------------------------------------------------------
 
-Status check_mhc_args(const MhcFusedArgs& a, const char* who) {
-  if (a.hc != kHc) return make_error(std::string(who) + ": hc=" + std::to_string(a.hc) + " (the kernel is built for 4)");
+struct StreamPlan {
+  int64_t tiles = 0, splits = 0, chunks_per_split = 0;
+};
+StreamPlan stream_plan(int64_t n, int64_t d) {
+  StreamPlan s;
+  s.tiles = (n + kStTokens - 1) / kStTokens;
+  const int64_t chunks = d / kChannels;
+  const int64_t want = std::clamp<int64_t>((kStTargetBlocks + s.tiles - 1) / s.tiles, 1, chunks);
+  s.chunks_per_split = (chunks + want - 1) / want;
+  s.splits = (chunks + s.chunks_per_split - 1) / s.chunks_per_split;  // no empty splits
+  return s;
+}
+int64_t stream_floats(int64_t n, int64_t d) { return stream_plan(n, d).splits * n * kSlot; }
+int64_t decode_tile_floats(int64_t d) { return int64_t{kMaxTokens} * kSlot * decode_blocks(d); }
+
+Status check_args(const MhcFusedArgs& a, const char* who) {
+  const std::string w(who);
+  if (a.hc != kHc) return make_error(w + ": hc=" + std::to_string(a.hc) + " (the kernel is built for 4)");
   if (a.d <= 0 || a.d % kChannels != 0 || a.d / kChannels > 0x7FFFFFFF)
-    return make_error(std::string(who) + ": d=" + std::to_string(a.d) + " must be a positive multiple of 32");
+    return make_error(w + ": d=" + std::to_string(a.d) + " must be a positive multiple of 32");
   if (a.n < 0 || a.sinkhorn_iters < 1)
-    return make_error(std::string(who) + ": n=" + std::to_string(a.n) + ", sinkhorn_iters=" + std::to_string(a.sinkhorn_iters));
-  if (a.y && (!a.post || !a.comb || !a.X_out))
-    return make_error(std::string(who) + ": expand (y given) needs post, comb and X_out");
-  if (a.collapse_w && !a.collapsed) return make_error(std::string(who) + ": collapse_w given without collapsed");
+    return make_error(w + ": n=" + std::to_string(a.n) + ", sinkhorn_iters=" + std::to_string(a.sinkhorn_iters));
+  if (!a.X) return make_error(w + ": X is required");
+  if (a.y && (!a.post || !a.comb || !a.X_out)) return make_error(w + ": expand (y given) needs post, comb and X_out");
+  if (a.collapse_w && !a.collapsed) return make_error(w + ": collapse_w given without collapsed");
+  if (a.fn && (!a.base || !a.scale || !a.mix_out))
+    return make_error(w + ": coefficients (fn given) need base, scale and mix_out");
+  if (a.post_stride < 0 || a.comb_stride < 0 || a.collapse_w_stride < 0 || a.mix_stride < 0)
+    return make_error(w + ": negative row stride");
+  if ((a.post_stride > 0 && a.post_stride < kHc) || (a.comb_stride > 0 && a.comb_stride < kHc * kHc) ||
+      (a.collapse_w_stride > 0 && a.collapse_w_stride < kHc) || (a.mix_stride > 0 && a.mix_stride < kMix))
+    return make_error(w + ": a row stride is shorter than its row (post " + std::to_string(a.post_stride) + ", comb " +
+                      std::to_string(a.comb_stride) + ", collapse_w " + std::to_string(a.collapse_w_stride) + ", mix " +
+                      std::to_string(a.mix_stride) + ")");
   return Status::Ok();
+}
+
+template <typename Kernel, typename Params>
+Status launch(Kernel kernel, dim3 grid, unsigned threads, size_t smem, bool pdl, cudaStream_t stream,
+              const Params& params, const char* name) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, kernel, params));
+  return launch_status(name);
 }
 
 }  // namespace
 
 int64_t mhc_workspace_floats(int64_t n, int64_t d) {
-  const int64_t tile = n < kMaxTokens ? n : kMaxTokens;
-  return tile * kSlot * ((d + kChannels - 1) / kChannels);
+  if (n <= 0 || d <= 0) return 0;
+  const int64_t tiles = (n + kMaxTokens - 1) / kMaxTokens;
+  int64_t need = std::max(tiles * decode_tile_floats(d), std::min<int64_t>(n, kMaxTokens) * kSlot * (d / kChannels));
+  if (n >= kMhcStreamMinTokens && d % kChannels == 0) need = std::max(need, stream_floats(n, d));
+  return need;
 }
 
-Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream) {
-  if (a.hc != kHc) return make_error("cuda::mhc_fused: hc=" + std::to_string(a.hc) + " (the kernel is built for 4)");
-  if (a.d <= 0 || a.d % kChannels != 0 || a.d / kChannels > 0x7FFFFFFF)
-    return make_error("cuda::mhc_fused: d=" + std::to_string(a.d) + " must be a positive multiple of 32");
-  if (a.n < 0 || a.sinkhorn_iters < 1)
-    return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + ", sinkhorn_iters=" + std::to_string(a.sinkhorn_iters));
-  if (!a.X || !a.fn || !a.base || !a.scale || !a.mix_out || !ws.partials || !ws.counter)
-    return make_error("cuda::mhc_fused: X, fn, base, scale, mix_out and the workspace are required");
-  if (a.y && (!a.post || !a.comb || !a.X_out))
-    return make_error("cuda::mhc_fused: expand (y given) needs post, comb and X_out");
-  if (a.collapse_w && !a.collapsed) return make_error("cuda::mhc_fused: collapse_w given without collapsed");
-  const unsigned grid = static_cast<unsigned>(a.d / kChannels);
-  for (int64_t t0 = 0; t0 < a.n; t0 += kMaxTokens) {
-    MhcKernelArgs k{a, ws.partials, ws.counter};
-    const int64_t width = kHc * a.d;
-    k.a.n = a.n - t0 < kMaxTokens ? a.n - t0 : kMaxTokens;
-    k.a.X = a.X + t0 * width;
-    if (a.y) {
-      k.a.y = a.y + t0 * a.d;
-      k.a.post = a.post + t0 * kHc;
-      k.a.comb = a.comb + t0 * kHc * kHc;
-      k.a.X_out = a.X_out + t0 * width;
-    }
-    if (a.collapse_w) {
-      k.a.collapse_w = a.collapse_w + t0 * kHc;
-      k.a.collapsed = a.collapsed + t0 * a.d;
-    }
-    k.a.mix_out = a.mix_out + t0 * kMix;
-    mhc_fused_kernel<<<grid, kThreads, 0, stream>>>(k);
-    CEDAR_RETURN_IF_ERROR(launch_status("mhc_fused_kernel"));
+int64_t mhc_workspace_counters(int64_t n) { return std::max<int64_t>(1, (n + kMaxTokens - 1) / kMaxTokens); }
+
+Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t stream) {
+  CEDAR_RETURN_IF_ERROR(check_args(args, "cuda::mhc_fused"));
+  const MhcFusedArgs a = resolve_strides(args);
+  if (a.n == 0) return Status::Ok();
+  const bool pdl = a.programmatic_launch;
+  if (a.fn == nullptr) {  // expand / collapse only
+    if (!a.y && !a.collapse_w) return Status::Ok();
+    const int64_t total = a.n * a.d;
+    const auto grid = static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 132 * 8));
+    return launch(mhc_elementwise_kernel, dim3(grid), 256, 0, pdl, stream, a, "mhc_elementwise_kernel");
+  }
+  if (!ws.partials || !ws.counter)
+    return make_error("cuda::mhc_fused: the workspace (partials and counter) is required with fn");
+  const bool aligned = (reinterpret_cast<uintptr_t>(a.X) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0;
+  if (a.n >= kMhcStreamMinTokens && ws.partial_floats >= stream_floats(a.n, a.d) && aligned &&
+      a.n * kHc * a.d < (int64_t{1} << 32)) {  // the streaming kernel's 16-byte copies, 32-bit offsets
+    const StreamPlan sp = stream_plan(a.n, a.d);
+    if (sp.tiles > 0x7FFFFFFF || sp.splits > 65535)
+      return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large");
+    const size_t smem = stream_smem_bytes();
+    CEDAR_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(mhc_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    MhcStreamParams p{a, static_cast<int>(sp.chunks_per_split), ws.partials};
+    CEDAR_RETURN_IF_ERROR(launch(mhc_stream_kernel,
+                                 dim3(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits)), kStThreads,
+                                 smem, pdl, stream, p, "mhc_stream_kernel"));
+    const auto grid = static_cast<unsigned>((a.n + 7) / 8);
+    mhc_stream_finish_kernel<<<grid, 256, 0, stream>>>(a, ws.partials, static_cast<int>(sp.splits));
+    return launch_status("mhc_stream_finish_kernel");
+  }
+  const int64_t tiles = (a.n + kMaxTokens - 1) / kMaxTokens;
+  const auto G = static_cast<unsigned>(decode_blocks(a.d));
+  const bool together =
+      tiles == 1 || (ws.partial_floats >= tiles * decode_tile_floats(a.d) && ws.counter_count >= tiles);
+  if (tiles > 65535) return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large for the decode path");
+  if (together) {
+    MhcDecodeParams p{a, ws.partials, ws.counter, 0};
+    return launch(mhc_decode_kernel, dim3(G, static_cast<unsigned>(tiles)), kDecThreads, 0, pdl, stream, p,
+                  "mhc_decode_kernel");
+  }
+  for (int64_t tile = 0; tile < tiles; ++tile) {  // one tile per launch: the legacy workspace
+    MhcDecodeParams p{a, ws.partials, ws.counter, tile};
+    CEDAR_RETURN_IF_ERROR(
+        launch(mhc_decode_kernel, dim3(G, 1), kDecThreads, 0, pdl && tile == 0, stream, p, "mhc_decode_kernel"));
   }
   return Status::Ok();
 }
 
-Status mhc_cluster_supported(int64_t d) {
-  if (d <= 0 || d % kChannels != 0) return make_error("cuda::mhc_fused_cluster: d=" + std::to_string(d) + " must be a positive multiple of 32");
-  int64_t cpb = 0;
-  const size_t smem = mhc_cluster_smem(d, &cpb);
-  int dev = 0, optin = 0, cc_major = 0;
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (cc_major < 9) return make_error("cuda::mhc_fused_cluster: needs thread-block clusters (compute capability 9.0+)");
-  if (smem + 4096 > static_cast<size_t>(optin))
-    return make_error("cuda::mhc_fused_cluster: d=" + std::to_string(d) + " needs " + std::to_string(smem) +
-                      " bytes of shared memory per block, the device allows " + std::to_string(optin));
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  CEDAR_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kClusterBlocks);
-  cfg.blockDim = dim3(kClThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterBlocks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, mhc_cluster_kernel, &cfg));
-  if (clusters < 1)
-    return make_error("cuda::mhc_fused_cluster: the device cannot co-schedule a cluster of " +
-                      std::to_string(kClusterBlocks) + " blocks with " + std::to_string(smem) + " bytes each");
-  return Status::Ok();
-}
-
-Status mhc_fused_cluster(const MhcFusedArgs& a, cudaStream_t stream, bool programmatic_launch) {
-  const char* who = "cuda::mhc_fused_cluster";
-  CEDAR_RETURN_IF_ERROR(check_mhc_args(a, who));
-  if (!a.X || !a.fn || !a.base || !a.scale || !a.mix_out)
-    return make_error(std::string(who) + ": X, fn, base, scale and mix_out are required");
-  if (reinterpret_cast<uintptr_t>(a.fn) % 16 != 0) return make_error(std::string(who) + ": fn must be 16-byte aligned");
-  if (a.n == 0) return Status::Ok();
-  const int64_t tiles = (a.n + kMaxTokens - 1) / kMaxTokens;
-  if (tiles * kClusterBlocks > 0x7FFFFFFF) return make_error(std::string(who) + ": n=" + std::to_string(a.n) + " too large");
-  int64_t cpb = 0;
-  const size_t smem = mhc_cluster_smem(a.d, &cpb);
-  // The attributes are per function: setting them again costs nothing and keeps the call self-contained.
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  CEDAR_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(mhc_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles * kClusterBlocks));
-  cfg.blockDim = dim3(kClThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterBlocks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch ? 2 : 1;
-  MhcClusterArgs args{a, cpb};
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, mhc_cluster_kernel, args));
-  return launch_status("mhc_cluster_kernel");
-}
-
-const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_fused_kernel); }
-const void* mhc_cluster_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_cluster_kernel); }
+const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_decode_kernel); }
+const void* mhc_stream_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_kernel); }
+const void* mhc_stream_finish_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_finish_kernel); }
+const void* mhc_elementwise_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_elementwise_kernel); }
 
 }  // namespace cedar::cuda

@@ -1,6 +1,8 @@
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -12,6 +14,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, int6
                                                             float eps, float* y) {
   __shared__ float warp_sums[kThreads / 32];
   __shared__ float rstd_s;
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
   const float* xr = x + blockIdx.x * dim;
   float* yr = y + blockIdx.x * dim;
   float ss = 0.0f;
@@ -35,12 +39,12 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, int6
 }  // namespace
 
 Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* y,
-                cudaStream_t stream) {
+                cudaStream_t stream, bool programmatic_launch) {
   if (rows < 0 || dim <= 0 || rows > 0x7FFFFFFF)
     return make_error("cuda::rms_norm: rows=" + std::to_string(rows) + ", dim=" + std::to_string(dim));
   if (rows == 0) return Status::Ok();
-  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, dim, weight, eps, y);
-  return launch_status("rms_norm_kernel");
+  return launch_kernel(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream,
+                       programmatic_launch, "rms_norm_kernel", x, dim, weight, eps, y);
 }
 
 }  // namespace cedar::cuda

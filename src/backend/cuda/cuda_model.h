@@ -1,0 +1,219 @@
+// The DeepSeek-V4.1 model on the GPU (issue 8): load (the CPU model's config, plan and bound weights) →
+// device weights → device KV → new_sequence → decode_step (one token per sequence, batched, replayed as
+// a CUDA graph) / prefill (a chunk of one sequence, exact or CED). The CPU model (model/deepseek_v41.h)
+// is the oracle: same layer loop, same block order (single-pass mHC, Engram before the block, the CED
+// row split), same per-sequence state, on the device. Host-side C++20 (included from .cpp files).
+//
+// Kernels (docs/cuda.md "CUDA model"): rows <= kGemvMaxRows (decode up to batch 8) run the GEMVs
+// (kernels.h, ffn_kernels.h items path for the routed experts); larger calls (prefill chunks, decode at
+// batch 64) the tiled GEMMs of gemm_kernels.h (quant_gemm, swiglu_gemm, moe_experts, cuBLASLt for the BF16
+// weights when it loads). Everything of a step stays on the device: Engram hashes with a device history
+// per sequence, the indexer's top-k and the router's experts never come back to the host, argmax runs on
+// the device, and a decode step is one CUDA graph per (batch, context bucket).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_graph.h"
+#include "backend/cuda/device_kv.h"
+#include "backend/cuda/device_weights.h"
+#include "backend/cuda/stream.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "model/deepseek_v41.h"
+#include "model/forward_types.h"
+
+namespace cedar::cuda {
+
+// Calls of at most this many rows use the GEMV kernels (one 8-token tile: the weights are read once);
+// larger ones the tiled GEMMs (a GEMV re-reads the weights per 8-token tile).
+inline constexpr int64_t kGemvMaxRows = 8;
+
+struct CudaModelOptions {
+  int device = 0;
+  DeviceWeightOptions weights;
+  DeviceKvOptions kv;
+  int64_t max_batch = 64;                       // decode sequences per step (also: logit rows of one call)
+  int64_t max_chunk = 2048;                     // prefill rows per call (the activation workspace is sized for it)
+  uint64_t headroom_bytes = uint64_t{2} << 30;  // left free: CUDA context, library workspaces
+  bool cuda_graphs = true;                      // decode steps replayed as one graph per (batch, context bucket)
+  bool packed_experts = true;                   // MXFP4 experts also in the packed layout (decode GEMVs)
+  bool use_cublas = true;                       // BF16 prefill GEMMs through cuBLASLt when it loads
+  // Decode (GEMV path): independent chains of a layer run on a second stream inside the step's graph
+  // (the query path beside the SWA KV path and the compressor; the shared expert beside the routed ones).
+  bool concurrent_branches = true;
+  // The sparse attention through model_attention.cu's prefetching tile loader (bit-identical to the
+  // attention_kernels.h kernel, which `false` selects).
+  bool prefetch_attention = true;
+  ThreadPool* pool = nullptr;        // host-side load conversions
+  std::filesystem::path engram_map;  // as LoadOptions::engram_map
+};
+
+// One sequence on the device: its KV slot and tables, its length and prefill mode.
+struct CudaSequence {
+  DeviceKvSequence kv;
+  SequenceOptions options;
+  int64_t length = 0;
+  int64_t replay_start = 0;  // CED: rows before it run the encoder + boundary only
+  bool failed = false;       // a step failed after touching the state: discard the sequence
+};
+
+struct CudaStepOutput {
+  const float* logits = nullptr;  // device [rows, vocab] fp32, valid until the next call
+  int64_t rows = 0;
+  std::vector<int64_t> positions;  // absolute position of each logit row
+  std::vector<int32_t> argmax;     // greedy token of each logit row (device argmax; −1: no finite logit)
+};
+
+// The discrete decisions of the last call (tests: tell a selection flip from a numeric error).
+struct CudaSelections {
+  int64_t rows = 0;
+  int64_t index_topk = 0, experts_per_token = 0;
+  std::vector<std::vector<int32_t>> topk;     // per layer: [rows, index_topk] for index sources, else empty
+  std::vector<std::vector<int32_t>> experts;  // per layer: [rows, experts_per_token] routed expert ids
+};
+
+// Device time of one decode step by stage (events inside the step's graph), summed over layers.
+struct StageTime {
+  std::string stage;
+  double us = 0;
+  uint64_t weight_bytes = 0;  // weights the stage reads (batch 1: the top-k experts)
+  int64_t calls = 0;          // layers (or sites) that contributed
+};
+
+class CudaModel {
+ public:
+  static Result<std::unique_ptr<CudaModel>> load(const std::filesystem::path& path, const CudaModelOptions& options);
+  ~CudaModel();
+
+  const ModelConfig& config() const { return host_.config(); }
+  const LayerPlan& plan() const { return host_.plan(); }
+  const DeepseekV41Model& host_model() const { return host_; }
+  const DeviceWeights& weights() const { return weights_; }
+  DeviceKvPool& kv_pool() { return kv_; }
+  // Weights + KV + workspace, per component (what load checked against the free memory).
+  const DeviceMemoryPlan& memory_plan() const { return memory_plan_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  bool has_cublas() const;
+  void use_cuda_graphs(bool on) { options_.cuda_graphs = on; }
+  void use_concurrent_branches(bool on) { options_.concurrent_branches = on; }
+  void use_prefetch_attention(bool on) { options_.prefetch_attention = on; }
+  // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /
+  // ffn_out / engram_out / out, final_norm is not produced) through `sink` (downloads: slow). Empty: off.
+  void set_debug_sink(TensorSink sink) { debug_sink_ = std::move(sink); }
+  size_t decode_graph_count() const { return decode_graphs_.size(); }
+  bool has_decode_graph(int64_t batch) const {
+    for (const auto& [key, graph] : decode_graphs_)
+      if (key.first == batch) return true;
+    return false;
+  }
+
+  Result<CudaSequence> new_sequence(const SequenceOptions& options);
+  // A new sequence in the state `from` has now (KV blocks, rings, compressor and Engram state copied).
+  Result<CudaSequence> fork_sequence(const CudaSequence& from);
+
+  // One token per sequence at its current length (batch <= max_batch, distinct sequences); logits of
+  // every row. On error before any state was touched the sequences stay usable.
+  Status decode_step(std::span<CudaSequence* const> seqs, std::span<const int64_t> tokens, CudaStepOutput& out);
+  // The next chunk (<= max_chunk tokens) of one sequence's prompt, in the sequence's mode. Logits exist for
+  // rows at or after the CED replay start only (as on the CPU); All needs those rows <= max_batch.
+  Status prefill(CudaSequence& seq, std::span<const int64_t> tokens, LogitRows logits, CudaStepOutput& out);
+
+  // The indexer top-k and router experts of the last call's first `rows` rows (device → host).
+  Result<CudaSelections> last_selections(int64_t rows) const;
+
+  // One decode step (as decode_step) with an event after every stage, replayed as a graph; per-stage
+  // device time summed over layers, sorted by time. The state advances as in decode_step.
+  Result<std::vector<StageTime>> profile_decode_step(std::span<CudaSequence* const> seqs,
+                                                     std::span<const int64_t> tokens, CudaStepOutput& out,
+                                                     double* step_us);
+
+  // One prefill chunk (exact or the sequence's mode) with an event after every stage (direct launches).
+  Result<std::vector<StageTime>> profile_prefill(CudaSequence& seq, std::span<const int64_t> tokens, double* total_us);
+
+  struct Workspace;  // activation buffers (cuda_model_internal.h)
+  struct Tables;     // per-layer descriptor tables, RoPE tables, Engram tables
+  struct Profiler;
+
+ private:
+  CudaModel(DeepseekV41Model host, const CudaModelOptions& options, Stream stream, DeviceWeights weights,
+            DeviceKvPool kv, std::unique_ptr<Workspace> ws, std::unique_ptr<Tables> tables, DeviceMemoryPlan plan);
+
+  // Rows of one forward call that run the same layers (the CED split, as in the CPU model). Per-row
+  // data (token, position, slot, attention rows) is in one of the step-input regions, so a captured
+  // decode graph stays valid from step to step.
+  struct Rows {
+    int64_t first = 0;  // offset of these rows in the step inputs
+    int64_t n = 0;
+    bool tail = true;     // false: rows before the CED replay start (encoder + boundary layer)
+    bool decode = false;  // the decode region (one row per sequence)
+    LogitRows logits = LogitRows::All;
+    int64_t context = 0;                   // > every row's position: sizes the indexer scans (bucketed in decode)
+    bool global_kv_only_boundary = false;  // CedBoundary::GlobalKvOnly (prefill of one sequence)
+    int64_t pos0 = 0;                      // position of the first row (prefill; debug sink only)
+  };
+  struct RowSpan;  // one sequence's rows in a call (staging)
+  Status stage_rows(bool decode, std::span<const RowSpan> spans, int64_t n);
+  Status run_rows(const Rows& r);
+  Status run_step(const Rows& r, CudaStepOutput& out);  // graph / direct + argmax download
+  Status embed(const Rows& r);
+  Status engram(int64_t layer, const Rows& r);
+  Status attention_site(int64_t layer, const Rows& r);
+  Status attention(int64_t layer, const Rows& r);
+  Status compressor(int64_t layer, const Rows& r);
+  Status indexer(int64_t layer, const Rows& r);
+  Status ffn_site(int64_t layer, const Rows& r);
+  Status moe(int64_t layer, const Rows& r);
+  Status moe_gemv(int64_t layer, const Rows& r);
+  Status moe_gemm(int64_t layer, const Rows& r);
+  Status finish(const Rows& r);
+  // y = W·x for quantized weights (FP8 / MXFP4) from already quantized activations: GEMV or GEMM by rows.
+  Status qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
+                 bool bf16_output = true);
+  Status quantize(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales);
+  // BF16 weights (groups of one shape as in gemv_bf16): gemv_bf16, or cuBLASLt for large calls.
+  struct DenseCall;
+  Status dense(const DenseCall& c);
+  Status mhc(const void* args_ptr, const Rows& r);
+  Status mark(const char* stage, uint64_t weight_bytes = 0);
+  Result<std::vector<StageTime>> collect_profile(double* total_us);
+  // The stream the layer loop launches on (the aux stream inside a branch) and its split-K scratch.
+  cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
+  const SplitKWorkspace& splitk() const;
+  bool branches(const Rows& r) const;
+  // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
+  template <typename Main, typename Aux>
+  Status parallel(bool on, Main&& main, Aux&& aux);
+  Status debug(const std::string& name, const Rows& r, const float* data, int64_t width);
+
+  DeepseekV41Model host_;
+  CudaModelOptions options_;
+  Stream stream_;
+  DeviceWeights weights_;
+  DeviceKvPool kv_;
+  std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<Tables> tables_;
+  DeviceMemoryPlan memory_plan_;
+  std::map<std::pair<int64_t, int64_t>, CudaGraph> decode_graphs_;  // by (batch, context bucket)
+  std::map<std::pair<int64_t, int64_t>, bool> warmed_;              // ran once directly (attributes, heuristics)
+  Profiler* profiler_ = nullptr;                                    // set during profile_decode_step
+  TensorSink debug_sink_;
+  cudaStream_t cur_ = nullptr;  // non-null inside a branch
+  int64_t last_rows_ = 0;
+  bool state_written_ = false;  // a step has written sequence state (KV rings / caches): errors poison it
+};
+
+// The device memory one CudaModel of this config needs besides its weights (KV pools, rings, tables,
+// activation workspace), per component — load() checks it against the free memory before allocating.
+Result<DeviceMemoryPlan> cuda_model_extra_plan(const ModelConfig& c, const LayerPlan& plan, const CudaModelOptions& o);
+
+}  // namespace cedar::cuda

@@ -1,0 +1,156 @@
+// Internals shared by cuda_model.cpp (load, sequences, steps) and cuda_model_layers.cpp (the layer
+// loop): the activation workspace, the step inputs and the per-layer descriptor tables. Host-side C++20.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention_kernels.h"
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/gemm_kernels.h"
+#include "backend/cuda/kernels.h"
+
+namespace cedar::cuda {
+
+inline constexpr int64_t kMixWidth = 24;  // pre[4], post[4], comb[16] per token (hc = 4)
+
+// Per-row inputs of one call, struct of arrays with `capacity` rows. Two regions: decode (capacity
+// max_batch, uploaded as one block per step) and prefill (capacity max_chunk, the used rows only).
+struct StepInputs {
+  int64_t capacity = 0;
+  int32_t* ids = nullptr;    // token ids
+  int32_t* slots = nullptr;  // KV slot of the row's sequence (AttnToken::seq, Engram history index)
+  int64_t* pos = nullptr;    // absolute positions
+  // Attention rows: exact (swa_start 0), decoder (swa_start = the CED replay start of CED sequences),
+  // boundary (swa_start = replay start only for CED sequences with the GlobalKvOnly boundary).
+  AttnToken* tok_exact = nullptr;
+  AttnToken* tok_dec = nullptr;
+  AttnToken* tok_bnd = nullptr;
+  uint8_t* block = nullptr;  // the region's first byte (all arrays are inside [block, block + bytes))
+  uint64_t bytes = 0;
+  uint8_t* staging = nullptr;  // pinned host mirror of the block (same offsets)
+};
+
+struct CudaModel::Workspace {
+  int64_t rows = 0, logit_rows = 0;
+  DeviceBuffer<uint8_t> slab;
+  uint8_t* pinned = nullptr;  // host staging of both step-input regions
+  StepInputs decode_in, prefill_in;
+  // Streams and sublayer I/O.
+  float *X = nullptr, *x = nullptr, *xn = nullptr, *y = nullptr;
+  float *mix_attn = nullptr, *mix_ffn = nullptr, *mix_scratch = nullptr;
+  float *pre = nullptr, *post = nullptr, *comb = nullptr, *e0 = nullptr;
+  // Activation quantization (two buffers: an input reused by several linears stays quantized).
+  uint16_t *act_a = nullptr, *act_b = nullptr;
+  float *act_a_scales = nullptr, *act_b_scales = nullptr;
+  int64_t act_capacity = 0;  // values per buffer
+  // Attention.
+  float *qr = nullptr, *q = nullptr, *kvw = nullptr, *o = nullptr, *u = nullptr;
+  uint8_t* chunk_records = nullptr;  // [rows, swa record]
+  float *comp_kv = nullptr, *comp_gate = nullptr, *latent = nullptr, *index_k = nullptr;
+  float *qi = nullptr, *w_raw = nullptr, *iw = nullptr, *q_scales = nullptr;
+  uint16_t* q_codes = nullptr;
+  float* index_scores = nullptr;  // [rows, max_slots]
+  int64_t max_slots_cap = 0;
+  void* select_ws = nullptr;
+  int64_t select_ws_bytes = 0;
+  int32_t* cand_blocks = nullptr;  // [rows, candidate_topk_blocks]
+  std::vector<int32_t*> topk;      // per layer: [rows, index_topk] (index sources), else null
+  SparseAttnWorkspace sparse;
+  // MoE.
+  float *router_logits = nullptr, *route_w = nullptr;
+  std::vector<int32_t*> experts;  // per layer: [rows, topk]
+  DeviceGemvItem *items13 = nullptr, *items2 = nullptr;
+  int32_t* item_counts = nullptr;
+  float *g = nullptr, *gu = nullptr, *routed = nullptr;  // GEMV path: [8·topk, inter] / [8·topk, d]
+  uint16_t* h_codes = nullptr;                           // [rows·topk, inter]
+  float* h_scales = nullptr;
+  uint16_t* y_rows = nullptr;  // [rows·topk, d] bf16 (GEMM path)
+  MoePermutation perm;
+  float *sg = nullptr, *su = nullptr, *shared = nullptr;  // shared expert
+  uint16_t* sh_codes = nullptr;
+  float* sh_scales = nullptr;
+  // Engram.
+  int64_t* engram_rows = nullptr;  // [slots, rows, cols]
+  uint16_t* e_codes = nullptr;
+  float* e_scales = nullptr;
+  int32_t* engram_recent = nullptr;  // [max_sequences, N − 1]
+  int64_t* engram_next = nullptr;    // [max_sequences]
+  // Split-K / mHC / GEMM / cuBLAS scratch.
+  SplitKWorkspace splitk, splitk_aux;  // the aux stream's GEMVs have their own
+  MhcWorkspace mhc;
+  QuantGemmWorkspace gemm;
+  uint16_t* dense_x = nullptr;
+  int64_t dense_x_elems = 0;
+  // Head.
+  float* logits = nullptr;
+  int32_t* argmax = nullptr;
+  ~Workspace() {
+    if (pinned) cudaFreeHost(pinned);
+  }
+};
+
+// Device descriptor tables indexed by KV slot, built once (a captured graph keeps their addresses).
+struct CudaModel::Tables {
+  std::vector<DeviceBuffer<SwaRingDesc>> rings;    // per layer
+  std::vector<DeviceBuffer<KvSourceSeq>> sources;  // per layer (KV sources only; else empty)
+  DeviceBuffer<float> rope_main, rope_compress;    // [max_context, rope_dim]
+  RopeTableView rope_main_view, rope_compress_view;
+  DeviceBuffer<int64_t> engram_hash_table;
+  EngramHashTables engram_layout;
+  DeviceBuffer<int32_t> engram_map;
+  int32_t engram_pad = 0;
+  std::vector<int64_t> engram_slot;  // per layer, −1 without Engram
+  std::unique_ptr<BlasContext> blas;
+  std::string blas_error;
+  bool mhc_cluster = false;
+  float attn_scale = 0;
+  bool index_reference = true, bf16_probabilities = true;
+  // Concurrent branches of a decode step.
+  Stream aux;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  ~Tables() {
+    if (fork_ev) cudaEventDestroy(fork_ev);
+    if (join_ev) cudaEventDestroy(join_ev);
+  }
+};
+
+// Events after every stage of one decode step (profile_decode_step).
+struct CudaModel::Profiler {
+  bool graph = true;  // events recorded as nodes of the step's graph (else a direct run)
+  std::vector<cudaEvent_t> events;
+  std::vector<std::string> labels;
+  std::vector<uint64_t> bytes;
+  size_t used = 0;
+  ~Profiler() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+};
+
+// Carves typed arrays from a slab; with base == nullptr it only sums the bytes (the plan).
+class Carver {
+ public:
+  explicit Carver(uint8_t* base, DeviceMemoryPlan* plan) : base_(base), plan_(plan) {}
+  template <typename T>
+  T* take(const char* component, int64_t count) {
+    const uint64_t bytes = static_cast<uint64_t>(count > 0 ? count : 0) * sizeof(T);
+    if (plan_) plan_->add(component, bytes, false, "rows");
+    T* p = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
+    offset_ = (offset_ + bytes + 255) / 256 * 256;
+    return p;
+  }
+  uint64_t bytes() const { return offset_; }
+
+ private:
+  uint8_t* base_;
+  DeviceMemoryPlan* plan_;
+  uint64_t offset_ = 0;
+};
+
+}  // namespace cedar::cuda

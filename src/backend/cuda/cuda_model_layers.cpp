@@ -1,0 +1,865 @@
+// The CUDA model's layer loop (cuda_model.h): embed → per layer [Engram] → attention site (mHC) →
+// attention (compressor, indexer, sparse attention, output projection) → ffn site (mHC) → MoE → final
+// expand, head and argmax. Mirrors DeepseekV41Model::run_rows / run_layer / finish_rows step by step;
+// each call names the CPU step it reproduces. Every launch is asynchronous on the model's stream and
+// graph-capturable: nothing here reads device data back or depends on it on the host.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/cuda_model_internal.h"
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/model_kernels.h"
+
+namespace cedar::cuda {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+const uint16_t* bf16_bits(const DeviceMatrix& m) { return reinterpret_cast<const uint16_t*>(m.data); }
+
+QuantWeightFormat quant_format(const DeviceMatrix& m) {
+  return m.format == DeviceFormat::Mxfp4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block;
+}
+
+}  // namespace
+
+struct CudaModel::DenseCall {
+  const DeviceMatrix* w = nullptr;
+  int64_t out = 0, in = 0, groups = 1;  // per group; groups share x's and y's rows (wo_a)
+  const float* x = nullptr;
+  float* y = nullptr;
+  int64_t n = 0;
+  bool bf16_output = true;
+};
+
+Status CudaModel::mark(const char* stage, uint64_t weight_bytes) {
+  if (!profiler_) return Status::Ok();
+  Profiler& p = *profiler_;
+  if (p.used == p.events.size()) return make_error("profile: more stages than events");
+  cudaEvent_t ev = p.events[p.used];
+  const cudaError_t e = p.graph ? cudaEventRecordWithFlags(ev, stream_.get(), cudaEventRecordExternal)
+                                : cudaEventRecord(ev, stream_.get());
+  CEDAR_RETURN_IF_ERROR(cuda_status(e, "cudaEventRecord(profile)"));
+  p.labels.emplace_back(stage);
+  p.bytes.push_back(weight_bytes);
+  ++p.used;
+  return Status::Ok();
+}
+
+Status CudaModel::debug(const std::string& name, const Rows& r, const float* data, int64_t width) {
+  if (!debug_sink_ || r.decode) return Status::Ok();
+  std::vector<float> host(static_cast<size_t>(r.n * width));
+  CEDAR_RETURN_IF_ERROR(stream_.synchronize());
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpy(host.data(), data, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  debug_sink_(TensorRecord{name, r.pos0, r.n, width, host});
+  return Status::Ok();
+}
+
+const SplitKWorkspace& CudaModel::splitk() const { return cur_ ? ws_->splitk_aux : ws_->splitk; }
+
+bool CudaModel::branches(const Rows& r) const {
+  // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace).
+  return options_.concurrent_branches && r.decode && r.n <= kGemvMaxRows && !profiler_;
+}
+
+template <typename Main, typename Aux>
+Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
+  if (!on) {
+    CEDAR_RETURN_IF_ERROR(aux());
+    return main();
+  }
+  const cudaStream_t s = stream_.get(), a = tables_->aux.get();
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->fork_ev, s));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->fork_ev, 0));
+  cur_ = a;
+  const Status sa = aux();
+  cur_ = nullptr;
+  const Status sm = sa.ok() ? main() : Status::Ok();
+  // Join even after an error, so that a capture in progress ends with every branch merged.
+  const cudaError_t e1 = cudaEventRecord(tables_->join_ev, a);
+  const cudaError_t e2 = cudaStreamWaitEvent(s, tables_->join_ev, 0);
+  CEDAR_RETURN_IF_ERROR(sa);
+  CEDAR_RETURN_IF_ERROR(sm);
+  CEDAR_CUDA_RETURN_IF_ERROR(e1);
+  return cuda_status(e2, "cudaStreamWaitEvent(join)");
+}
+
+Status CudaModel::quantize(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales) {
+  if (n * in > ws_->act_capacity)
+    return make_error("activation quantization of " + str(n) + "×" + str(in) + " exceeds the workspace");
+  return quantize_act_fp8(x, n, in, codes, scales, cs());
+}
+
+Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
+                          bool bf16_output) {
+  if (w.format != DeviceFormat::Fp8Block && w.format != DeviceFormat::Mxfp4)
+    return make_error("qlinear: weight format " + std::string(device_format_name(w.format)) + " is not quantized");
+  Workspace& ws = *ws_;
+  if (n <= kGemvMaxRows) return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, cs(), splitk());
+  QuantGemmArgs a;
+  a.w = w.quant();
+  a.act_codes = codes;
+  a.act_scales = scales;
+  a.m = n;
+  a.act_block = 32;
+  a.y = y;
+  a.bf16_output = bf16_output;
+  return quant_gemm(a, ws.gemm, cs());
+}
+
+Status CudaModel::dense(const DenseCall& c) {
+  const DeviceMatrix& w = *c.w;
+  Workspace& ws = *ws_;
+  const bool f32 = w.format == DeviceFormat::F32;
+  if (w.format != DeviceFormat::Bf16 && !f32)
+    return make_error("dense: weight format " + std::string(device_format_name(w.format)) + " is not BF16 / F32");
+  if ((c.n > 64 || f32) && tables_->blas) {
+    DenseGemmArgs a;
+    a.type = f32 ? DenseWeightType::F32 : DenseWeightType::BF16;
+    a.w = w.data;
+    a.out = c.out;
+    a.in = c.in;
+    a.x = c.x;
+    a.n = c.n;
+    a.ldx = c.groups * c.in;
+    a.y = c.y;
+    a.ldy = c.groups * c.out;
+    a.bf16_output = c.bf16_output;
+    a.batch = c.groups;
+    a.w_stride = c.out * c.in;
+    a.x_stride = c.in;
+    a.y_stride = c.out;
+    return dense_gemm(*tables_->blas, a, ws.dense_x, ws.dense_x_elems, cs());
+  }
+  if (f32) return make_error("dense: F32 weights need cuBLASLt (" + tables_->blas_error + ")");
+  Bf16GemvArgs a;
+  a.w = bf16_bits(w);
+  a.out = c.out;
+  a.in = c.in;
+  a.groups = c.groups;
+  a.x = c.x;
+  a.y = c.y;
+  a.n = c.n;
+  a.bf16_output = c.bf16_output;
+  return gemv_bf16(a, cs(), splitk());
+}
+
+Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
+  const MhcFusedArgs& a = *static_cast<const MhcFusedArgs*>(args_ptr);
+  // The cluster kernel is one launch for any row count; the plain one is faster for a few rows.
+  if (tables_->mhc_cluster && r.n > 4) return mhc_fused_cluster(a, cs(), false);
+  return mhc_fused(a, ws_->mhc, cs());
+}
+
+namespace {
+
+struct MixPtrs {
+  const float *pre, *post, *comb;
+};
+
+// pre / post / comb of mix rows: the row itself for one row, the split copies otherwise.
+Result<MixPtrs> split_mix(const float* mix, int64_t n, CudaModel::Workspace& w, cudaStream_t s) {
+  if (n == 1) return MixPtrs{mix, mix + 4, mix + 8};
+  CEDAR_RETURN_IF_ERROR(split_mix_rows(mix, n, 4, w.pre, w.post, w.comb, s));
+  return MixPtrs{w.pre, w.post, w.comb};
+}
+
+MhcFusedArgs mhc_args(const ModelConfig& c, const DeviceHc& hc, int64_t n, float* X) {
+  MhcFusedArgs a;
+  a.n = n;
+  a.hc = c.hc_mult;
+  a.d = c.hidden_size;
+  a.X = X;
+  a.X_out = X;
+  a.fn = hc.fn.data;
+  a.base = hc.base.data;
+  a.scale = hc.scale.data;
+  a.sinkhorn_iters = c.hc_sinkhorn_iters;
+  a.hc_eps = static_cast<float>(c.hc_eps);
+  a.norm_eps = static_cast<float>(c.rms_norm_eps);
+  return a;
+}
+
+}  // namespace
+
+// ---- the loop (DeepseekV41Model::run_rows) ------------------------------------------------------
+
+Status CudaModel::run_rows(const Rows& r) {
+  state_written_ = true;  // from the first kernel on, sequence state (rings, caches, Engram history) changes
+  CEDAR_RETURN_IF_ERROR(mark("start"));
+  CEDAR_RETURN_IF_ERROR(embed(r));
+  const LayerPlan& p = plan();
+  const int64_t last = r.tail ? p.num_layers() - 1 : p.last_kv_source;
+  const int64_t d = config().hidden_size;
+  for (int64_t l = 0; l <= last; ++l) {
+    const std::string at = "layers." + str(l) + ".";
+    const bool boundary_stop = !r.tail && l == p.last_kv_source;
+    Status st = attention_site(l, r);
+    if (st.ok()) st = debug(at + "attn_in", r, ws_->xn, d);
+    if (st.ok()) st = attention(l, r);
+    if (st.ok() && boundary_stop) return Status::Ok();  // pre-tail rows stop after the boundary
+    if (st.ok()) st = debug(at + "attn_out", r, ws_->y, d);
+    if (st.ok()) st = ffn_site(l, r);
+    if (st.ok()) st = debug(at + "ffn_in", r, ws_->xn, d);
+    if (st.ok()) st = moe(l, r);
+    if (st.ok()) st = debug(at + "ffn_out", r, ws_->y, d);
+    if (!st.ok()) return st.error().with_context("layer " + str(l));
+  }
+  return r.tail ? finish(r) : Status::Ok();
+}
+
+Status CudaModel::embed(const Rows& r) {
+  const ModelConfig& c = config();
+  Workspace& w = *ws_;
+  const StepInputs& in = r.decode ? w.decode_in : w.prefill_in;
+  // §3.2: X_0 = [e, e, e, e] (pre_prev = e_0 is the constant w.e0).
+  EmbedGatherArgs a;
+  a.table = bf16_bits(weights_.embed());
+  a.vocab = c.vocab_size;
+  a.d = c.hidden_size;
+  a.hc = c.hc_mult;
+  a.tokens = in.ids + r.first;
+  a.n = r.n;
+  a.X = w.X;
+  CEDAR_RETURN_IF_ERROR(embed_gather(a, cs()));
+  if (w.engram_rows) {  // EngramHasher::hash_chunk with the device history of each row's slot
+    EngramHashArgs h;
+    h.layout = tables_->engram_layout;
+    h.token_map = tables_->engram_map.get();
+    h.map_size = static_cast<int64_t>(tables_->engram_map.size());
+    h.pad = tables_->engram_pad;
+    h.n = r.n;
+    h.tokens = in.ids + r.first;
+    h.seq = in.slots + r.first;
+    h.pos = in.pos + r.first;
+    h.recent = w.engram_recent;
+    h.next_pos = w.engram_next;
+    h.rows = w.engram_rows;
+    CEDAR_RETURN_IF_ERROR(engram_hash(h, cs()));
+  }
+  return mark("embed");
+}
+
+// engram_forward: gather + dequant (+ FP8 codes of E), wkv, gated update of the streams.
+Status CudaModel::engram(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  Workspace& w = *ws_;
+  const DeviceEngram& E = *weights_.layers()[static_cast<size_t>(l)].engram;
+  const int64_t slot = tables_->engram_slot[static_cast<size_t>(l)];
+  const int64_t cols = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
+  if (slot < 0 || !w.engram_rows) return make_error("Engram layer " + str(l) + " has no hash slot");
+  EngramGatherArgs g;
+  g.n = r.n;
+  g.cols = cols;
+  g.head_dim = E.head_dim;
+  g.rows = w.engram_rows + slot * r.n * cols;
+  g.table_rows = E.rows;
+  g.bf16_table = !E.table_fp8;
+  g.table = E.table;
+  g.table_scale = E.table_scale;
+  g.codes = w.e_codes;
+  g.scales = w.e_scales;
+  CEDAR_RETURN_IF_ERROR(engram_gather_quant(g, cs()));
+  CEDAR_RETURN_IF_ERROR(qlinear(E.wkv, w.e_codes, w.e_scales, r.n, w.y));
+  EngramUpdateArgs u;
+  u.n = r.n;
+  u.hc = c.hc_mult;
+  u.d = c.hidden_size;
+  u.X = w.X;
+  u.kv = w.y;
+  u.qk = E.qk.data;
+  u.norm_eps = static_cast<float>(c.rms_norm_eps);
+  CEDAR_RETURN_IF_ERROR(engram_update(u, cs()));
+  CEDAR_RETURN_IF_ERROR(debug("layers." + str(l) + ".engram_out", r, w.X, c.hc_mult * c.hidden_size));
+  return mark("engram", E.wkv.bytes());
+}
+
+// Attention site: [expand of the previous ffn output] → [Engram] → collapse with pre_prev, the site's
+// coefficients → attn_norm.
+Status CudaModel::attention_site(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  const cudaStream_t s = cs();
+  MhcFusedArgs a = mhc_args(c, L.hc_attn, r.n, w.X);
+  MixPtrs prev{w.e0, nullptr, nullptr};
+  if (l > 0) {  // the previous layer's ffn output, expanded with its site's post / comb; collapse with its pre
+    CEDAR_ASSIGN_OR_RETURN(prev, split_mix(w.mix_ffn, r.n, w, s));
+    a.y = w.y;
+    a.post = prev.post;
+    a.comb = prev.comb;
+  }
+  if (L.engram) {
+    // Engram changes the streams between the expand and this site's collapse and coefficients: expand
+    // alone first (its coefficients are discarded), Engram, then collapse + coefficients.
+    if (a.y) {
+      MhcFusedArgs expand = a;
+      expand.mix_out = w.mix_scratch;
+      CEDAR_RETURN_IF_ERROR(mhc(&expand, r));
+    }
+    CEDAR_RETURN_IF_ERROR(engram(l, r));
+    a.y = nullptr;
+  }
+  a.collapse_w = prev.pre;
+  a.collapsed = w.x;
+  a.mix_out = w.mix_attn;
+  CEDAR_RETURN_IF_ERROR(mhc(&a, r));
+  CEDAR_RETURN_IF_ERROR(
+      rms_norm(w.x, r.n, c.hidden_size, L.attn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
+  return mark("mhc + norm", L.hc_attn.fn.size * 4);
+}
+
+// attention_forward (model/attention.cpp) for the rows of one call.
+Status CudaModel::attention(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const LayerPlan& p = plan();
+  const LayerRole& role = p.layers[static_cast<size_t>(l)];
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  const StepInputs& in = r.decode ? w.decode_in : w.prefill_in;
+  const int64_t n = r.n, d = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const bool boundary = l == p.last_kv_source;
+  // SWA truncation (§3.11): decoder layers of tail rows see keys from the replay start on; the boundary
+  // only under GlobalKvOnly. The three row arrays differ in swa_start only (0 for exact sequences).
+  const AttnToken* tok = (r.tail && p.last_kv_source >= 0 && l > p.last_kv_source) ? in.tok_dec
+                         : (r.tail && boundary)                                    ? in.tok_bnd
+                                                                                   : in.tok_exact;
+  tok += r.first;
+  const RopeTableView rope = role.compress_ratio > 0 ? tables_->rope_compress_view : tables_->rope_main_view;
+
+  // Global KV first (the chunk's complete groups), as attention_forward.
+  const bool compress = role.owns_compressor && role.compress_ratio > 0;
+  if (!r.tail && boundary && r.global_kv_only_boundary) {  // AttentionPass::GlobalKvOnly
+    return compress ? compressor(l, r) : Status::Ok();
+  }
+
+  // x's FP8 codes serve wq_a and wkv, qr's wq_b and the indexer's wq_b.
+  CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
+  // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
+  auto query = [&]() -> Status {
+    CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
+    CEDAR_RETURN_IF_ERROR(rms_norm(w.qr, n, c.q_lora_rank, L.q_norm.data, eps, w.qr, cs()));
+    CEDAR_RETURN_IF_ERROR(quantize(w.qr, n, c.q_lora_rank, w.act_b, w.act_b_scales));
+    CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
+    RopeApplyArgs ra;
+    ra.x = w.q;
+    ra.rows = n;
+    ra.n_vec = H;
+    ra.width = hd;
+    ra.tokens = tok;
+    CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, cs()));
+    return mark("attn.q", L.wq_a.bytes() + L.wq_b.bytes());
+  };
+  // The compressor's global KV and the layer's own SWA KV: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) as staged
+  // ring records (independent of the query path: a second branch in decode).
+  auto keys = [&]() -> Status {
+    if (compress) CEDAR_RETURN_IF_ERROR(compressor(l, r));
+    CEDAR_RETURN_IF_ERROR(qlinear(L.wkv, w.act_a, w.act_a_scales, n, w.kvw));
+    SwaKvArgs sk;
+    sk.kv = w.kvw;
+    sk.norm_weight = L.kv_norm.data;
+    sk.eps = eps;
+    sk.n = n;
+    sk.head_dim = hd;
+    sk.tokens = tok;
+    sk.rope = rope;
+    sk.records = w.chunk_records;
+    CEDAR_RETURN_IF_ERROR(swa_kv_encode(sk, cs()));
+    return mark("attn.kv", L.wkv.bytes());
+  };
+  CEDAR_RETURN_IF_ERROR(parallel(branches(r), query, keys));
+
+  // Compressed entries: the index source's top-k of this call.
+  const int32_t* topk = nullptr;
+  if (role.compress_ratio > 0) {
+    if (role.owns_indexer) CEDAR_RETURN_IF_ERROR(indexer(l, r));
+    topk = w.topk[static_cast<size_t>(role.index_source)];
+    if (!topk) return make_error("index source layer " + str(role.index_source) + " has no top-k buffer");
+    topk += r.first * c.index_topk;
+  }
+  const int64_t slots = kv_.geometry().swa_slots;
+  SparseAttnArgs sa;
+  sa.n = n;
+  sa.heads = H;
+  sa.head_dim = hd;
+  sa.window = slots;
+  sa.q = w.q;
+  sa.sink = L.attn_sink.data;
+  sa.scale = tables_->attn_scale;
+  sa.bf16_probabilities = tables_->bf16_probabilities;
+  sa.tokens = tok;
+  sa.chunk_records = w.chunk_records;
+  sa.rings = tables_->rings[static_cast<size_t>(l)].get();
+  sa.topk = topk;
+  sa.topk_width = topk ? c.index_topk : 0;
+  sa.kv_seqs = topk ? tables_->sources[static_cast<size_t>(role.kv_source)].get() : nullptr;
+  sa.rope = rope;
+  sa.out = w.o;
+  CEDAR_RETURN_IF_ERROR(options_.prefetch_attention ? sparse_attention_prefetch(sa, cs(), w.sparse)
+                                                    : sparse_attention(sa, cs(), w.sparse));
+  CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
+  // The ring is written after attending (the chunk's own keys came from the staged records).
+  SwaRingCommitArgs rc;
+  rc.records = w.chunk_records;
+  rc.n = n;
+  rc.record_bytes = swa_record_bytes(hd);
+  rc.tokens = tok;
+  rc.rings = tables_->rings[static_cast<size_t>(l)].get();
+  rc.slots = slots;
+  CEDAR_RETURN_IF_ERROR(swa_ring_commit(rc, cs()));
+
+  // out = wo_b · concat_g(wo_a[g] · o_g) (attention_output_projection).
+  DenseCall oa;
+  oa.w = &L.wo_a;
+  oa.out = c.o_lora_rank;
+  oa.in = H * hd / c.o_groups;
+  oa.groups = c.o_groups;
+  oa.x = w.o;
+  oa.y = w.u;
+  oa.n = n;
+  CEDAR_RETURN_IF_ERROR(dense(oa));
+  CEDAR_RETURN_IF_ERROR(quantize(w.u, n, c.o_groups * c.o_lora_rank, w.act_a, w.act_a_scales));
+  CEDAR_RETURN_IF_ERROR(qlinear(L.wo_b, w.act_a, w.act_a_scales, n, w.y));
+  return mark("attn.out", L.wo_a.bytes() + L.wo_b.bytes());
+}
+
+// compress_chunk + append_cache_entries of a KV source layer.
+Status CudaModel::compressor(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const LayerRole& role = plan().layers[static_cast<size_t>(l)];
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  const StepInputs& in = r.decode ? w.decode_in : w.prefill_in;
+  const cudaStream_t s = cs();
+  const int64_t n = r.n, d = c.hidden_size, hd = c.head_dim, ratio = role.compress_ratio;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const KvSourceSeq* seqs = tables_->sources[static_cast<size_t>(l)].get();
+  // Ratio 1: bf16 projections; ratio > 1: fp32 (the reference holds wkv / wgate in fp32 there).
+  DenseCall kv;
+  kv.w = &L.wkv_c;
+  kv.out = hd;
+  kv.in = d;
+  kv.x = w.xn;
+  kv.y = w.comp_kv;
+  kv.n = n;
+  kv.bf16_output = ratio == 1;
+  CEDAR_RETURN_IF_ERROR(dense(kv));
+  CompressorArgs ca;
+  ca.n = n;
+  ca.head_dim = hd;
+  ca.ratio = ratio;
+  ca.kv = w.comp_kv;
+  ca.norm_weight = L.norm_c.data;
+  ca.eps = eps;
+  ca.tokens = in.tok_exact + r.first;
+  ca.seqs = seqs;
+  ca.rope = tables_->rope_compress_view;
+  ca.latent = w.latent;
+  uint64_t bytes = L.wkv_c.bytes();
+  if (ratio > 1) {
+    DenseCall gate = kv;
+    gate.w = &L.wgate_c;
+    gate.y = w.comp_gate;
+    CEDAR_RETURN_IF_ERROR(dense(gate));
+    ca.gate = w.comp_gate;
+    bytes += L.wgate_c.bytes();
+  }
+  CEDAR_RETURN_IF_ERROR(compressor_entries(ca, s));
+  if (ratio > 1) CEDAR_RETURN_IF_ERROR(compressor_keep_pending(ca, s));
+  if (role.owns_indexer_keys) {
+    DenseCall k;
+    k.w = &L.wk;
+    k.out = c.index_head_dim;
+    k.in = hd;
+    k.x = w.latent;
+    k.y = w.index_k;
+    k.n = n;
+    CEDAR_RETURN_IF_ERROR(dense(k));
+    IndexKeyArgs ka;
+    ka.n = n;
+    ka.index_head_dim = c.index_head_dim;
+    ka.ratio = ratio;
+    ka.k = w.index_k;
+    ka.norm_weight = L.k_norm.data;
+    ka.eps = eps;
+    ka.tokens = ca.tokens;
+    ka.seqs = seqs;
+    ka.rope = tables_->rope_compress_view;
+    CEDAR_RETURN_IF_ERROR(indexer_keys_store(ka, s));
+    bytes += L.wk.bytes();
+  }
+  return mark("compressor", bytes);
+}
+
+// index_queries + run_indexer of an index source layer (qr's FP8 codes are in act_b).
+Status CudaModel::indexer(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const LayerRole& role = plan().layers[static_cast<size_t>(l)];
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  const StepInputs& in = r.decode ? w.decode_in : w.prefill_in;
+  const cudaStream_t s = cs();
+  const int64_t n = r.n, ih = c.index_n_heads, ihd = c.index_head_dim, ratio = role.compress_ratio;
+  const AttnToken* tok = in.tok_exact + r.first;
+  CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b_i, w.act_b, w.act_b_scales, n, w.qi));
+  DenseCall wp;
+  wp.w = &L.weights_proj;
+  wp.out = ih;
+  wp.in = c.hidden_size;
+  wp.x = w.xn;
+  wp.y = w.w_raw;
+  wp.n = n;
+  CEDAR_RETURN_IF_ERROR(dense(wp));
+  IndexQueryArgs qa;
+  qa.n = n;
+  qa.heads = ih;
+  qa.head_dim = ihd;
+  qa.qi = w.qi;
+  qa.w_raw = w.w_raw;
+  qa.tokens = tok;
+  qa.rope = tables_->rope_compress_view;
+  qa.reference_precision = tables_->index_reference;
+  qa.q_codes = w.q_codes;
+  qa.q_scales = w.q_scales;
+  qa.w = w.iw;
+  CEDAR_RETURN_IF_ERROR(indexer_queries(qa, s));
+  const bool restricted = role.uses_candidates;
+  const int64_t max_slots = std::min(w.max_slots_cap, restricted ? c.candidate_topk_blocks * c.candidate_block_size
+                                                                 : std::max<int64_t>(1, ceil_div(r.context, ratio)));
+  IndexerScoreArgs sa;
+  sa.n = n;
+  sa.heads = ih;
+  sa.head_dim = ihd;
+  sa.ratio = ratio;
+  sa.q_codes = w.q_codes;
+  sa.q_scales = w.q_scales;
+  sa.w = w.iw;
+  sa.tokens = tok;
+  sa.seqs = tables_->sources[static_cast<size_t>(role.kv_source)].get();
+  sa.reference_precision = tables_->index_reference;
+  sa.relu_scale = static_cast<float>(std::pow(static_cast<double>(ihd), -0.5));
+  sa.candidate_blocks = restricted ? w.cand_blocks : nullptr;
+  sa.candidate_topk_blocks = c.candidate_topk_blocks;
+  sa.candidate_block_size = c.candidate_block_size;
+  sa.max_slots = max_slots;
+  sa.scores = w.index_scores;
+  CEDAR_RETURN_IF_ERROR(indexer_scores(sa, s));
+  IndexerSelectArgs se;
+  se.n = n;
+  se.ratio = ratio;
+  se.tokens = tok;
+  se.scores = w.index_scores;
+  se.max_slots = max_slots;
+  se.candidate_blocks = sa.candidate_blocks;
+  se.candidate_topk_blocks = c.candidate_topk_blocks;
+  se.candidate_block_size = c.candidate_block_size;
+  se.topk = c.index_topk;
+  se.topk_out = w.topk[static_cast<size_t>(l)] + r.first * c.index_topk;
+  se.blocks_out = role.is_candidate_source ? w.cand_blocks : nullptr;
+  se.workspace = w.select_ws;
+  se.workspace_bytes = w.select_ws_bytes;
+  CEDAR_RETURN_IF_ERROR(indexer_select(se, s));
+  return mark("indexer", L.wq_b_i.bytes() + L.weights_proj.bytes());
+}
+
+// FFN site: expand the attention output, collapse with the attention site's pre, the ffn coefficients.
+Status CudaModel::ffn_site(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  const cudaStream_t s = cs();
+  CEDAR_ASSIGN_OR_RETURN(const MixPtrs m, split_mix(w.mix_attn, r.n, w, s));
+  MhcFusedArgs a = mhc_args(c, L.hc_ffn, r.n, w.X);
+  a.y = w.y;
+  a.post = m.post;
+  a.comb = m.comb;
+  a.collapse_w = m.pre;
+  a.collapsed = w.x;
+  a.mix_out = w.mix_ffn;
+  CEDAR_RETURN_IF_ERROR(mhc(&a, r));
+  CEDAR_RETURN_IF_ERROR(
+      rms_norm(w.x, r.n, c.hidden_size, L.ffn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
+  return mark("mhc + norm", L.hc_ffn.fn.size * 4);
+}
+
+Status CudaModel::moe(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  // route_tokens: fp32 logits, sqrt(softplus), biased top-k, normalized weights × route scale.
+  RouterArgs ra;
+  ra.n = r.n;
+  ra.d = c.hidden_size;
+  ra.n_experts = L.experts.count;
+  ra.topk = c.num_experts_per_tok;
+  ra.x = w.xn;
+  ra.gate = bf16_bits(L.gate);
+  ra.bias = L.gate_bias.data;
+  ra.gate_temp = static_cast<float>(c.gate_temp);
+  ra.route_scale = static_cast<float>(c.routed_scaling_factor);
+  ra.norm_topk_prob = c.norm_topk_prob;
+  ra.logits = w.router_logits;
+  ra.experts = w.experts[static_cast<size_t>(l)] + r.first * c.num_experts_per_tok;
+  ra.weights = w.route_w;
+  CEDAR_RETURN_IF_ERROR(moe_route(ra, cs()));
+  CEDAR_RETURN_IF_ERROR(mark("moe.route", L.gate.bytes()));
+  CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
+  return r.n <= kGemvMaxRows ? moe_gemv(l, r) : moe_gemm(l, r);
+}
+
+// Decode: device-built item tables over the routed experts (packed MXFP4 GEMVs), SwiGLU, W2, the shared
+// expert as grouped GEMVs, and the combine in the CPU's order.
+Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  const DeviceExperts& X = L.experts;
+  Workspace& w = *ws_;
+  const cudaStream_t s = cs();
+  const int64_t n = r.n, K = c.num_experts_per_tok, P = n * K, d = c.hidden_size, inter = c.moe_intermediate_size;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const int32_t* experts = w.experts[static_cast<size_t>(l)] + r.first * K;
+  MoeDispatchArgs da;
+  da.experts = experts;
+  da.n = n;
+  da.topk = K;
+  da.n_experts = X.count;
+  da.n_tables = 2;
+  da.tables[0] = MoeItemTable{2,
+                              {{X.data_table[DeviceExperts::kW1], X.scale_table[DeviceExperts::kW1]},
+                               {X.data_table[DeviceExperts::kW3], X.scale_table[DeviceExperts::kW3]}},
+                              {w.g, w.gu},
+                              w.act_a,
+                              w.act_a_scales,
+                              false,
+                              w.items13,
+                              w.item_counts,
+                              2 * P};
+  da.tables[1] = MoeItemTable{1,
+                              {{X.data_table[DeviceExperts::kW2], X.scale_table[DeviceExperts::kW2]}, {}},
+                              {w.routed, nullptr},
+                              w.h_codes,
+                              w.h_scales,
+                              true,
+                              w.items2,
+                              w.item_counts + 1,
+                              P};
+  CEDAR_RETURN_IF_ERROR(moe_build_items(da, s));
+  const Mxfp4Layout layout = X.repacked ? Mxfp4Layout::PackedBalanced : Mxfp4Layout::Plain;
+  auto routed = [&]() -> Status {
+    QuantWeightView shape13 = X.first[DeviceExperts::kW1].quant();
+    QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
+    shape13.data = shape2.data = nullptr;
+    shape13.scales = shape2.scales = nullptr;
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs()));
+    SwigluArgs sw;
+    sw.rows = P;
+    sw.inter = inter;
+    sw.g = w.g;
+    sw.u = w.gu;
+    sw.row_weights = w.route_w;
+    sw.limit = limit;
+    sw.codes = w.h_codes;
+    sw.scales = w.h_scales;
+    CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs()));
+    const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
+    return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);
+  };
+  // Shared expert (weight 1): w1 / w3 in one grouped launch, SwiGLU (+ FP8 codes), w2 — a second branch.
+  auto shared = [&]() -> Status {
+    const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
+                                  {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk()));
+    SwigluArgs ss;
+    ss.rows = n;
+    ss.inter = inter;
+    ss.g = w.sg;
+    ss.u = w.su;
+    ss.limit = limit;
+    ss.codes = w.sh_codes;
+    ss.scales = w.sh_scales;
+    CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
+    CEDAR_RETURN_IF_ERROR(
+        gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk()));
+    return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
+  };
+  CEDAR_RETURN_IF_ERROR(parallel(branches(r), routed, shared));
+  CEDAR_RETURN_IF_ERROR(moe_combine(MoeCombineArgs{n, K, d, experts, w.routed, w.shared, w.y}, s));
+  return mark("moe.combine");
+}
+
+// Prefill (and large decode batches): tokens grouped per expert, grouped W1/W3+SwiGLU and W2 GEMMs over
+// the plain MXFP4 bytes, the shared expert's fused SwiGLU GEMM, the combine in the CPU's order.
+Status CudaModel::moe_gemm(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  const DeviceExperts& X = L.experts;
+  Workspace& w = *ws_;
+  const cudaStream_t s = cs();
+  const int64_t n = r.n, K = c.num_experts_per_tok, d = c.hidden_size, inter = c.moe_intermediate_size;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const int32_t* experts = w.experts[static_cast<size_t>(l)] + r.first * K;
+  MoeRouteView rv;
+  rv.expert_ids = experts;
+  rv.weights = w.route_w;
+  rv.n = n;
+  rv.topk = K;
+  rv.n_experts = X.count;
+  const int tile = moe_tile_rows(n, K, X.count);
+  CEDAR_RETURN_IF_ERROR(moe_permute(rv, tile, w.perm, s));
+  auto data = [&](int k) { return X.plain_data_table[k] ? X.plain_data_table[k] : X.data_table[k]; };
+  MoeExpertArgs ea;
+  ea.experts.format = quant_format(X.first[0]);
+  ea.experts.d = d;
+  ea.experts.inter = inter;
+  ea.experts.block_out = X.first[0].block_out;
+  ea.experts.block_in = X.first[0].block_in;
+  ea.experts.w1_data = data(DeviceExperts::kW1);
+  ea.experts.w1_scales = X.scale_table[DeviceExperts::kW1];
+  ea.experts.w3_data = data(DeviceExperts::kW3);
+  ea.experts.w3_scales = X.scale_table[DeviceExperts::kW3];
+  ea.experts.w2_data = data(DeviceExperts::kW2);
+  ea.experts.w2_scales = X.scale_table[DeviceExperts::kW2];
+  ea.route = rv;
+  ea.perm = w.perm;
+  ea.tile_rows = tile;
+  ea.x_codes = w.act_a;
+  ea.x_scales = w.act_a_scales;
+  ea.act_block = 32;
+  ea.swiglu_limit = limit;
+  ea.h_codes = w.h_codes;
+  ea.h_scales = w.h_scales;
+  ea.y_rows = w.y_rows;
+  CEDAR_RETURN_IF_ERROR(moe_experts(ea, s));
+  CEDAR_RETURN_IF_ERROR(mark("moe.experts"));
+  SwigluGemmArgs sg;
+  sg.w1 = L.shared_w1.quant();
+  sg.w3 = L.shared_w3.quant();
+  sg.act_codes = w.act_a;
+  sg.act_scales = w.act_a_scales;
+  sg.m = n;
+  sg.act_block = 32;
+  sg.swiglu_limit = limit;
+  sg.h_codes = w.sh_codes;
+  sg.h_scales = w.sh_scales;
+  CEDAR_RETURN_IF_ERROR(swiglu_gemm(sg, s));
+  CEDAR_RETURN_IF_ERROR(qlinear(L.shared_w2, w.sh_codes, w.sh_scales, n, w.shared));
+  CEDAR_RETURN_IF_ERROR(mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes()));
+  MoePrefillCombineArgs ca;
+  ca.expert_ids = experts;
+  ca.slot_row = w.perm.slot_row;
+  ca.y_rows = w.y_rows;
+  ca.shared = w.shared;
+  ca.n = n;
+  ca.topk = K;
+  ca.d = d;
+  ca.n_experts = X.count;
+  ca.y = w.y;
+  CEDAR_RETURN_IF_ERROR(moe_prefill_combine(ca, s));
+  return mark("moe.combine");
+}
+
+// finish_rows: the last ffn output expanded into the streams, then (final_head) the collapse with that
+// site's pre, the final RMSNorm, the fp32 head over the logit rows, and argmax.
+Status CudaModel::finish(const Rows& r) {
+  const ModelConfig& c = config();
+  Workspace& w = *ws_;
+  const cudaStream_t s = cs();
+  const DeviceLayer& last = weights_.layers().back();
+  CEDAR_ASSIGN_OR_RETURN(const MixPtrs m, split_mix(w.mix_ffn, r.n, w, s));
+  MhcFusedArgs a = mhc_args(c, last.hc_ffn, r.n, w.X);  // its coefficients are not used (mix_scratch)
+  a.y = w.y;
+  a.post = m.post;
+  a.comb = m.comb;
+  a.mix_out = w.mix_scratch;
+  CEDAR_RETURN_IF_ERROR(mhc(&a, r));
+  if (r.logits == LogitRows::None) return mark("final expand");
+  const int64_t first = r.logits == LogitRows::Last ? r.n - 1 : 0, rows = r.n - first;
+  if (rows > w.logit_rows) return make_error("finish: " + str(rows) + " logit rows exceed " + str(w.logit_rows));
+  FinalHeadArgs h;
+  h.n = rows;
+  h.hc = c.hc_mult;
+  h.d = c.hidden_size;
+  h.vocab = c.vocab_size;
+  h.X = w.X + first * c.hc_mult * c.hidden_size;
+  h.pre = m.pre + first * c.hc_mult;
+  h.norm_weight = weights_.final_norm().data;
+  h.norm_eps = static_cast<float>(c.rms_norm_eps);
+  h.head = bf16_bits(weights_.head());
+  h.x = w.x;
+  h.logits = w.logits;
+  h.splitk = splitk();
+  CEDAR_RETURN_IF_ERROR(final_head(h, s));
+  CEDAR_RETURN_IF_ERROR(argmax_rows(w.logits, rows, c.vocab_size, w.argmax, s));
+  return mark("head + argmax", weights_.head().bytes());
+}
+
+// ---- profiling -------------------------------------------------------------------------------------
+
+// Stage times of the last profiled call: the interval before each event goes to that event's stage.
+Result<std::vector<StageTime>> CudaModel::collect_profile(double* total_us) {
+  Profiler& p = *profiler_;
+  std::vector<StageTime> stages;
+  double total = 0;
+  for (size_t i = 1; i < p.used; ++i) {
+    float ms = 0;
+    const cudaError_t e = cudaEventElapsedTime(&ms, p.events[i - 1], p.events[i]);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return cuda_status(e, "cudaEventElapsedTime(profile)").error();
+    }
+    total += 1e3 * ms;
+    auto it = std::find_if(stages.begin(), stages.end(), [&](const StageTime& s) { return s.stage == p.labels[i]; });
+    if (it == stages.end()) it = stages.insert(stages.end(), StageTime{p.labels[i], 0, 0, 0});
+    it->us += 1e3 * ms;
+    it->weight_bytes += p.bytes[i];
+    ++it->calls;
+  }
+  if (total_us) *total_us = total;
+  std::sort(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) { return a.us > b.us; });
+  return stages;
+}
+
+Result<std::vector<StageTime>> CudaModel::profile_decode_step(std::span<CudaSequence* const> seqs,
+                                                              std::span<const int64_t> tokens, CudaStepOutput& out,
+                                                              double* step_us) {
+  Profiler p;
+  p.graph = options_.cuda_graphs;
+  p.events.resize(4096);
+  for (cudaEvent_t& e : p.events) CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    p.used = 0;
+    p.labels.clear();
+    p.bytes.clear();
+    profiler_ = &p;
+    Status st = decode_step(seqs, tokens, out);
+    Result<std::vector<StageTime>> stages =
+        st.ok() ? collect_profile(step_us) : Result<std::vector<StageTime>>(st.error());
+    profiler_ = nullptr;
+    CEDAR_RETURN_IF_ERROR(st);
+    if (stages.ok() || !p.graph) return stages;
+    p.graph = false;  // events in graphs did not time here: one more step, launched directly
+  }
+  return make_error("profile: CUDA events gave no timings");
+}
+
+Result<std::vector<StageTime>> CudaModel::profile_prefill(CudaSequence& seq, std::span<const int64_t> tokens,
+                                                          double* total_us) {
+  Profiler p;
+  p.graph = false;
+  p.events.resize(4096);
+  for (cudaEvent_t& e : p.events) CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  profiler_ = &p;
+  CudaStepOutput out;
+  const Status st = prefill(seq, tokens, LogitRows::Last, out);
+  Result<std::vector<StageTime>> stages =
+      st.ok() ? collect_profile(total_us) : Result<std::vector<StageTime>>(st.error());
+  profiler_ = nullptr;
+  return stages;
+}
+
+}  // namespace cedar::cuda

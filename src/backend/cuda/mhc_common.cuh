@@ -1,0 +1,128 @@
+// Device pieces shared by the fused mHC kernels (mhc.cu: decode / streaming / elementwise, and
+// mhc_cluster.cu): the channel-local expand and collapse (bit-exact with model/mhc.h), and the
+// coefficients of one token from its 24 dot products and sum of squares (hc_mix's op order).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_math.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace cedar::cuda::mhc_detail {
+
+constexpr int kHc = 4;
+constexpr int kMix = (2 + kHc) * kHc;  // 24
+constexpr int kSlot = kMix + 1;        // 24 dot products + the sum of squares
+constexpr int kChannels = 32;          // d % 32 == 0
+constexpr int kMaxTokens = 8;          // tokens per decode tile
+
+// MhcFusedArgs with every row stride resolved (0 → packed).
+inline MhcFusedArgs resolve_strides(const MhcFusedArgs& a) {
+  MhcFusedArgs r = a;
+  if (r.post_stride == 0) r.post_stride = kHc;
+  if (r.comb_stride == 0) r.comb_stride = kHc * kHc;
+  if (r.collapse_w_stride == 0) r.collapse_w_stride = kHc;
+  if (r.mix_stride == 0) r.mix_stride = kMix;
+  return r;
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// X'_k = bf16(post_k·y + Σ_j comb[j,k]·X_j), the Σ in stream order, no contraction (hc_expand).
+// cf: the token's post[4] then comb[16] (e.g. from shared memory).
+__device__ __forceinline__ void expand_channel(const float (&x)[kHc], float y, const float* post, const float* comb,
+                                               float (&v)[kHc]) {
+#pragma unroll
+  for (int k = 0; k < kHc; ++k) {
+    float mixed = __fmul_rn(comb[k], x[0]);
+#pragma unroll
+    for (int j = 1; j < kHc; ++j) mixed = __fadd_rn(mixed, __fmul_rn(comb[j * kHc + k], x[j]));
+    v[k] = detail::round_bf16(__fadd_rn(__fmul_rn(post[k], y), mixed));
+  }
+}
+
+// bf16(Σ_k w_k·X_k) in stream order (hc_collapse).
+__device__ __forceinline__ float collapse_channel(const float (&v)[kHc], const float* w) {
+  float acc = __fmul_rn(w[0], v[0]);
+#pragma unroll
+  for (int k = 1; k < kHc; ++k) acc = __fadd_rn(acc, __fmul_rn(w[k], v[k]));
+  return detail::round_bf16(acc);
+}
+
+// The coefficients of one token by one thread, all in registers (hc_mix's op order, model/mhc.cpp):
+// m = dot·rstd, pre = sigmoid(m·s0 + b) + eps, post = 2·sigmoid(m·s1 + b), comb = row softmax + eps,
+// then the Sinkhorn (column first and last). The normalizations multiply by a correctly rounded
+// reciprocal of (Σ + eps) instead of dividing (<= 1 ulp from the CPU's quotient, contracted by the
+// next normalization): 4 reciprocals and 16 multiplications per half-step, the 20 iterations' serial
+// chain ~1 µs. out: the mix row (pre[4], post[4], comb[16]).
+__device__ __forceinline__ void finish_mix(const float (&m)[kSlot], const MhcFusedArgs& a, float* out) {
+  const float width = static_cast<float>(kHc * a.d);
+  const float rstd = 1.0f / sqrtf(m[kMix] / width + a.norm_eps);
+  const float eps = a.hc_eps;
+  const float s0 = a.scale[0], s1 = a.scale[1], s2 = a.scale[2];
+#pragma unroll
+  for (int k = 0; k < kHc; ++k) {
+    out[k] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m[k], rstd), s0), a.base[k])), eps);
+    out[kHc + k] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(__fmul_rn(m[kHc + k], rstd), s1), a.base[kHc + k]));
+  }
+  float c[kHc][kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      const int idx = 2 * kHc + j * kHc + k;
+      c[j][k] = __fadd_rn(__fmul_rn(__fmul_rn(m[idx], rstd), s2), a.base[idx]);
+    }
+    const float mx = fmaxf(fmaxf(fmaxf(c[j][0], c[j][1]), c[j][2]), c[j][3]);
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) c[j][k] = expf(c[j][k] - mx);
+    const float sum = __fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]);
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) c[j][k] = __fadd_rn(c[j][k] / sum, eps);
+  }
+#pragma unroll 1
+  for (int64_t it = 0; it < a.sinkhorn_iters; ++it) {
+    if (it > 0) {  // rows (the first normalization is a column one)
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) {
+        const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]), eps));
+#pragma unroll
+        for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps));
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) c[j][k] = __fmul_rn(c[j][k], r);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kHc; ++j)
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
+}
+
+// Reduce-scatter of 32 values per lane over a warp (31 shuffles): afterwards lane i holds the warp's
+// sum of value i in v[0], in a fixed order (deterministic). One level per template instance, so
+// every index is a compile-time constant (a runtime loop over the levels puts v in local memory).
+template <int kHalf>
+__device__ __forceinline__ void reduce_scatter_level(float (&v)[32], bool upper) {
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float keep = upper ? v[i + kHalf] : v[i];
+    const float send = upper ? v[i] : v[i + kHalf];
+    v[i] = keep + __shfl_xor_sync(detail::kFullMask, send, kHalf);
+  }
+}
+__device__ __forceinline__ void warp_reduce_scatter32(float (&v)[32], int lane) {
+  reduce_scatter_level<16>(v, (lane & 16) != 0);
+  reduce_scatter_level<8>(v, (lane & 8) != 0);
+  reduce_scatter_level<4>(v, (lane & 4) != 0);
+  reduce_scatter_level<2>(v, (lane & 2) != 0);
+  reduce_scatter_level<1>(v, (lane & 1) != 0);
+}
+
+}  // namespace cedar::cuda::mhc_detail

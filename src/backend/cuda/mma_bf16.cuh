@@ -1,0 +1,48 @@
+// bf16 tensor-core helpers shared by the skinny-GEMM kernels (router logits, FP8-weight GEMV):
+// mma.sync m16n8k16 bf16 × bf16 → f32 and the exact fp32 → bf16x2 packing of bf16-valued inputs.
+//
+// Fragment convention (the one gemv_bf16.cu documents): per 32-wide K chunk, thread (g = lane/4,
+// t = lane%4) holds the 8 consecutive values 8t..8t+7 of weight rows g and g+8 and of token g; the
+// first MMA takes values 8t+{0,1} in k slots 2t, 2t+1 and 8t+{2,3} in 2t+8, 2t+9, the second MMA
+// values 8t+{4..7} alike (any permutation of k works when A and B share it). The accumulator holds
+// (row g, tokens 2t, 2t+1) in d[0], d[1] and (row g+8, tokens 2t, 2t+1) in d[2], d[3].
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cedar::cuda::detail {
+
+__device__ __forceinline__ void mma_bf16_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 values → bf16x2 (low half = first), RNE (exact for bf16-valued inputs).
+__device__ __forceinline__ uint32_t pack_bf16x2_rn(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) | (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
+}
+
+// Programmatic dependent launch (sm_90): let the next kernel of the stream start its prologue now
+// (a no-op unless that kernel was launched with programmatic stream serialization; it still waits
+// for this grid's completion at its own griddepcontrol.wait).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Wait until the preceding kernel of the stream has completed and its writes are visible (a no-op
+// without programmatic serialization, where the stream order already guarantees it).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+}  // namespace cedar::cuda::detail

@@ -1,0 +1,704 @@
+// Whole-model parity of the CUDA model (backend/cuda/cuda_model.h) with the CPU model
+// (model/deepseek_v41.h) on make-tiny checkpoints written here (profiles tiny and small): exact and CED
+// prefill (one call and chunked), greedy decode, batched decode == single-sequence decode, CUDA-graph
+// replay == direct execution.
+//
+// Tolerances. Every kernel of the loop is tested against its CPU module on its own (the other
+// *_cutest.cpp files): bit-exact where the arithmetic is the same (embedding, RoPE, SWA / KV records,
+// compressor, indexer scores and selection, SwiGLU, combine, mHC expand / collapse), otherwise within
+// one bf16 rounding of an output from a different fp32 summation order (GEMVs / GEMMs, RMSNorm, router
+// logits, mHC coefficients, attention). In the model such a flip moves an FP8 activation code of the next
+// linear by one step (2^-4 relative instead of 2^-8), so each sublayer amplifies the difference (measured
+// on the small profile: NMSE 1e-6 after layer 0's attention, 5e-3 after layer 9) and the logits agree to
+// cosine ~0.99-0.9999, not bitwise. The discrete decisions are where two runs can part completely: the
+// router's top-k and the indexer's top-k pick among near-ties (the random tiny models have many; the
+// indexer's scores are bf16-rounded, so exact ties are common and one ulp decides them), and a flipped
+// decision changes that row and, through the caches, every later position. So:
+//   * positions before the first flipped decision (of any earlier call of the sequence too) must agree
+//     to cosine >= 0.99 and NMSE <= 2e-2 (4× the worst measured on flip-free rows, GPU vs GPU included);
+//   * the per-layer trace of those positions (exact prefill) must be bit-exact at layer 0's input, within
+//     1e-4 NMSE after layer 0's attention and within 2e-2 everywhere;
+//   * decisions may flip against the CPU at most 3× as often (+10% of the decisions) as they flip
+//     between two GPU kernel paths of the same prompt (one call = GEMMs vs chunks of <= 8 rows = GEMVs:
+//     the same arithmetic up to summation order, i.e. a measurement of this model's sensitivity to
+//     rounding alone; the kernels both paths share — RMSNorm, router, mHC, attention — differ from the
+//     CPU by rounding too, which the path comparison cannot see, hence the factor): measured on the small
+//     profile 31% against the CPU vs 11% between the paths, 0.9% / 0% on tiny; a wrong kernel flips most;
+//   * over all positions: top-1 agrees (tie-robust) on >= 90% of the rows and the mean logit cosine is
+//     >= 0.9 (measured >= 0.925: after flips the rows are the same model's outputs for other decisions);
+//   * batched decode on the GEMV path and graph replay are bit-exact.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "cuda_test_util.h"
+#include "model/deepseek_v41.h"
+#include "model/moe.h"
+#include "model/tiny_checkpoint.h"
+
+namespace cedar::cuda {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path engram_map() {
+  if (const char* env = std::getenv("CEDAR_ENGRAM_MAP")) return env;
+  const fs::path rel = fs::path("assets") / "engram" / "deepseek_v41_token_map.npy";
+  if (fs::exists(fs::path(CEDAR_SOURCE_DIR) / rel)) return fs::path(CEDAR_SOURCE_DIR) / rel;
+  return fs::absolute(rel);
+}
+
+// A fixed pseudo-random prompt of real token ids (< 128000: no special tokens).
+std::vector<int64_t> prompt(int64_t n, uint64_t seed) {
+  std::vector<int64_t> ids;
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 12345;
+  for (int64_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    ids.push_back(static_cast<int64_t>(x % 128000));
+  }
+  return ids;
+}
+
+// Discrete decisions by (layer, position): the indexer top-k ids (index sources) and the router's
+// experts (sorted), of the CPU or the GPU.
+struct Decisions {
+  std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>> topk, experts;
+};
+
+// Logits of some positions, row-major [positions, vocab].
+struct Logits {
+  std::vector<float> values;
+  std::vector<int64_t> positions;
+  int64_t vocab = 0;
+  const float* row(int64_t pos) const {
+    for (size_t i = 0; i < positions.size(); ++i)
+      if (positions[i] == pos) return values.data() + i * vocab;
+    return nullptr;
+  }
+};
+
+struct Model {
+  std::string profile;
+  fs::path dir;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<DeepseekV41Model> cpu;
+  std::unique_ptr<CudaModel> gpu;
+  std::string error;
+  ~Model() {
+    gpu.reset();
+    cpu.reset();
+    std::error_code ec;
+    if (!dir.empty()) fs::remove_all(dir, ec);
+  }
+};
+
+Model* model_for(const std::string& profile) {
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  auto& m = models[profile];
+  if (m) return m.get();
+  m = std::make_unique<Model>();
+  m->profile = profile;
+  m->dir = fs::temp_directory_path() / ("cedar-cuda-model-parity-" + profile + "-" + std::to_string(::getpid()));
+  fs::remove_all(m->dir);
+  TinyCheckpointOptions o;
+  o.profile = profile;
+  o.seed = profile == "tiny" ? 3 : 1;
+  o.tokenizer_files = false;
+  if (Status st = make_tiny_checkpoint(o, m->dir, false); !st.ok()) {
+    m->error = "make-tiny " + profile + ": " + st.error().message;
+    return m.get();
+  }
+  m->pool = std::make_unique<ThreadPool>(0);
+  LoadOptions lo;
+  lo.engram_map = engram_map();
+  lo.pool = m->pool.get();
+  auto cpu = DeepseekV41Model::load(m->dir, lo);
+  if (!cpu.ok()) {
+    m->error = "CPU load: " + cpu.error().message;
+    return m.get();
+  }
+  m->cpu = std::make_unique<DeepseekV41Model>(std::move(*cpu));
+  CudaModelOptions go;
+  go.max_batch = 128;  // also the logit rows of one call: whole prompts with every row's logits
+  go.max_chunk = 128;
+  go.kv.max_sequences = 130;
+  go.kv.max_context = 1024;
+  go.kv.token_capacity = 16384;
+  go.headroom_bytes = uint64_t{1} << 30;
+  go.engram_map = lo.engram_map;
+  go.pool = m->pool.get();
+  auto gpu = CudaModel::load(m->dir, go);
+  if (!gpu.ok()) {
+    m->error = "CUDA load: " + gpu.error().message;
+    return m.get();
+  }
+  m->gpu = std::move(*gpu);
+  std::printf("[ model    ] %s: %s, cuBLASLt %s\n", profile.c_str(), m->dir.c_str(),
+              m->gpu->has_cublas() ? "loaded (BF16 prefill GEMMs)" : "missing (gemv_bf16 for every BF16 linear)");
+  return m.get();
+}
+
+#define CEDAR_REQUIRE_MODEL(var, profile) \
+  CEDAR_REQUIRE_GPU();                    \
+  Model* var = model_for(profile);        \
+  ASSERT_TRUE(var->error.empty()) << var->error;
+
+// ---- CPU side ----------------------------------------------------------------------------------
+
+int64_t layer_of(std::string_view name, std::string_view suffix) {
+  if (name.substr(0, 7) != "layers." || name.size() < suffix.size() ||
+      name.substr(name.size() - suffix.size()) != suffix)
+    return -1;
+  return std::atoll(std::string(name.substr(7)).c_str());
+}
+
+// Per-layer tensors by name, rows [pos0, pos0 + rows) appended in call order.
+struct Tensors {
+  std::map<std::string, std::vector<float>> values;
+  std::map<std::string, int64_t> width, pos0;
+  std::vector<std::string> order;
+  void add(const TensorRecord& r) {
+    const std::string name(r.name);
+    if (!values.count(name)) {
+      order.push_back(name);
+      width[name] = r.width;
+      pos0[name] = r.pos0;
+    }
+    auto& v = values[name];
+    v.insert(v.end(), r.data.begin(), r.data.begin() + r.rows * r.width);
+  }
+};
+
+bool traced(std::string_view name) {
+  for (const char* s : {".attn_in", ".attn_out", ".ffn_in", ".ffn_out", ".engram_out"})
+    if (name.size() > std::strlen(s) && name.substr(name.size() - std::strlen(s)) == s) return true;
+  return false;
+}
+
+// One CPU forward call: logits and the decisions of its rows.
+Logits cpu_call(Model& m, SequenceState& st, std::span<const int64_t> tokens, LogitRows rows, Decisions* dec,
+                Tensors* tensors = nullptr) {
+  ForwardOptions fo;
+  fo.logits = rows;
+  fo.pool = m.pool.get();
+  const MoeParams mp = moe_params_from_config(m.cpu->config());
+  fo.sink = [&](const TensorRecord& r) {
+    if (tensors && traced(r.name)) tensors->add(r);
+    if (!dec) return;
+    if (int64_t l = layer_of(r.name, ".topk"); l >= 0) {
+      for (int64_t i = 0; i < r.rows; ++i) {
+        std::vector<int32_t> ids(static_cast<size_t>(r.width));
+        for (int64_t j = 0; j < r.width; ++j) ids[j] = static_cast<int32_t>(r.data[i * r.width + j]);
+        dec->topk[{l, r.pos0 + i}] = ids;
+      }
+    } else if (int64_t l2 = layer_of(r.name, ".ffn_in"); l2 >= 0) {
+      const std::vector<float> x(r.data.begin(), r.data.begin() + r.rows * r.width);
+      auto routing = route_tokens(x, r.rows, m.cpu->weights().tensors().layers[l2].ffn, mp, {}, {}, nullptr);
+      ASSERT_TRUE(routing.ok()) << routing.error().message;
+      for (int64_t i = 0; i < r.rows; ++i) {
+        std::vector<int32_t> e;
+        for (int64_t k = 0; k < routing->topk; ++k)
+          e.push_back(static_cast<int32_t>(routing->experts[i * routing->topk + k]));
+        std::sort(e.begin(), e.end());
+        dec->experts[{l2, r.pos0 + i}] = e;
+      }
+    }
+  };
+  auto out = m.cpu->forward(tokens, st, fo);
+  EXPECT_TRUE(out.ok()) << out.error().message;
+  Logits lg;
+  lg.vocab = m.cpu->config().vocab_size;
+  if (out.ok()) {
+    lg.values = out->logits;
+    lg.positions = out->positions;
+  }
+  return lg;
+}
+
+// ---- GPU side ----------------------------------------------------------------------------------
+
+Logits gpu_logits(const CudaModel& g, const CudaStepOutput& out) {
+  Logits lg;
+  lg.vocab = g.config().vocab_size;
+  lg.positions = out.positions;
+  lg.values.resize(static_cast<size_t>(out.rows * lg.vocab));
+  if (out.rows > 0) {
+    EXPECT_EQ(cudaMemcpy(lg.values.data(), out.logits, lg.values.size() * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  return lg;
+}
+
+// The decisions of the GPU's last call, whose row r is at position row_pos[r].
+void gpu_decisions(const CudaModel& g, const std::vector<int64_t>& row_pos, Decisions& dec) {
+  auto s = g.last_selections(static_cast<int64_t>(row_pos.size()));
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  for (size_t l = 0; l < s->topk.size(); ++l)
+    for (size_t r = 0; r < row_pos.size(); ++r) {
+      const int64_t L = static_cast<int64_t>(l);
+      if (!s->topk[l].empty())
+        dec.topk[{L, row_pos[r]}] =
+            std::vector<int32_t>(s->topk[l].begin() + r * s->index_topk, s->topk[l].begin() + (r + 1) * s->index_topk);
+      std::vector<int32_t> e(s->experts[l].begin() + r * s->experts_per_token,
+                             s->experts[l].begin() + (r + 1) * s->experts_per_token);
+      std::sort(e.begin(), e.end());
+      dec.experts[{L, row_pos[r]}] = e;
+    }
+}
+
+Logits gpu_prefill(CudaModel& g, CudaSequence& s, std::span<const int64_t> tokens, LogitRows rows, Decisions* dec) {
+  CudaStepOutput out;
+  const int64_t pos0 = s.length;
+  const Status st = g.prefill(s, tokens, rows, out);
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  if (!st.ok()) return {};
+  if (dec) {
+    std::vector<int64_t> pos;
+    for (size_t i = 0; i < tokens.size(); ++i) pos.push_back(pos0 + static_cast<int64_t>(i));
+    gpu_decisions(g, pos, *dec);
+  }
+  return gpu_logits(g, out);
+}
+
+// ---- comparison ----------------------------------------------------------------------------------
+
+// Counts the decisions that differ (keys both sides have) and returns the first position with one.
+// `valid` (optional): only decisions it also has count (the CPU's: a GPU buffer holds stale values for
+// the layers a CED pre-tail row does not run).
+int64_t first_flip(const Decisions& a, const Decisions& b, int64_t* flips, int64_t* total,
+                   const Decisions* valid = nullptr) {
+  int64_t first = std::numeric_limits<int64_t>::max();
+  for (const auto* maps : {&a.topk, &a.experts}) {
+    const auto& other = maps == &a.topk ? b.topk : b.experts;
+    const auto* ok = valid ? (maps == &a.topk ? &valid->topk : &valid->experts) : nullptr;
+    for (const auto& [key, ids] : *maps) {
+      auto it = other.find(key);
+      if (it == other.end() || (ok && !ok->count(key))) continue;
+      ++*total;
+      if (it->second != ids) {
+        ++*flips;
+        first = std::min(first, key.second);
+      }
+    }
+  }
+  return first;
+}
+
+// Per-position comparison of two runs of one prompt: positions before the first decision flip (all
+// earlier calls of the sequence included: a flipped decision changes every later position through the
+// caches) are the "tight" rows.
+struct Stats {
+  int64_t rows = 0, tight_rows = 0, strict_top1 = 0, robust_top1 = 0, bit_equal_rows = 0;
+  double min_cos_tight = 1, max_nmse_tight = 0, mean_cos = 0, mean_nmse = 0;
+  int64_t flips = 0, decisions = 0;
+  int64_t first_flip = std::numeric_limits<int64_t>::max();
+  double flip_fraction() const { return decisions ? static_cast<double>(flips) / static_cast<double>(decisions) : 0; }
+};
+
+// One sequence's run: every logit row it produced and every decision it made, over all its calls.
+struct Track {
+  Logits logits;
+  Decisions dec;
+  void add(const Logits& l) {
+    logits.vocab = l.vocab;
+    logits.values.insert(logits.values.end(), l.values.begin(), l.values.end());
+    logits.positions.insert(logits.positions.end(), l.positions.begin(), l.positions.end());
+  }
+};
+
+Stats compare(const std::string& what, const Track& got, const Track& want, const Decisions* valid = nullptr) {
+  Stats r;
+  r.first_flip = first_flip(want.dec, got.dec, &r.flips, &r.decisions, valid);
+  const int64_t V = want.logits.vocab;
+  for (int64_t pos : want.logits.positions) {
+    const float* w = want.logits.row(pos);
+    const float* g = got.logits.row(pos);
+    if (!g) continue;
+    ++r.rows;
+    double dot = 0, gg = 0, ww = 0, e2 = 0;
+    int64_t ag = 0, aw = 0;
+    bool equal = true;
+    for (int64_t i = 0; i < V; ++i) {
+      dot += double(g[i]) * w[i];
+      gg += double(g[i]) * g[i];
+      ww += double(w[i]) * w[i];
+      e2 += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+      if (g[i] > g[ag]) ag = i;
+      if (w[i] > w[aw]) aw = i;
+      equal = equal && std::memcmp(&g[i], &w[i], 4) == 0;
+    }
+    const double cos = dot / std::sqrt(std::max(gg * ww, 1e-300)), nmse = e2 / std::max(ww, 1e-300);
+    const double rms = std::sqrt(e2 / V);
+    r.bit_equal_rows += equal;
+    r.strict_top1 += ag == aw;
+    r.robust_top1 += w[ag] >= w[aw] - 3 * rms;  // a near-tie of the reference's top two counts as agreement
+    r.mean_cos += std::isfinite(cos) ? cos : -10;
+    r.mean_nmse += nmse;
+    if (pos < r.first_flip) {
+      ++r.tight_rows;
+      r.min_cos_tight = std::min(r.min_cos_tight, cos);
+      r.max_nmse_tight = std::max(r.max_nmse_tight, nmse);
+    }
+  }
+  if (r.rows) {
+    r.mean_cos /= static_cast<double>(r.rows);
+    r.mean_nmse /= static_cast<double>(r.rows);
+  }
+  std::printf(
+      "MODEL %-40s rows=%lld | before the first flip: %lld rows, min cos %.6f, max NMSE %.3e | all rows: mean cos "
+      "%.5f, mean NMSE %.3e, top-1 strict %.1f%% robust %.1f%%, bit-equal rows %lld | decision flips %lld/%lld "
+      "(%.1f%%), first at position %s\n",
+      what.c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.tight_rows), r.min_cos_tight,
+      r.max_nmse_tight, r.mean_cos, r.mean_nmse, r.rows ? 100.0 * r.strict_top1 / r.rows : 0.0,
+      r.rows ? 100.0 * r.robust_top1 / r.rows : 0.0, static_cast<long long>(r.bit_equal_rows),
+      static_cast<long long>(r.flips), static_cast<long long>(r.decisions), 100 * r.flip_fraction(),
+      r.first_flip == std::numeric_limits<int64_t>::max() ? "none" : std::to_string(r.first_flip).c_str());
+  return r;
+}
+
+// The GPU against the CPU (tolerances: file comment). `paths` is GPU vs GPU over two kernel paths (GEMV
+// vs GEMM summation orders) of the same prompt: a measurement of how far pure rounding differences carry
+// in this model, which bounds how many decisions the GPU may flip against the CPU.
+void expect_close(const std::string& what, const Stats& s, const Stats* paths = nullptr) {
+  EXPECT_GT(s.rows, 0) << what << ": no common logit rows";
+  EXPECT_TRUE(s.tight_rows == 0 || (s.min_cos_tight >= 0.99 && s.max_nmse_tight <= 2e-2))
+      << what << ": before any decision flipped the logits differ beyond rounding (min cosine " << s.min_cos_tight
+      << ", max NMSE " << s.max_nmse_tight << ")";
+  EXPECT_GE(s.robust_top1, (9 * s.rows + 9) / 10)
+      << what << ": top-1 agrees (tie-robust) on " << s.robust_top1 << " of " << s.rows << " rows";
+  EXPECT_GE(s.mean_cos, 0.9) << what << ": mean logit cosine";
+  if (paths) {
+    EXPECT_LE(s.flip_fraction(), 3 * paths->flip_fraction() + 0.1)
+        << what << ": " << s.flips << " of " << s.decisions << " decisions flipped vs the CPU, while two GPU kernel "
+        << "paths flip " << paths->flips << " of " << paths->decisions << " against each other";
+  }
+}
+
+// Layer-by-layer comparison of the GPU's tensors with the CPU's over positions [pos0, limit): the first
+// tensor that drifts tells where a difference starts. Prints one TRACE line per tensor; returns
+// (name, NMSE, bit-equal fraction) per tensor.
+struct TraceLine {
+  std::string name;
+  double nmse = 0, equal = 0;
+};
+std::vector<TraceLine> print_trace(const std::string& what, const Tensors& gpu, const Tensors& cpu, int64_t limit) {
+  std::vector<TraceLine> out;
+  for (const std::string& name : cpu.order) {
+    auto g = gpu.values.find(name);
+    if (g == gpu.values.end()) {
+      std::printf("TRACE %s %-24s missing on the GPU\n", what.c_str(), name.c_str());
+      out.push_back({name, 1e30, 0});
+      continue;
+    }
+    const std::vector<float>& c = cpu.values.at(name);
+    const int64_t w = cpu.width.at(name), p0 = cpu.pos0.at(name);
+    const int64_t rows =
+        std::min<int64_t>({static_cast<int64_t>(c.size()) / w, static_cast<int64_t>(g->second.size()) / w,
+                           std::max<int64_t>(limit - p0, 0)});
+    double dot = 0, gg = 0, cc = 0, e2 = 0, max_abs = 0;
+    int64_t equal = 0;
+    for (int64_t i = 0; i < rows * w; ++i) {
+      const double a = g->second[i], b = c[i];
+      dot += a * b;
+      gg += a * a;
+      cc += b * b;
+      e2 += (a - b) * (a - b);
+      max_abs = std::max(max_abs, std::fabs(a - b));
+      equal += std::memcmp(&g->second[i], &c[i], 4) == 0;
+    }
+    const double nmse = e2 / std::max(cc, 1e-300), eq = rows ? static_cast<double>(equal) / (rows * w) : 1.0;
+    std::printf("TRACE %s %-24s rows=%lld cos=%.7f nmse=%.3e max_abs=%.3e bit-equal=%.2f%%\n", what.c_str(),
+                name.c_str(), static_cast<long long>(rows), dot / std::sqrt(std::max(gg * cc, 1e-300)), nmse, max_abs,
+                100 * eq);
+    out.push_back({name, nmse, eq});
+  }
+  return out;
+}
+
+// One prompt three ways: the CPU (one call), GPU A (one call: the GEMM path above 8 rows) and GPU B (chunks
+// of <= 8 rows: the GEMV path), then `steps` decode steps on all three with the CPU's greedy token.
+struct Scenario {
+  Track cpu, a, b;
+  Tensors trace_cpu, trace_a;
+  int64_t argmax_agree = 0, steps = 0;
+};
+
+Scenario run_scenario(Model& m, const std::vector<int64_t>& ids, const SequenceOptions& so, int steps, bool trace) {
+  Scenario sc;
+  auto cs = m.cpu->new_sequence(so);
+  EXPECT_TRUE(cs.ok()) << cs.error().message;
+  auto ga = m.gpu->new_sequence(so);
+  auto gb = m.gpu->new_sequence(so);
+  EXPECT_TRUE(ga.ok() && gb.ok());
+  if (!cs.ok() || !ga.ok() || !gb.ok()) return sc;
+  sc.cpu.add(cpu_call(m, *cs, ids, LogitRows::All, &sc.cpu.dec, trace ? &sc.trace_cpu : nullptr));
+  if (trace) m.gpu->set_debug_sink([&](const TensorRecord& r) { sc.trace_a.add(r); });
+  sc.a.add(gpu_prefill(*m.gpu, *ga, ids, LogitRows::All, &sc.a.dec));
+  m.gpu->set_debug_sink({});
+  for (size_t at = 0, i = 0; at < ids.size(); ++i) {  // 5, 3, 1, then 8s: the GEMV path, crossing every boundary
+    const size_t len = std::min<size_t>(ids.size() - at, i == 0 ? 5 : i == 1 ? 3 : i == 2 ? 1 : 8);
+    sc.b.add(gpu_prefill(*m.gpu, *gb, std::span<const int64_t>(ids).subspan(at, len), LogitRows::All, &sc.b.dec));
+    at += len;
+  }
+  for (int step = 0; step < steps; ++step) {
+    const Logits& last = sc.cpu.logits;
+    const float* w = last.values.data() + (last.positions.size() - 1) * last.vocab;
+    const int64_t tok = std::max_element(w, w + last.vocab) - w;
+    const Logits want = cpu_call(m, *cs, std::span<const int64_t>(&tok, 1), LogitRows::All, &sc.cpu.dec);
+    sc.cpu.add(want);
+    for (auto [seq, track] : {std::pair{&*ga, &sc.a}, std::pair{&*gb, &sc.b}}) {
+      CudaSequence* one[] = {seq};
+      CudaStepOutput out;
+      const Status st = m.gpu->decode_step(one, std::span<const int64_t>(&tok, 1), out);
+      EXPECT_TRUE(st.ok()) << st.error().message;
+      if (!st.ok()) return sc;
+      gpu_decisions(*m.gpu, out.positions, track->dec);
+      const Logits got = gpu_logits(*m.gpu, out);
+      track->add(got);
+      if (track == &sc.a && !want.values.empty()) {
+        const float* g = got.values.data();
+        EXPECT_EQ(out.argmax[0], std::max_element(g, g + got.vocab) - g) << "device argmax vs the downloaded logits";
+        sc.argmax_agree +=
+            out.argmax[0] == std::max_element(want.values.data(), want.values.data() + want.vocab) - want.values.data();
+      }
+    }
+    ++sc.steps;
+  }
+  return sc;
+}
+
+void check_scenario(const std::string& what, const Scenario& sc) {
+  const Stats paths = compare(what + " gpu chunked vs one-shot", sc.b, sc.a, &sc.cpu.dec);
+  const Stats a = compare(what + " gpu one-shot vs cpu", sc.a, sc.cpu);
+  const Stats b = compare(what + " gpu chunked vs cpu", sc.b, sc.cpu);
+  expect_close(what + " gpu one-shot vs cpu", a, &paths);
+  expect_close(what + " gpu chunked vs cpu", b, &paths);
+  // The two GPU paths are the same arithmetic up to summation order: the same bounds apply between them.
+  expect_close(what + " gpu chunked vs one-shot", paths);
+  if (sc.steps > 0)
+    std::printf("MODEL %s greedy decode: GPU argmax = CPU argmax in %lld of %lld steps\n", what.c_str(),
+                static_cast<long long>(sc.argmax_agree), static_cast<long long>(sc.steps));
+}
+
+// ---- tests ---------------------------------------------------------------------------------------
+
+class CudaModelParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModelParity, ExactPrefillChunkedPrefillAndDecodeMatchCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  // 77 rows: one call takes the GEMM path with cuBLASLt for the BF16 linears (> 64 rows); windows slide,
+  // top-k selects among more entries than it keeps.
+  const Scenario sc = run_scenario(*m, prompt(77, 11), {}, 6, true);
+  check_scenario(GetParam() + " exact 77", sc);
+  int64_t flips = 0, total = 0;
+  const auto lines =
+      print_trace(GetParam() + " exact", sc.trace_a, sc.trace_cpu, first_flip(sc.cpu.dec, sc.a.dec, &flips, &total));
+  // Before the first flip every layer agrees to rounding: layer 0's input is bit-exact (embedding, mHC
+  // collapse with e_0, RMSNorm of identical values), its attention output within the kernel tolerances,
+  // and no layer drifts beyond the accumulated rounding bound.
+  ASSERT_FALSE(lines.empty());
+  for (const TraceLine& t : lines) {
+    if (t.name == "layers.0.attn_in") {
+      EXPECT_EQ(t.equal, 1.0) << t.name << " must be bit-exact";
+    }
+    if (t.name == "layers.0.attn_out") {
+      EXPECT_LE(t.nmse, 1e-4) << t.name;
+    }
+    EXPECT_LE(t.nmse, 2e-2) << t.name << " drifts beyond rounding before any decision flipped";
+  }
+}
+
+TEST_P(CudaModelParity, CedPrefillAndDecodeMatchCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  const std::vector<int64_t> ids = prompt(77, 12);
+  for (CedBoundary b : {CedBoundary::ExactSource, CedBoundary::GlobalKvOnly}) {
+    SequenceOptions so;
+    so.mode = ForwardMode::Ced;
+    so.prompt_length = static_cast<int64_t>(ids.size());
+    so.ced_boundary = b;
+    const Scenario sc = run_scenario(*m, ids, so, 3, false);
+    // CED logits exist from the replay start on (the chunked run crosses it inside a chunk).
+    ASSERT_FALSE(sc.cpu.logits.positions.empty());
+    EXPECT_EQ(sc.a.logits.positions, sc.cpu.logits.positions);
+    EXPECT_EQ(sc.b.logits.positions, sc.cpu.logits.positions);
+    check_scenario(GetParam() + (b == CedBoundary::ExactSource ? " ced 77" : " ced gkv-only 77"), sc);
+  }
+}
+
+TEST_P(CudaModelParity, BatchedDecodeMatchesSingleSequence) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  // Batch 3 runs the GEMV path like batch 1, and at these shapes the attention never splits its keys
+  // (window + top-k fit one range), so every kernel computes a row exactly as for the row alone: bit-equal.
+  // Batch 10 takes the GEMM path (other summation orders): the rounding rule applies.
+  for (int64_t batch : {3, 10}) {
+    std::vector<CudaSequence> together, alone;
+    for (int64_t i = 0; i < batch; ++i) {
+      const std::vector<int64_t> ids = prompt(9 + 7 * i, 20 + i);
+      SequenceOptions so;
+      if (i == 1) {
+        so.mode = ForwardMode::Ced;
+        so.prompt_length = static_cast<int64_t>(ids.size());
+      }
+      for (auto* v : {&together, &alone}) {
+        auto s = m->gpu->new_sequence(so);
+        ASSERT_TRUE(s.ok()) << s.error().message;
+        CudaStepOutput out;
+        ASSERT_TRUE(m->gpu->prefill(*s, ids, LogitRows::None, out).ok());
+        v->push_back(std::move(*s));
+      }
+    }
+    std::vector<Track> tb(batch), ts(batch);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int64_t> toks;
+      std::vector<CudaSequence*> ptrs;
+      for (int64_t i = 0; i < batch; ++i) {
+        toks.push_back(500 + 31 * i + step);
+        ptrs.push_back(&together[i]);
+      }
+      CudaStepOutput out;
+      ASSERT_TRUE(m->gpu->decode_step(ptrs, toks, out).ok());
+      Decisions db;
+      gpu_decisions(*m->gpu, out.positions, db);
+      const Logits all = gpu_logits(*m->gpu, out);
+      for (int64_t i = 0; i < batch; ++i) {
+        // Row i of the batch (its position is unique within the batch: prompt lengths differ).
+        Logits row;
+        row.vocab = all.vocab;
+        row.positions = {out.positions[i]};
+        row.values.assign(all.values.begin() + i * all.vocab, all.values.begin() + (i + 1) * all.vocab);
+        tb[i].add(row);
+        for (const auto& [k, v] : db.topk)
+          if (k.second == out.positions[i]) tb[i].dec.topk[k] = v;
+        for (const auto& [k, v] : db.experts)
+          if (k.second == out.positions[i]) tb[i].dec.experts[k] = v;
+        CudaSequence* single[] = {&alone[i]};
+        CudaStepOutput o1;
+        ASSERT_TRUE(m->gpu->decode_step(single, std::span<const int64_t>(&toks[i], 1), o1).ok());
+        gpu_decisions(*m->gpu, o1.positions, ts[i].dec);
+        ts[i].add(gpu_logits(*m->gpu, o1));
+      }
+    }
+    for (int64_t i = 0; i < batch; ++i) {
+      const std::string what = GetParam() + " batch " + std::to_string(batch) + " row " + std::to_string(i);
+      const Stats s = compare(what + " vs alone", tb[i], ts[i]);
+      if (batch <= kGemvMaxRows) {
+        EXPECT_EQ(s.bit_equal_rows, s.rows) << what << ": a batch row must equal the sequence decoded alone";
+        EXPECT_EQ(s.flips, 0) << what;
+      } else {
+        expect_close(what, s);
+      }
+    }
+  }
+}
+
+TEST_P(CudaModelParity, GraphReplayEqualsDirectRun) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  const std::vector<int64_t> ids = prompt(21, 15);
+  for (int64_t batch : {1, 4}) {
+    std::vector<CudaSequence> graph_seqs, direct_seqs;
+    for (int64_t i = 0; i < batch; ++i)
+      for (auto* v : {&graph_seqs, &direct_seqs}) {
+        auto s = m->gpu->new_sequence({});
+        ASSERT_TRUE(s.ok());
+        CudaStepOutput out;
+        ASSERT_TRUE(m->gpu->prefill(*s, std::span<const int64_t>(ids).first(21 - i), LogitRows::None, out).ok());
+        v->push_back(std::move(*s));
+      }
+    for (int step = 0; step < 4; ++step) {  // a new shape's first step runs directly, then capture, then replays
+      std::vector<int64_t> toks;
+      std::vector<CudaSequence*> pg, pd;
+      for (int64_t i = 0; i < batch; ++i) {
+        toks.push_back(700 + 3 * i + step);
+        pg.push_back(&graph_seqs[i]);
+        pd.push_back(&direct_seqs[i]);
+      }
+      CudaStepOutput og, od;
+      m->gpu->use_cuda_graphs(true);
+      ASSERT_TRUE(m->gpu->decode_step(pg, toks, og).ok());
+      const Logits lg = gpu_logits(*m->gpu, og);
+      m->gpu->use_cuda_graphs(false);
+      ASSERT_TRUE(m->gpu->decode_step(pd, toks, od).ok());
+      m->gpu->use_cuda_graphs(true);
+      const Logits ld = gpu_logits(*m->gpu, od);
+      size_t diff = 0;
+      for (size_t i = 0; i < lg.values.size(); ++i) diff += std::memcmp(&lg.values[i], &ld.values[i], 4) != 0;
+      std::printf("MODEL %s graph vs direct batch %lld step %d: %zu of %zu logits differ\n", GetParam().c_str(),
+                  static_cast<long long>(batch), step, diff, lg.values.size());
+      EXPECT_EQ(diff, 0u) << "graph replay must equal the direct run bit for bit (batch " << batch << ", step " << step
+                          << ")";
+      EXPECT_EQ(og.argmax, od.argmax);
+    }
+    EXPECT_TRUE(m->gpu->has_decode_graph(batch)) << "no decode graph was captured for batch " << batch;
+  }
+}
+
+TEST_P(CudaModelParity, PrefetchAttentionEqualsTheOwnersKernelInTheModel) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  // model_attention.cu's sparse attention against attention_kernels.h's, through the whole model: the
+  // logits of a prefill and of decode steps must be identical.
+  const std::vector<int64_t> ids = prompt(40, 16);
+  std::vector<Logits> runs;
+  for (bool prefetch : {false, true}) {
+    m->gpu->use_prefetch_attention(prefetch);
+    auto s = m->gpu->new_sequence({});
+    ASSERT_TRUE(s.ok());
+    Logits all = gpu_prefill(*m->gpu, *s, ids, LogitRows::All, nullptr);
+    for (int step = 0; step < 3; ++step) {
+      CudaSequence* one[] = {&*s};
+      CudaStepOutput out;
+      const int64_t tok = 900 + step;
+      ASSERT_TRUE(m->gpu->decode_step(one, std::span<const int64_t>(&tok, 1), out).ok());
+      const Logits l = gpu_logits(*m->gpu, out);
+      all.values.insert(all.values.end(), l.values.begin(), l.values.end());
+    }
+    runs.push_back(std::move(all));
+  }
+  m->gpu->use_prefetch_attention(true);
+  ASSERT_EQ(runs[0].values.size(), runs[1].values.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < runs[0].values.size(); ++i)
+    diff += std::memcmp(&runs[0].values[i], &runs[1].values[i], 4) != 0;
+  std::printf("MODEL %s prefetch attention vs owner kernel: %zu of %zu logits differ\n", GetParam().c_str(), diff,
+              runs[0].values.size());
+  EXPECT_EQ(diff, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Profiles, CudaModelParity, ::testing::Values(std::string("tiny"), std::string("small")),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST(CudaModelErrors, BadInputsLeaveSequencesUsable) {
+  CEDAR_REQUIRE_MODEL(m, "tiny");
+  auto s = m->gpu->new_sequence({});
+  ASSERT_TRUE(s.ok());
+  CudaStepOutput out;
+  CudaSequence* one[] = {&*s};
+  const int64_t bad = -1;
+  const Status st = m->gpu->decode_step(one, std::span<const int64_t>(&bad, 1), out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("vocabulary"), std::string::npos) << st.error().message;
+  const std::vector<int64_t> big(129, 5);
+  EXPECT_FALSE(m->gpu->prefill(*s, big, LogitRows::Last, out).ok()) << "chunk above max_chunk";
+  EXPECT_FALSE(s->failed);
+  EXPECT_EQ(s->length, 0);
+  const std::vector<int64_t> ok_ids = prompt(4, 3);
+  ASSERT_TRUE(m->gpu->prefill(*s, ok_ids, LogitRows::Last, out).ok());
+  EXPECT_EQ(s->length, 4);
+  EXPECT_EQ(out.rows, 1);
+  ASSERT_EQ(out.argmax.size(), 1u);
+}
+
+}  // namespace
+}  // namespace cedar::cuda

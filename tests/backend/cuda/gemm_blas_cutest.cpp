@@ -1,0 +1,348 @@
+// The cuBLASLt path of the FP8 / MXFP4 prefill GEMMs (gemm_kernels.h: quant_gemm / swiglu_gemm with
+// `blas`, dequant_weight_bf16, act_codes_to_bf16, quantize_act_bf16) against the CPU oracle: the
+// dequantizations bit for bit (the reference's own formulas), the GEMMs with quant_gemm's tolerance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/gemm_kernels.h"
+#include "cuda_test_util.h"
+#include "gemm_test_util.h"
+#include "model/moe.h"
+#include "model/weight_binding.h"
+
+namespace cedar::cuda {
+namespace {
+
+using testing::alloc;
+using testing::download;
+using testing::parity;
+using testing::QuantWeightHost;
+using testing::Tolerance;
+using testing::upload;
+
+ThreadPool& pool() {
+  static ThreadPool p(0);
+  return p;
+}
+
+#define CEDAR_REQUIRE_BLAS(ctx)                                        \
+  auto ctx##_r = BlasContext::create();                                \
+  if (!ctx##_r.ok()) {                                                 \
+    std::printf("[  SKIP    ] %s\n", ctx##_r.error().message.c_str()); \
+    GTEST_SKIP() << ctx##_r.error().message;                           \
+  }                                                                    \
+  BlasContext& ctx = **ctx##_r
+
+// quant_gemm's tolerance (gemm_quant_cutest.cpp): every product is exact on both sides; here the sums
+// run in cuBLAS's fp32 order instead of per-32 blocks added in K order — a reassociation of exact
+// products like split-K. One bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms|.
+const Tolerance kGemmTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+
+QuantWeightView device_view(const QuantWeightHost& w, const DeviceBuffer<uint8_t>& data,
+                            const DeviceBuffer<uint8_t>& scales) {
+  return QuantWeightView{
+      .format = w.cpu.format == WeightFormat::MXFP4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block,
+      .out = w.cpu.out,
+      .in = w.cpu.in,
+      .data = data.get(),
+      .scales = scales.get(),
+      .block_out = w.cpu.block_out,
+      .block_in = w.cpu.block_in};
+}
+
+size_t count_bit_mismatches(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, std::string* first) {
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0 && first)
+      *first =
+          "element " + std::to_string(i) + ": gpu 0x" + std::to_string(got[i]) + " cpu 0x" + std::to_string(want[i]);
+  return got.size() == want.size() ? bad : std::max<size_t>(bad, 1);
+}
+
+// The weight dequantization is the reference's own (model/weight_binding.cpp dequantize_fp8_block_to_bf16,
+// i.e. f32_to_bf16(e4m3_to_f32(w)·ue8m0_to_f32(s))) bit for bit, special codes and scales included.
+TEST(CudaGemmBlas, DequantWeightIsTheReferencesBf16) {
+  CEDAR_REQUIRE_GPU();
+  for (const int64_t block : {int64_t{32}, int64_t{128}}) {
+    QuantWeightHost w = testing::random_fp8_weight(256, 512, block, 1 + static_cast<uint32_t>(block));
+    const uint8_t codes[] = {0x00, 0x80, 0x01, 0x81, 0x07, 0x08, 0x7E, 0xFE, 0x7F, 0xFF, 0x38};
+    for (size_t i = 0; i < std::size(codes); ++i) w.data[i * 37] = codes[i];
+    const uint8_t scales[] = {0, 1, 100, 127, 200, 254, 0xFF};
+    for (size_t i = 0; i < std::size(scales) && i < w.scales.size(); ++i) w.scales[i * 3 % w.scales.size()] = scales[i];
+    const std::vector<uint16_t> want = dequantize_fp8_block_to_bf16(w.cpu, nullptr);
+    auto dd = upload(w.data), ds = upload(w.scales);
+    auto dout = alloc<uint16_t>(want.size());
+    const Status s = dequant_weight_bf16(device_view(w, dd, ds), dout.get(), nullptr);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    std::string first;
+    const size_t bad = count_bit_mismatches(download(dout), want, &first);
+    std::printf("PARITY %-40s n=%zu bit mismatches=%zu\n", ("dequant fp8 block " + std::to_string(block)).c_str(),
+                want.size(), bad);
+    EXPECT_EQ(bad, 0u) << first;
+  }
+  QuantWeightHost w = testing::random_mxfp4_weight(96, 256, 7);
+  w.scales[0] = 0;
+  w.scales[1] = 254;
+  w.scales[2] = 0xFF;
+  std::vector<uint16_t> want(96 * 256);
+  for (int64_t r = 0; r < 96; ++r)
+    for (int64_t k = 0; k < 256; ++k) {
+      const uint8_t code = e2m1_get(w.data, static_cast<size_t>(r * 256 + k));
+      want[r * 256 + k] = f32_to_bf16(e2m1_to_f32(code) * ue8m0_to_f32(w.scales[r * 8 + k / 32]));
+    }
+  auto dd = upload(w.data), ds = upload(w.scales);
+  auto dout = alloc<uint16_t>(want.size());
+  ASSERT_TRUE(dequant_weight_bf16(device_view(w, dd, ds), dout.get(), nullptr).ok());
+  std::string first;
+  const size_t bad = count_bit_mismatches(download(dout), want, &first);
+  std::printf("PARITY %-40s n=%zu bit mismatches=%zu\n", "dequant mxfp4", want.size(), bad);
+  EXPECT_EQ(bad, 0u) << first;
+}
+
+// The activation side: bf16 of the FP8 values cpu::linear multiplies (code·scale), from x directly and
+// from quantize_act_fp8_blocked's codes; bit-exact.
+TEST(CudaGemmBlas, ActivationsAreTheQuantizedValues) {
+  CEDAR_REQUIRE_GPU();
+  for (const int64_t block : {int64_t{32}, int64_t{128}}) {
+    const int64_t m = 7, in = 1024;
+    auto x = testing::random_acts(static_cast<size_t>(m * in), 31 + static_cast<uint32_t>(block));
+    std::fill(x.begin() + 256, x.begin() + 384, 0.0f);  // all-zero blocks: amax clamps to 1e-4
+    x[500] = -0.0f;
+    const testing::QuantizedRows q = testing::cpu_quantize_rows(x, block);
+    std::vector<uint16_t> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = f32_to_bf16(q.codes[i] * q.scales[i / block]);
+    auto dx = upload(x);
+    auto direct = alloc<uint16_t>(x.size()), via = alloc<uint16_t>(x.size());
+    auto dcodes = alloc<uint16_t>(x.size());
+    auto dscales = alloc<float>(x.size() / block);
+    ASSERT_TRUE(quantize_act_bf16(dx.get(), m, in, block, direct.get(), nullptr).ok());
+    ASSERT_TRUE(quantize_act_fp8_blocked(dx.get(), m, in, block, dcodes.get(), dscales.get(), nullptr).ok());
+    ASSERT_TRUE(act_codes_to_bf16(dcodes.get(), dscales.get(), m, in, block, via.get(), nullptr).ok());
+    for (const auto& [name, buf] :
+         {std::pair<const char*, DeviceBuffer<uint16_t>*>{"quantize_act_bf16", &direct}, {"act_codes_to_bf16", &via}}) {
+      std::string first;
+      const size_t bad = count_bit_mismatches(download(*buf), want, &first);
+      std::printf("PARITY %-40s n=%zu bit mismatches=%zu\n", (std::string(name) + " " + std::to_string(block)).c_str(),
+                  want.size(), bad);
+      EXPECT_EQ(bad, 0u) << name << " block " << block << ": " << first;
+    }
+  }
+  // quantize_act_fp8 takes its 4-values-per-thread kernel for 16-byte aligned x and the one-value
+  // kernel otherwise: both give the same codes and scales.
+  const int64_t m = 3, in = 512;
+  const auto x = testing::random_acts(static_cast<size_t>(m * in), 57);
+  std::vector<float> padded(x.size() + 1);
+  std::copy(x.begin(), x.end(), padded.begin() + 1);
+  auto da = upload(x), du = upload(padded);
+  auto ca = alloc<uint16_t>(x.size()), cu = alloc<uint16_t>(x.size());
+  auto sa = alloc<float>(x.size() / 32), su = alloc<float>(x.size() / 32);
+  ASSERT_TRUE(quantize_act_fp8(da.get(), m, in, ca.get(), sa.get(), nullptr).ok());
+  ASSERT_TRUE(quantize_act_fp8(du.get() + 1, m, in, cu.get(), su.get(), nullptr).ok());
+  EXPECT_EQ(download(ca), download(cu)) << "quantize_act_fp8: aligned and unaligned kernels differ (codes)";
+  EXPECT_EQ(download(sa), download(su)) << "quantize_act_fp8: aligned and unaligned kernels differ (scales)";
+}
+
+// quant_gemm through cuBLASLt against cpu::linear (rows `ranges`, all if empty); the weight given
+// pre-dequantized must give the same bits as the one dequantized into the scratch.
+void check_blas_gemm(BlasContext& blas, const QuantWeightHost& w, int64_t m, int64_t act_block,
+                     std::vector<std::pair<int64_t, int64_t>> ranges, uint32_t seed, const std::string& name) {
+  const int64_t out = w.cpu.out, in = w.cpu.in;
+  if (ranges.empty()) ranges.push_back({0, out});
+  const auto x = testing::random_acts(static_cast<size_t>(m * in), seed);
+  auto dw = upload(w.data), ds = upload(w.scales);
+  auto dx = upload(x);
+  auto dcodes = alloc<uint16_t>(static_cast<size_t>(m * in));
+  auto dscales = alloc<float>(static_cast<size_t>(m * in / act_block));
+  auto dy = alloc<float>(static_cast<size_t>(m * out));
+  ASSERT_TRUE(quantize_act_fp8_blocked(dx.get(), m, in, act_block, dcodes.get(), dscales.get(), nullptr).ok());
+  const QuantWeightView view = device_view(w, dw, ds);
+  const int64_t elems = quant_gemm_blas_elems(view, m, false);
+  auto scratch = alloc<uint16_t>(static_cast<size_t>(elems));
+  QuantGemmArgs a{.w = view,
+                  .act_codes = dcodes.get(),
+                  .act_scales = dscales.get(),
+                  .m = m,
+                  .act_block = act_block,
+                  .y = dy.get(),
+                  .bf16_output = true};
+  a.blas = &blas;
+  QuantGemmWorkspace ws;
+  ws.bf16 = scratch.get();
+  ws.bf16_elems = elems;
+  Status s = quant_gemm(a, ws, nullptr);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const auto y = download(dy);
+  for (const auto& [r0, count] : ranges) {
+    const auto ref = testing::reference_rows(w, x, m, r0, count, act_block, true, &pool());
+    const auto got = testing::columns(y, m, out, r0, count);
+    const std::string tag = name + " " + std::to_string(out) + "x" + std::to_string(in) + " m=" + std::to_string(m) +
+                            " rows[" + std::to_string(r0) + "+" + std::to_string(count) + "] cuBLASLt";
+    EXPECT_TRUE(parity(tag, got, ref.want, kGemmTol, ref.bound));
+    std::printf("EXACT  %-60s %zu / %zu outputs bit-equal to cpu::linear\n", tag.c_str(),
+                testing::count_equal(got, ref.want), got.size());
+  }
+  // The weight dequantized once and kept (w_bf16): same GEMM, same bits.
+  auto wb = alloc<uint16_t>(static_cast<size_t>(out * in));
+  ASSERT_TRUE(dequant_weight_bf16(view, wb.get(), nullptr).ok());
+  a.w_bf16 = wb.get();
+  ASSERT_TRUE(dy.zero().ok());
+  s = quant_gemm(a, ws, nullptr);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(std::memcmp(download(dy).data(), y.data(), y.size() * sizeof(float)), 0)
+      << name << ": pre-dequantized weight gives other bits than the scratch path";
+}
+
+TEST(CudaGemmBlas, QuantGemmMatchesCpuLinear) {
+  CEDAR_REQUIRE_GPU();
+  CEDAR_REQUIRE_BLAS(blas);
+  check_blas_gemm(blas, testing::random_fp8_weight(100, 96, 32, 1), 37, 32, {}, 2, "fp8");
+  check_blas_gemm(blas, testing::random_fp8_weight(64, 2048, 32, 7), 1, 32, {}, 8, "fp8");
+  check_blas_gemm(blas, testing::random_fp8_weight(256, 512, 128, 11), 50, 32, {}, 12, "fp8_b128");
+  check_blas_gemm(blas, testing::random_fp8_weight(384, 640, 128, 13), 70, 128, {}, 14, "fp8_b128_a128");
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+  };
+  const Shape shapes[] = {{"wq_a", 1280, 5120}, {"wq_b", 32768, 1280},     {"wkv", 512, 5120},
+                          {"wo_b", 5120, 8192}, {"shared_w2", 5120, 2304}, {"engram_wkv", 25600, 6144},
+                          {"wo_a", 8192, 4096}};
+  uint32_t seed = 100;
+  for (const Shape& sh : shapes) {
+    const auto w = testing::random_fp8_weight(sh.out, sh.in, 32, seed++);
+    std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 256}, {sh.out - 256, 256}};
+    if (sh.out <= 1280) ranges = {};
+    check_blas_gemm(blas, w, 300, 32, ranges, seed++, std::string("fp8 ") + sh.name);
+  }
+  check_blas_gemm(blas, testing::random_mxfp4_weight(200, 96, 23), 33, 32, {}, 24, "mxfp4");
+  check_blas_gemm(blas, testing::random_mxfp4_weight(2304, 5120, 25), 130, 32, {{0, 256}, {2048, 256}}, 26,
+                  "mxfp4 expert_w1");
+  check_blas_gemm(blas, testing::random_mxfp4_weight(5120, 2304, 27), 70, 32, {{0, 512}, {4608, 512}}, 28,
+                  "mxfp4 expert_w2");
+  check_blas_gemm(blas, testing::random_mxfp4_weight(256, 512, 29), 40, 128, {}, 30, "mxfp4_a128");
+}
+
+// The shared expert through cuBLASLt: swiglu_gemm (blas) then quant_gemm (blas), with
+// gemm_quant_cutest.cpp's three checks: h vs the CPU's h (<= 0.1 % of the quantized values may differ:
+// only a bf16 rounding of g / u or exp's float rounding falling the other way changes one), W2 of the
+// GPU's h vs cpu::linear (GEMM tolerance), end to end vs expert_forward (NMSE).
+void check_blas_swiglu(BlasContext& blas, bool fp4, int64_t inter, int64_t d, int64_t m, int64_t act_block,
+                       bool weighted, uint32_t seed, const std::string& name) {
+  auto mk = [&](int64_t out, int64_t in, uint32_t s) {
+    return fp4 ? testing::random_mxfp4_weight(out, in, s, 112)
+               : testing::random_fp8_weight(out, in, act_block == 128 ? 128 : 32, s, 112);
+  };
+  const QuantWeightHost w1 = mk(inter, d, seed), w3 = mk(inter, d, seed + 1), w2 = mk(d, inter, seed + 2);
+  const auto x = testing::random_acts(static_cast<size_t>(m * d), seed + 3, 0x1p-2f);
+  std::vector<float> row_w;
+  if (weighted) {
+    std::mt19937 rng(seed + 4);
+    std::uniform_real_distribution<float> ud(0.05f, 1.5f);
+    for (int64_t t = 0; t < m; ++t) row_w.push_back(ud(rng));
+  }
+  std::vector<float> g(static_cast<size_t>(m * inter));
+  ASSERT_TRUE(cpu::linear(w1.cpu, x, m, g, {.bf16_output = true, .act_block = act_block}, &pool()).ok());
+  std::vector<float> ag = testing::abs_values(g);
+  std::nth_element(ag.begin(), ag.begin() + ag.size() / 2, ag.end());
+  const float limit = round_to_bf16(std::max(ag[ag.size() / 2], 1e-3f));  // about half the gates clamp
+  const auto h_want = testing::cpu_swiglu_h(w1.cpu, w3.cpu, x, m, act_block, row_w, limit, &pool());
+
+  auto d1 = upload(w1.data), s1 = upload(w1.scales), d3 = upload(w3.data), s3 = upload(w3.scales);
+  auto d2 = upload(w2.data), s2 = upload(w2.scales);
+  auto dx = upload(x), drw = upload(row_w);
+  auto dxc = alloc<uint16_t>(static_cast<size_t>(m * d));
+  auto dxs = alloc<float>(static_cast<size_t>(m * d / act_block));
+  auto dhc = alloc<uint16_t>(static_cast<size_t>(m * inter));
+  auto dhs = alloc<float>(static_cast<size_t>(m * inter / act_block));
+  auto dy = alloc<float>(static_cast<size_t>(m * d));
+  ASSERT_TRUE(quantize_act_fp8_blocked(dx.get(), m, d, act_block, dxc.get(), dxs.get(), nullptr).ok());
+  SwigluGemmArgs a{.w1 = device_view(w1, d1, s1),
+                   .w3 = device_view(w3, d3, s3),
+                   .act_codes = dxc.get(),
+                   .act_scales = dxs.get(),
+                   .m = m,
+                   .act_block = act_block,
+                   .row_weights = weighted ? drw.get() : nullptr,
+                   .swiglu_limit = limit,
+                   .h_codes = dhc.get(),
+                   .h_scales = dhs.get()};
+  const SwigluBlasSizes sz = swiglu_gemm_blas_sizes(a.w1, m, false);
+  auto bscratch = alloc<uint16_t>(static_cast<size_t>(sz.bf16_elems));
+  auto gu = alloc<float>(static_cast<size_t>(sz.floats));
+  a.blas = &blas;
+  a.bf16_scratch = bscratch.get();
+  a.bf16_scratch_elems = sz.bf16_elems;
+  a.gu_scratch = gu.get();
+  a.gu_scratch_floats = sz.floats;
+  Status st = swiglu_gemm(a, nullptr);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  const QuantWeightView v2 = device_view(w2, d2, s2);
+  QuantGemmArgs b{.w = v2,
+                  .act_codes = dhc.get(),
+                  .act_scales = dhs.get(),
+                  .m = m,
+                  .act_block = act_block,
+                  .y = dy.get(),
+                  .bf16_output = true};
+  b.blas = &blas;
+  const int64_t e2 = quant_gemm_blas_elems(v2, m, false);
+  auto s2b = alloc<uint16_t>(static_cast<size_t>(e2));
+  QuantGemmWorkspace ws;
+  ws.bf16 = s2b.get();
+  ws.bf16_elems = e2;
+  st = quant_gemm(b, ws, nullptr);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+
+  const std::string tag = name + " inter=" + std::to_string(inter) + " d=" + std::to_string(d) +
+                          " m=" + std::to_string(m) + " cuBLASLt L=" + std::to_string(limit);
+  const auto hc = download(dhc);
+  const auto hs = download(dhs);
+  std::string first;
+  const size_t bad = testing::quantized_mismatches(hc, hs, h_want, act_block, &first);
+  std::printf("PARITY %-60s h: %zu / %zu quantized values differ from the CPU's%s%s\n", tag.c_str(), bad, hc.size(),
+              bad ? ", first " : "", first.c_str());
+  EXPECT_LE(bad, std::max<size_t>(2, hc.size() / 1000)) << tag << ": first " << first;
+  const auto h_gpu = testing::dequantize_rows(hc, hs, act_block);
+  const auto ref2 = testing::reference_rows(w2, h_gpu, m, 0, d, act_block, true, &pool());
+  const auto y = download(dy);
+  EXPECT_TRUE(parity(tag + " W2", y, ref2.want, kGemmTol, ref2.bound));
+  ExpertWeights e{w1.cpu, w2.cpu, w3.cpu};
+  MoeParams p;
+  p.swiglu_limit = limit;
+  p.act_block = act_block;
+  std::vector<float> want(static_cast<size_t>(m * d));
+  ASSERT_TRUE(expert_forward(e, x, m, row_w, p, want, &pool()).ok());
+  const Tolerance e2e{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 1e30, .abs = 0};  // statistics only
+  EXPECT_TRUE(parity(tag + " vs expert_forward", y, want, e2e));
+}
+
+TEST(CudaGemmBlas, SwigluMatchesCpu) {
+  CEDAR_REQUIRE_GPU();
+  CEDAR_REQUIRE_BLAS(blas);
+  check_blas_swiglu(blas, false, 2304, 5120, 300, 32, false, 61, "swiglu fp8 shared");  // released shape
+  check_blas_swiglu(blas, false, 256, 384, 130, 128, false, 63, "swiglu fp8 b128");     // V4 blocks
+  check_blas_swiglu(blas, true, 384, 512, 77, 32, true, 71, "swiglu mxfp4 weighted");
+}
+
+TEST(CudaGemmBlas, RejectsMissingScratch) {
+  CEDAR_REQUIRE_GPU();
+  CEDAR_REQUIRE_BLAS(blas);
+  const auto* fake = reinterpret_cast<const uint8_t*>(256);
+  QuantGemmArgs a{.w = {.format = QuantWeightFormat::FP8Block, .out = 64, .in = 64, .data = fake, .scales = fake},
+                  .act_codes = reinterpret_cast<const uint16_t*>(256),
+                  .act_scales = reinterpret_cast<const float*>(256),
+                  .m = 4,
+                  .y = reinterpret_cast<float*>(256)};
+  a.blas = &blas;
+  const Status s = quant_gemm(a, {}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("scratch"), std::string::npos) << s.error().message;
+}
+
+}  // namespace
+}  // namespace cedar::cuda

@@ -1,0 +1,243 @@
+// The fused mHC's paths (kernels.h mhc_fused): decode tiles in one launch with a sized workspace, the
+// streaming prefill path, the fn == null mode (expand / collapse only), mix rows read and written with
+// a stride, programmatic launch — each against the CPU oracle (model/mhc.h) with mhc_fused's
+// tolerances, and the paths against each other where their arithmetic is the same.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "cuda_test_util.h"
+#include "ffn_test_util.h"
+#include "model/mhc.h"
+
+namespace cedar::cuda {
+namespace {
+
+using namespace ffn_testing;
+using testing::parity;
+using testing::Tolerance;
+
+constexpr int64_t kHc = 4, kMix = 24;
+const Tolerance kExact{.max_nmse = 0, .min_cosine = 0.0, .rel = 0, .abs = 0};
+// As mhc_fused: the 24 dot products over 4·d channels and the sum of squares are summed in another
+// (blocked) order, ~1e-6 relative; the Sinkhorn multiplies by correctly rounded reciprocals (<= 1 ulp
+// per normalization, contracted by the next); sigmoid / softmax / Sinkhorn are smooth and contracting.
+const Tolerance kCoeff{.max_nmse = 1e-9, .min_cosine = 0.9999999, .rel = 2e-5, .abs = 2e-5};
+
+// One site's inputs. The previous site's coefficients come as mix rows [n, 24] (pre, post, comb), the
+// layout the kernel writes, so the strided mode can read them in place.
+struct Site {
+  int64_t n = 0, d = 0;
+  std::vector<float> X, y, fn, base, scale, prev_mix;
+};
+
+Site make_site(int64_t n, int64_t d, uint32_t seed) {
+  Site s;
+  s.n = n;
+  s.d = d;
+  const int64_t width = kHc * d;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.1f, 1.0f);
+  s.X = random_acts(n * width, seed + 1);
+  s.y = random_acts(n * d, seed + 2);
+  s.fn.resize(kMix * width);
+  s.base.resize(kMix);
+  s.scale.resize(3);
+  s.prev_mix.resize(n * kMix);
+  for (auto& v : s.fn) v = nd(rng) * 0.02f;
+  for (auto& v : s.base) v = nd(rng);
+  for (auto& v : s.scale) v = ud(rng);
+  for (int64_t t = 0; t < n; ++t) {
+    float* m = s.prev_mix.data() + t * kMix;
+    for (int k = 0; k < 4; ++k) m[k] = ud(rng);          // pre (the collapse weights)
+    for (int k = 4; k < 8; ++k) m[k] = 2.0f * ud(rng);   // post
+    for (int k = 8; k < 24; ++k) m[k] = ud(rng) / 2.0f;  // comb
+  }
+  return s;
+}
+
+struct Want {
+  std::vector<float> X_new, collapsed, mix;
+};
+Want cpu_site(const Site& s, bool expand, bool collapse, bool coefficients) {
+  const int64_t d = s.d, width = kHc * d;
+  const HcWeights hw{s.fn, s.base, s.scale};
+  const HcParams hp{.hc = kHc, .dim = d, .sinkhorn_iters = 20, .hc_eps = 1e-6, .norm_eps = 1e-20};
+  Want w;
+  w.X_new = s.X;
+  w.collapsed.resize(s.n * d);
+  for (int64_t t = 0; t < s.n; ++t) {
+    std::span<float> xt(w.X_new.data() + t * width, width);
+    const float* pm = s.prev_mix.data() + t * kMix;
+    if (expand) {
+      HcMix m;
+      m.post.assign(pm + 4, pm + 8);
+      m.comb.assign(pm + 8, pm + 24);
+      hc_expand(std::span<const float>(s.y.data() + t * d, d), xt, m, kHc, d, xt);
+    }
+    if (collapse)
+      hc_collapse(xt, std::span<const float>(pm, 4), kHc, d, std::span<float>(w.collapsed.data() + t * d, d));
+    if (coefficients) {
+      const HcMix mix = hc_mix(xt, hw, hp);
+      w.mix.insert(w.mix.end(), mix.pre.begin(), mix.pre.end());
+      w.mix.insert(w.mix.end(), mix.post.begin(), mix.post.end());
+      w.mix.insert(w.mix.end(), mix.comb.begin(), mix.comb.end());
+    }
+  }
+  return w;
+}
+
+enum class Ws { Legacy, Sized };
+
+struct GpuRun {
+  std::vector<float> X_out, collapsed, mix;
+};
+
+// Runs one site on the GPU: mix rows in place (strided, mix_stride = 24) or copied to packed arrays;
+// mix_out written with stride `mix_stride` (the gaps must stay untouched).
+GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bool in_place, Ws ws_kind, bool strided,
+             int64_t mix_stride = 0, bool pdl = false) {
+  const int64_t n = s.n, d = s.d, ms = mix_stride ? mix_stride : kMix;
+  std::vector<float> post(n * 4), comb(n * 16), cw(n * 4);
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(s.prev_mix.begin() + t * kMix, 4, cw.begin() + t * 4);
+    std::copy_n(s.prev_mix.begin() + t * kMix + 4, 4, post.begin() + t * 4);
+    std::copy_n(s.prev_mix.begin() + t * kMix + 8, 16, comb.begin() + t * 16);
+  }
+  auto dX = upload(s.X), dy = upload(s.y), dfn = upload(s.fn), dbase = upload(s.base), dscale = upload(s.scale);
+  auto dprev = upload(s.prev_mix), dpost = upload(post), dcomb = upload(comb), dcw = upload(cw);
+  auto dXo = alloc<float>(s.X.size());
+  auto dcol = alloc<float>(n * d);
+  auto dmix = upload(std::vector<float>(n * ms, -7.0f));
+  const int64_t floats = mhc_workspace_floats(n, d), counters = mhc_workspace_counters(n);
+  auto dpart = alloc<float>(floats);
+  auto dcnt = alloc<unsigned>(counters);
+  EXPECT_TRUE(dcnt.zero().ok());
+  MhcFusedArgs a;
+  a.n = n;
+  a.hc = kHc;
+  a.d = d;
+  a.X = dX.get();
+  a.y = expand ? dy.get() : nullptr;
+  a.post = strided ? dprev.get() + 4 : dpost.get();
+  a.comb = strided ? dprev.get() + 8 : dcomb.get();
+  a.X_out = in_place ? dX.get() : dXo.get();
+  a.collapse_w = collapse ? (strided ? dprev.get() : dcw.get()) : nullptr;
+  a.collapsed = dcol.get();
+  a.fn = coefficients ? dfn.get() : nullptr;
+  a.base = dbase.get();
+  a.scale = dscale.get();
+  a.mix_out = dmix.get();
+  if (strided) a.post_stride = a.comb_stride = a.collapse_w_stride = kMix;
+  a.mix_stride = mix_stride;
+  a.programmatic_launch = pdl;
+  MhcWorkspace ws{dpart.get(), dcnt.get()};
+  if (ws_kind == Ws::Sized) {
+    ws.partial_floats = floats;
+    ws.counter_count = counters;
+  }
+  for (int rep = 0; rep < 2; ++rep) {  // the second launch checks that the kernels re-armed their counters
+    if (in_place && rep == 1) {
+      EXPECT_TRUE(dX.upload(s.X.data(), s.X.size()).ok());
+    }
+    const Status st = mhc_fused(a, ws, nullptr);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+  }
+  GpuRun r;
+  r.X_out = download(in_place ? dX : dXo);
+  r.collapsed = download(dcol);
+  const auto mix = download(dmix);
+  for (int64_t t = 0; t < n; ++t) {
+    r.mix.insert(r.mix.end(), mix.begin() + t * ms, mix.begin() + t * ms + kMix);
+    for (int64_t q = kMix; q < ms; ++q)
+      EXPECT_EQ(mix[t * ms + q], -7.0f) << "mix_out gap of token " << t << " written (stride " << ms << ")";
+  }
+  return r;
+}
+
+void check_site(const Site& s, bool expand, bool collapse, bool coefficients, bool in_place, Ws ws, bool strided,
+                const std::string& tag, int64_t mix_stride = 0) {
+  const Want w = cpu_site(s, expand, collapse, coefficients);
+  const GpuRun g = gpu_site(s, expand, collapse, coefficients, in_place, ws, strided, mix_stride);
+  if (expand) {
+    EXPECT_TRUE(parity("mhc expand " + tag, g.X_out, w.X_new, kExact));
+  }
+  if (collapse) {
+    EXPECT_TRUE(parity("mhc collapse " + tag, g.collapsed, w.collapsed, kExact));
+  }
+  if (coefficients) {
+    EXPECT_TRUE(parity("mhc coefficients " + tag, g.mix, w.mix, kCoeff));
+  }
+}
+
+// Decode batches with the sized workspace: every tile of 8 tokens in one launch.
+TEST(CudaMhcPaths, DecodeTilesInOneLaunch) {
+  CEDAR_REQUIRE_GPU();
+  check_site(make_site(1, 5120, 61), true, true, true, false, Ws::Sized, false, "decode n=1 d=5120");
+  check_site(make_site(9, 5120, 62), true, true, true, true, Ws::Sized, true, "decode n=9 in-place strided");
+  check_site(make_site(64, 5120, 63), true, true, true, false, Ws::Sized, true, "decode n=64 strided", 32);
+  check_site(make_site(20, 96, 64), true, true, true, false, Ws::Sized, false, "decode n=20 d=96 (half block)");
+  check_site(make_site(3, 512, 65), false, true, true, false, Ws::Sized, false, "decode n=3 no-expand");
+}
+
+// The legacy workspace runs the same kernel one tile per launch: the same bits as all tiles at once.
+TEST(CudaMhcPaths, LegacyWorkspaceGivesTheSameBits) {
+  CEDAR_REQUIRE_GPU();
+  const Site s = make_site(20, 5120, 71);
+  const GpuRun legacy = gpu_site(s, true, true, true, false, Ws::Legacy, false);
+  const GpuRun sized = gpu_site(s, true, true, true, false, Ws::Sized, false);
+  EXPECT_TRUE(parity("mhc n=20 legacy vs one launch: X", legacy.X_out, sized.X_out, kExact));
+  EXPECT_TRUE(parity("mhc n=20 legacy vs one launch: mix", legacy.mix, sized.mix, kExact));
+}
+
+// Prefill sizes on the streaming path (n >= kMhcStreamMinTokens with the sized workspace): partial tiles,
+// in place, without expand, strided mix rows, small d (many splits of one chunk).
+TEST(CudaMhcPaths, StreamingPrefill) {
+  CEDAR_REQUIRE_GPU();
+  check_site(make_site(kMhcStreamMinTokens, 5120, 81), true, true, true, false, Ws::Sized, false,
+             "stream n=128 d=5120");
+  check_site(make_site(200, 5120, 82), true, true, true, true, Ws::Sized, true, "stream n=200 in-place strided");
+  check_site(make_site(1000, 1024, 83), true, true, true, false, Ws::Sized, false, "stream n=1000 d=1024");
+  check_site(make_site(300, 256, 84), false, true, true, false, Ws::Sized, false, "stream n=300 d=256 no-expand");
+  check_site(make_site(130, 5120, 85), true, false, true, false, Ws::Sized, true, "stream n=130 no-collapse", 40);
+}
+
+// fn == null: expand and/or collapse only (the final collapse; the expand before Engram), any n.
+TEST(CudaMhcPaths, ExpandCollapseOnly) {
+  CEDAR_REQUIRE_GPU();
+  check_site(make_site(1, 5120, 91), true, true, false, false, Ws::Sized, true, "no-coefficients n=1");
+  check_site(make_site(300, 512, 92), true, false, false, true, Ws::Legacy, false, "expand only n=300 in-place");
+  check_site(make_site(5, 512, 93), false, true, false, false, Ws::Legacy, true, "collapse only n=5 strided");
+}
+
+// Two dependent steps with programmatic dependent launch give the bits of plain launches.
+TEST(CudaMhcPaths, ProgrammaticLaunchKeepsTheOrder) {
+  CEDAR_REQUIRE_GPU();
+  for (const int64_t n : {int64_t{2}, kMhcStreamMinTokens + 5}) {
+    const Site s = make_site(n, 5120, 101);
+    const GpuRun plain = gpu_site(s, true, true, true, true, Ws::Sized, true, 0, false);
+    const GpuRun pdl = gpu_site(s, true, true, true, true, Ws::Sized, true, 0, true);
+    const std::string tag = " n=" + std::to_string(n);
+    EXPECT_TRUE(parity("mhc PDL vs plain: X" + tag, pdl.X_out, plain.X_out, kExact));
+    EXPECT_TRUE(parity("mhc PDL vs plain: mix" + tag, pdl.mix, plain.mix, kExact));
+  }
+}
+
+TEST(CudaMhcPaths, RejectsBadStrides) {
+  CEDAR_REQUIRE_GPU();
+  MhcFusedArgs a;
+  a.n = 1;
+  a.d = 128;
+  a.X = reinterpret_cast<const float*>(16);
+  a.post_stride = 3;
+  const Status s = mhc_fused(a, MhcWorkspace{}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("stride"), std::string::npos) << s.error().message;
+}
+
+}  // namespace
+}  // namespace cedar::cuda
