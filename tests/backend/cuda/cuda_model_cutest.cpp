@@ -24,6 +24,7 @@
 //     rounding alone; the kernels both paths share — RMSNorm, router, mHC, attention — differ from the
 //     CPU by rounding too, which the path comparison cannot see, hence the factor): measured on the small
 //     profile 31% against the CPU vs 11% between the paths, 0.9% / 0% on tiny; a wrong kernel flips most;
+//     since the GPU paths became bit-identical to each other the bound is at least kFlipCeiling (40%);
 //   * over all positions: top-1 agrees (tie-robust) on >= 90% of the rows and the mean logit cosine is
 //     >= 0.9 (measured >= 0.925: after flips the rows are the same model's outputs for other decisions);
 //   * batched decode on the GEMV path and graph replay are bit-exact;
@@ -405,6 +406,11 @@ Stats compare(const std::string& what, const Track& got, const Track& want, cons
 // The GPU against the CPU (tolerances: file comment). `paths` is GPU vs GPU over two kernel paths (GEMV
 // vs GEMM summation orders) of the same prompt: a measurement of how far pure rounding differences carry
 // in this model, which bounds how many decisions the GPU may flip against the CPU.
+// The GPU paths can agree bit for bit (small: chunked == one-shot over all 35 ced rows, legacy == default
+// paths), and then measure no sensitivity at all; the ceiling keeps the bound at what rounding alone has
+// produced on the small profile in every device run since phase 2 (31-32% exact, 20-21% ced), with margin.
+constexpr double kFlipCeiling = 0.4;
+
 void expect_close(const std::string& what, const Stats& s, const Stats* paths = nullptr) {
   EXPECT_GT(s.rows, 0) << what << ": no common logit rows";
   EXPECT_TRUE(s.tight_rows == 0 || (s.min_cos_tight >= 0.99 && s.max_nmse_tight <= 2e-2))
@@ -414,7 +420,7 @@ void expect_close(const std::string& what, const Stats& s, const Stats* paths = 
       << what << ": top-1 agrees (tie-robust) on " << s.robust_top1 << " of " << s.rows << " rows";
   EXPECT_GE(s.mean_cos, 0.9) << what << ": mean logit cosine";
   if (paths) {
-    EXPECT_LE(s.flip_fraction(), 3 * paths->flip_fraction() + 0.1)
+    EXPECT_LE(s.flip_fraction(), std::max(3 * paths->flip_fraction() + 0.1, kFlipCeiling))
         << what << ": " << s.flips << " of " << s.decisions << " decisions flipped vs the CPU, while two GPU kernel "
         << "paths flip " << paths->flips << " of " << paths->decisions << " against each other";
   }
