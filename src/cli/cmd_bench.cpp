@@ -69,6 +69,15 @@ const CommandSpec kSpec{
         {"bandwidth-mib", "--device cuda: buffer of the copy-bandwidth measurement, MiB", true, "1024", "MIB"},
         {"decode-profile", "--device cuda: 1 = per-stage device time of a batch-1 decode step, 0 = skip", true, "1",
          "N"},
+        {"cuda-options",
+         "--device cuda: kernel-path switches of the CUDA model, NAME=VALUE,... or legacy (names: "
+         "programmatic_launch, router_splitk, mhc_batched, mhc_cluster, gemv_multi, blas_min_rows, "
+         "moe_items_max_rows, wo_a_fp8, concurrent_branches, prefetch_attention, cuda_graphs)",
+         true, "", "SPEC"},
+        {"ab",
+         "--device cuda: 1 = A/B of each fast kernel path against its old path (decode at batch 1, the "
+         "first prefill length), 0 = skip",
+         true, "1", "N"},
     }};
 
 // Deterministic pseudo-random ordinary-text token ids (< 128000: no control tokens).

@@ -57,8 +57,9 @@ struct BenchOptions {
   std::filesystem::path model;
   std::vector<int64_t> batches, prefill_lens;
   int64_t context = 4096, gemm_size = 8192, bandwidth_mib = 1024, ced_tail = 0, threads = 0;
-  bool profile = true;
+  bool profile = true, ab = true;
   std::string json_path;
+  std::string cuda_options;  // apply_cuda_options spec
 };
 
 Result<BenchOptions> parse(const ParsedArgs& a) {
@@ -66,7 +67,7 @@ Result<BenchOptions> parse(const ParsedArgs& a) {
   if (auto m = a.positional(0)) o.model = *m;
   CEDAR_ASSIGN_OR_RETURN(o.batches, parse_positive_list(a.get("batches"), "batches"));
   CEDAR_ASSIGN_OR_RETURN(o.prefill_lens, parse_positive_list(a.get("prefill-lens"), "prefill-lens"));
-  for (const char* name : {"context", "gemm-size", "bandwidth-mib", "ced-tail", "threads", "decode-profile"}) {
+  for (const char* name : {"context", "gemm-size", "bandwidth-mib", "ced-tail", "threads", "decode-profile", "ab"}) {
     auto v = a.get_int(name);
     if (!v.ok() || *v < 0) return make_error(std::string("--") + name + " expects a non-negative integer");
   }
@@ -76,6 +77,11 @@ Result<BenchOptions> parse(const ParsedArgs& a) {
   o.ced_tail = *a.get_int("ced-tail");
   o.threads = *a.get_int("threads");
   o.profile = *a.get_int("decode-profile") != 0;
+  o.ab = *a.get_int("ab") != 0;
+  o.cuda_options = a.get("cuda-options");
+  cuda::CudaModelOptions check;
+  if (Status st = cuda::apply_cuda_options(o.cuda_options, check); !st.ok())
+    return make_error("--cuda-options: " + st.error().message);
   if (o.batches.empty() || o.prefill_lens.empty()) return make_error("--batches and --prefill-lens must not be empty");
   if (o.gemm_size % 16 != 0 || o.gemm_size == 0) return make_error("--gemm-size must be a positive multiple of 16");
   if (o.bandwidth_mib == 0) return make_error("--bandwidth-mib must be positive");
@@ -145,6 +151,37 @@ Result<cuda::CudaSequence> prefill_context(cuda::CudaModel& m, int64_t context, 
   return s;
 }
 
+// Mean time of kSteps decode steps after two warm-up steps (a new graph shape runs directly, then captures).
+constexpr int kSteps = 16;
+template <typename Tokens>
+Result<double> time_steps(cuda::CudaModel& m, std::span<cuda::CudaSequence* const> ptrs, Tokens&& tokens, int first) {
+  cuda::CudaStepOutput out;
+  for (int i = 0; i < 2; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens(first + i), out));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kSteps; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens(first + 2 + i), out));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+}
+
+// A/B of one kernel-path switch: the model's paths with `spec` applied (apply_cuda_options).
+struct AbRow {
+  std::string spec;
+  double step_s = 0;
+  std::string error;
+};
+
+// The switches an A/B run flips, each alone against the defaults, then all of them together (legacy).
+const std::vector<std::string>& ab_specs() {
+  static const std::vector<std::string> specs = {"programmatic_launch=0", "router_splitk=0", "mhc_batched=0",
+                                                 "gemv_multi=0",          "mhc_cluster=1",   "legacy"};
+  return specs;
+}
+
+Result<cuda::CudaKernelPaths> paths_with(const cuda::CudaModel& m, const std::string& spec) {
+  cuda::CudaModelOptions o = m.options();
+  CEDAR_RETURN_IF_ERROR(cuda::apply_cuda_options(spec, o));
+  return o.paths;
+}
+
 struct DecodeTiming {
   double step_s = 0;
   double distinct_experts = 0;          // measured: distinct routed experts per layer in the last step
@@ -152,12 +189,14 @@ struct DecodeTiming {
   double profiled_step_us = 0;
   double serial_step_s = 0;           // the same steps without the concurrent branches (batch <= 8)
   double owner_attention_step_s = 0;  // batch 1: with attention_kernels.h's sparse attention
+  std::vector<AbRow> ab;              // batch 1 (--ab): each kernel-path switch against the defaults
 };
 
 // Mean time of 16 decode steps of `batch` forks of `base` (after two warm-up steps: the first runs
 // directly, the second captures the step's graph). Every row decodes its own token stream, so the rows
 // route to different experts as independent sequences do.
-Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& base, int64_t batch, bool profile) {
+Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& base, int64_t batch, bool profile,
+                                 bool ab) {
   std::vector<cuda::CudaSequence> seqs;
   std::vector<cuda::CudaSequence*> ptrs;
   for (int64_t b = 0; b < batch; ++b) {
@@ -171,12 +210,8 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
     for (int64_t b = 0; b < batch; ++b) t[static_cast<size_t>(b)] = (1000 + 7919 * b + 104729 * step) % 128000;
     return t;
   };
-  for (int i = 0; i < 2; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens(i), out));
-  constexpr int kSteps = 16;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kSteps; ++i) CEDAR_RETURN_IF_ERROR(m.decode_step(ptrs, tokens(2 + i), out));
   DecodeTiming t;
-  t.step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+  CEDAR_ASSIGN_OR_RETURN(t.step_s, time_steps(m, ptrs, tokens, 0));
   if (batch <= cuda::kGemvMaxRows) {  // A/B: the same step with every chain on one stream
     m.use_concurrent_branches(false);
     Status st = m.decode_step(ptrs, tokens(2 + kSteps), out);        // new graph shape: runs directly
@@ -196,6 +231,30 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
     t.owner_attention_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / kSteps;
     m.use_prefetch_attention(true);
     CEDAR_RETURN_IF_ERROR(st);
+  }
+  if (batch == 1 && ab) {  // A/B: every fast kernel path against its old one (the graphs are re-captured)
+    const cuda::CudaKernelPaths defaults = m.options().paths;
+    int first = 200;
+    for (const std::string& spec : ab_specs()) {
+      AbRow row{spec, 0, ""};
+      auto p = paths_with(m, spec);
+      // A fresh fork per switch: a failing variant poisons only its own sequence.
+      auto fork = p.ok() ? m.fork_sequence(base) : Result<cuda::CudaSequence>(p.error());
+      if (fork.ok()) {
+        m.set_paths(*p);
+        cuda::CudaSequence* one[] = {&*fork};
+        auto s = time_steps(m, std::span<cuda::CudaSequence* const>(one), tokens, first);
+        if (s.ok())
+          row.step_s = *s;
+        else
+          row.error = s.error().message;
+      } else {
+        row.error = fork.error().message;
+      }
+      first += 2 + kSteps;
+      t.ab.push_back(row);
+    }
+    m.set_paths(defaults);
   }
   CEDAR_ASSIGN_OR_RETURN(const cuda::CudaSelections sel, m.last_selections(batch));
   double sum = 0;
@@ -280,6 +339,9 @@ int run(const BenchOptions& o) {
   const int64_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int64_t max_prompt = *std::max_element(o.prefill_lens.begin(), o.prefill_lens.end());
   cuda::CudaModelOptions mo;
+  (void)cuda::apply_cuda_options(o.cuda_options, mo);  // checked in parse()
+  std::fprintf(stderr, "CUDA model options: %s\n", cuda::describe_cuda_options(mo).c_str());
+  result["cuda_options"] = cuda::describe_cuda_options(mo);
   mo.max_batch = max_batch;
   mo.max_chunk = std::min<int64_t>(max_prompt, 2048);
   mo.kv.max_sequences = max_batch + 2;  // the decode context, its forks, one prefill sequence
@@ -341,7 +403,7 @@ int run(const BenchOptions& o) {
     DecodeTiming timing;
     std::string error = base ? "" : (model ? base_error : model_error);
     if (base) {
-      auto r = time_decode(*model, *base, b, o.profile);
+      auto r = time_decode(*model, *base, b, o.profile, o.ab);
       if (r.ok()) {
         timing = std::move(*r);
         // Achieved bandwidth over the bytes this step really reads: the measured distinct experts.
@@ -382,6 +444,20 @@ int run(const BenchOptions& o) {
     if (timing.owner_attention_step_s > 0)
       std::fprintf(stderr, " (attention_kernels.h attention: %.3f ms)", 1e3 * timing.owner_attention_step_s);
     std::fprintf(stderr, "\n");
+    if (!timing.ab.empty()) {
+      json ab = json::array();
+      for (const AbRow& a : timing.ab) {
+        if (!a.error.empty()) {
+          std::fprintf(stderr, "         A/B %-22s error: %s\n", a.spec.c_str(), a.error.c_str());
+          ab.push_back({{"options", a.spec}, {"error", a.error}});
+          continue;
+        }
+        std::fprintf(stderr, "         A/B %-22s tpot %8.3f ms (%+.3f ms vs the defaults)\n", a.spec.c_str(),
+                     1e3 * a.step_s, 1e3 * (a.step_s - timing.step_s));
+        ab.push_back({{"options", a.spec}, {"step_s", a.step_s}});
+      }
+      row["ab"] = ab;
+    }
     decode.push_back(row);
     if (!timing.stages.empty()) {
       // Where the step goes: device time per stage (events inside the step's graph, one stream).
@@ -462,6 +538,32 @@ int run(const BenchOptions& o) {
     }
   }
   result["prefill"] = prefill;
+  if (model && o.ab) {
+    // A/B: the exact prefill of the first length with each prefill-relevant switch at its old path.
+    const int64_t n = o.prefill_lens.front();
+    const cuda::CudaKernelPaths defaults = model->options().paths;
+    json ab = json::array();
+    std::fprintf(stderr, "\nprefill A/B (exact, %lld tokens):\n", static_cast<long long>(n));
+    for (const std::string& spec :
+         {std::string("defaults"), std::string("blas_min_rows=1000000000"), std::string("mhc_batched=0"),
+          std::string("router_splitk=0"), std::string("legacy")}) {
+      auto p = spec == "defaults" ? Result<cuda::CudaKernelPaths>(defaults) : paths_with(*model, spec);
+      Result<double> secs = p.ok() ? Result<double>(0.0) : Result<double>(p.error());
+      if (p.ok()) {
+        model->set_paths(*p);
+        secs = time_prefill(*model, n, ForwardMode::Exact, o.ced_tail, mo.max_chunk);
+      }
+      if (secs.ok()) {
+        std::fprintf(stderr, "  %-26s %8.3f s  %8.0f tokens/s\n", spec.c_str(), *secs, n / *secs);
+        ab.push_back({{"options", spec}, {"prompt", n}, {"time_s", *secs}});
+      } else {
+        std::fprintf(stderr, "  %-26s error: %s\n", spec.c_str(), secs.error().message.c_str());
+        ab.push_back({{"options", spec}, {"prompt", n}, {"error", secs.error().message}});
+      }
+    }
+    model->set_paths(defaults);
+    result["prefill_ab"] = ab;
+  }
   if (model && o.profile) {
     // Where a prefill chunk goes: one exact chunk of max_chunk rows after 3 chunks of context (the 8k
     // prompt's last chunk at the default 2048), direct launches with an event after every stage.

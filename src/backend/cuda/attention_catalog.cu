@@ -18,6 +18,7 @@ const void* indexer_queries_kernel_ptr();
 const void* indexer_scores_kernel_ptr();
 const void* indexer_select_kernel_ptr();
 const void* sparse_attention_kernel_ptr();
+const void* sparse_attention_decode_kernel_ptr();
 
 namespace {
 struct Entry {
@@ -49,6 +50,9 @@ const Entry kEntries[] = {
      indexer_select_kernel_ptr},
     {"sparse_attention", "sparse MQA over window + top-k entries with sink: bf16 HMMA, exact-M key split, inverse RoPE",
      sparse_attention_kernel_ptr},
+    {"sparse_attention_decode",
+     "decode sparse MQA: keys split across blocks of 64 heads, each key dequantized once, bf16 HMMA, range merge",
+     sparse_attention_decode_kernel_ptr},
 };
 }  // namespace
 

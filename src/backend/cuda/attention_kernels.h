@@ -347,13 +347,36 @@ struct SparseAttnArgs {
   RopeTableView rope = {};               // the layer's rope (inverse at p on the output)
   float* out = nullptr;                  // [n, heads·head_dim]
 };
-// Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits).
+// Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits); covers both
+// kernels sparse_attention may pick for n rows.
 struct SparseAttnWorkspaceSize {
   int64_t floats = 0, counters = 0;
 };
 SparseAttnWorkspaceSize sparse_attention_workspace_size(int64_t n, int64_t heads, int64_t head_dim, int64_t window,
                                                         int64_t topk_width);
+// Picks the kernel by rows: sparse_attention_decode when sparse_attention_picks_decode (few rows,
+// head_dim 128/256/512, its workspace given when it splits), else sparse_attention_tiled. Same results
+// contract either way (the tolerances of docs/cuda.md); the two kernels differ in summation order.
 Status sparse_attention(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});
+// The prefill kernel: 16 heads of one row per block (described above), any row count.
+Status sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});
+SparseAttnWorkspaceSize sparse_attention_tiled_workspace_size(int64_t n, int64_t heads, int64_t head_dim,
+                                                              int64_t window, int64_t topk_width);
+
+// The decode kernel (split-K / flash-decoding; sparse_attention_decode.cu): blocks of (key range, row,
+// 64 heads), each key dequantized once per row into shared memory, scores and P·V on bf16 mma.sync for
+// all 64 heads, p = exp(s − m_z) with the range's max m_z, and a merge launch that combines the ranges
+// in range order with the sink (o = Σ_z w_z·O_z / (Σ_z w_z·l_z + exp(sink − M)), w_z = exp(m_z − M)),
+// then bf16 and the inverse RoPE. Up to kSparseDecodeMaxRows rows; the split count depends on the row
+// count (≈ one wave of 132 blocks), so a row's result is independent of the batch only while the split
+// is (e.g. window + top-k ≤ 32·floor(132 / n) keys). Workspace: floats only (no counters).
+constexpr int64_t kSparseDecodeMaxRows = 64;
+bool sparse_attention_decode_supported(int64_t n, int64_t head_dim);
+SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_t heads, int64_t head_dim,
+                                                               int64_t window, int64_t topk_width);
+// Whether sparse_attention (and the model's sparse_attention_prefetch) run the decode kernel for a.
+bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws);
+Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});
 
 // The attention output projection (attention_output_projection): u = wo_a grouped (gemv_bf16, bf16 out)
 // over o's `groups` slices, then out = wo_b·u (linear_quantized, FP8, bf16 out).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -62,6 +63,13 @@ SplitKSize max_splitk(const ModelConfig& c) {
   };
   for (const auto& [v, count] : quant_shapes(c)) take(splitk_workspace_size(v, count));
   const int64_t d = c.hidden_size, hd = c.head_dim;
+  const auto F = QuantWeightFormat::FP8Block;
+  // gemv_quantized_multi: wq_a + wkv (x's codes), wq_b + the indexer's wq_b (qr's codes).
+  const QuantWeightView xa[2] = {quant_shape(c, F, c.q_lora_rank, d), quant_shape(c, F, hd, d)};
+  const QuantWeightView qb[2] = {quant_shape(c, F, c.num_attention_heads * hd, c.q_lora_rank),
+                                 quant_shape(c, F, c.index_n_heads * c.index_head_dim, c.q_lora_rank)};
+  take(splitk_workspace_size_multi(xa, 2));
+  take(splitk_workspace_size_multi(qb, 2));
   const int64_t in_g = c.num_attention_heads * hd / std::max<int64_t>(c.o_groups, 1);
   take(gemv_bf16_splitk_size(hd, d));
   take(gemv_bf16_splitk_size(c.index_head_dim, hd));
@@ -94,6 +102,11 @@ void step_inputs_layout(int64_t capacity, Carver& k, StepInputs& in) {
 
 int64_t workspace_rows(const CudaModelOptions& o) { return std::max(o.max_batch, o.max_chunk); }
 
+// Rows the routed experts' item tables (and their outputs) are sized for.
+int64_t items_rows(const CudaModelOptions& o) {
+  return std::clamp<int64_t>(o.paths.moe_items_max_rows, kGemvMaxRows, std::max(kGemvMaxRows, workspace_rows(o)));
+}
+
 // Every buffer of the loop for `rows` rows (decode batch or prefill chunk) and the tables sized by the
 // context. Planning (Carver without base) and allocation walk the same function.
 void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaModelOptions& o, Carver& k,
@@ -102,7 +115,7 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   const int64_t d = c.hidden_size, hc = c.hc_mult, H = c.num_attention_heads, hd = c.head_dim;
   const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts, inter = c.moe_intermediate_size;
   const int64_t ih = c.index_n_heads, ihd = c.index_head_dim, og = c.o_groups, ol = c.o_lora_rank;
-  const int64_t L = plan.num_layers(), gemv_pairs = kGemvMaxRows * K;
+  const int64_t L = plan.num_layers(), IR = items_rows(o), item_pairs = IR * K;
   w.rows = R;
   w.logit_rows = LR;
   // Step inputs: the decode region first (one block per decode step), then the prefill region.
@@ -120,11 +133,8 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.y = k.take<float>("activations", R * std::max(d, (hc + 1) * d));  // sublayer / Engram kv outputs
   w.mix_attn = k.take<float>("activations", R * kMixWidth);
   w.mix_ffn = k.take<float>("activations", R * kMixWidth);
-  w.mix_scratch = k.take<float>("activations", R * kMixWidth);
-  w.pre = k.take<float>("activations", R * hc);
-  w.post = k.take<float>("activations", R * hc);
-  w.comb = k.take<float>("activations", R * hc * hc);
   w.e0 = k.take<float>("activations", R * hc);
+  w.final_pre = k.take<float>("activations", R * hc);
   const int64_t max_in = std::max({d, c.q_lora_rank, og * ol, inter, engram_in(c)});
   w.act_capacity = R * max_in;
   w.act_a = k.take<uint16_t>("activations", w.act_capacity);
@@ -170,14 +180,22 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
 
   w.router_logits = k.take<float>("moe scratch", R * E);
   w.route_w = k.take<float>("moe scratch", R * K);
+  if (E > 0) {
+    const SplitKSize rs = router_workspace_size(E, d);
+    w.router_ws.partials = k.take<float>("moe scratch", rs.partial_floats);
+    w.router_ws.counters = k.take<unsigned>("moe scratch", rs.counters);
+    w.router_ws.partial_floats = rs.partial_floats;
+    w.router_ws.counter_count = rs.counters;
+  }
   w.experts.assign(static_cast<size_t>(L), nullptr);
   for (int64_t l = 0; l < L; ++l) w.experts[static_cast<size_t>(l)] = k.take<int32_t>("moe scratch", R * K);
-  w.items13 = k.take<DeviceGemvItem>("moe scratch", 2 * gemv_pairs);
-  w.items2 = k.take<DeviceGemvItem>("moe scratch", gemv_pairs);
+  w.items_rows = IR;
+  w.items13 = k.take<DeviceGemvItem>("moe scratch", 2 * item_pairs);
+  w.items2 = k.take<DeviceGemvItem>("moe scratch", item_pairs);
   w.item_counts = k.take<int32_t>("moe scratch", 2);
-  w.g = k.take<float>("moe scratch", gemv_pairs * inter);
-  w.gu = k.take<float>("moe scratch", gemv_pairs * inter);
-  w.routed = k.take<float>("moe scratch", gemv_pairs * d);
+  w.g = k.take<float>("moe scratch", item_pairs * inter);
+  w.gu = k.take<float>("moe scratch", item_pairs * inter);
+  w.routed = k.take<float>("moe scratch", item_pairs * d);
   w.h_codes = k.take<uint16_t>("moe scratch", R * K * inter);
   w.h_scales = k.take<float>("moe scratch", R * K * inter / 32 + 1);
   w.y_rows = k.take<uint16_t>("moe scratch", R * K * d);
@@ -213,8 +231,14 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.splitk_aux.counters = k.take<unsigned>("split-k + mhc scratch", sk.counters);
   w.splitk_aux.partial_floats = sk.partial_floats;
   w.splitk_aux.counter_count = sk.counters;
-  w.mhc.partials = k.take<float>("split-k + mhc scratch", mhc_workspace_floats(R, d));
-  w.mhc.counter = k.take<unsigned>("split-k + mhc scratch", 1);
+  // mHC: every decode tile in one launch, the streaming kernel from kMhcStreamMinTokens rows on.
+  w.mhc.partial_floats = mhc_workspace_floats(R, d);
+  w.mhc.counter_count = mhc_workspace_counters(R);
+  w.mhc.partials = k.take<float>("split-k + mhc scratch", w.mhc.partial_floats);
+  w.mhc.counter = k.take<unsigned>("split-k + mhc scratch", w.mhc.counter_count);
+  // The legacy contract (partial_floats = 0: min(n, 8)·25·(d/32) floats, one counter) on the same memory.
+  w.mhc_legacy.partials = w.mhc.partials;
+  w.mhc_legacy.counter = w.mhc.counter;
   int64_t gemm_floats = 0;
   for (const auto& [v, count] : quant_shapes(c))
     for (int64_t m : {R, LR}) gemm_floats = std::max(gemm_floats, quant_gemm_workspace_floats(v, m));
@@ -223,6 +247,19 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   if (o.use_cublas) {
     w.dense_x_elems = R * std::max({d, hd, H * hd});
     w.dense_x = k.take<uint16_t>("activations", w.dense_x_elems);
+    // cuBLASLt path of the FP8 / MXFP4 linears (rows >= blas_min_rows): the dequantized weight + the
+    // activations of the largest shape; the shared expert's two weights; wo_a dequantized (FP8 wo_a).
+    // Sized for every row count (set_paths may lower the threshold after load).
+    int64_t elems = 0;
+    for (const auto& [v, count] : quant_shapes(c)) elems = std::max(elems, quant_gemm_blas_elems(v, R, false));
+    const SwigluBlasSizes sz = swiglu_gemm_blas_sizes(quant_shape(c, QuantWeightFormat::FP8Block, inter, d), R, false);
+    elems = std::max(elems, sz.bf16_elems);
+    const int64_t gu = sz.floats;
+    if (o.wo_a_fp8) elems = std::max(elems, og * ol * (H * hd / std::max<int64_t>(og, 1)));
+    w.gemm.bf16_elems = elems;
+    w.gemm.bf16 = k.take<uint16_t>("blas scratch", elems);
+    w.blas_gu_floats = gu;
+    w.blas_gu = k.take<float>("blas scratch", gu);
   }
   w.logits = k.take<float>("logits", LR * c.vocab_size);
   w.argmax = k.take<int32_t>("logits", LR);
@@ -256,6 +293,97 @@ CudaModel::CudaModel(DeepseekV41Model host, const CudaModelOptions& options, Str
 CudaModel::~CudaModel() = default;
 
 bool CudaModel::has_cublas() const { return tables_->blas != nullptr; }
+bool CudaModel::tables_blas() const { return tables_->blas != nullptr; }
+
+bool CudaModel::wo_a_fp8() const {
+  return !weights_.layers().empty() && weights_.layers()[0].wo_a.format == DeviceFormat::Fp8Block;
+}
+
+void CudaModel::set_paths(const CudaKernelPaths& p) {
+  options_.paths = p;
+  options_.paths.moe_items_max_rows = std::clamp<int64_t>(p.moe_items_max_rows, kGemvMaxRows, ws_->items_rows);
+  // A captured graph holds the launches of the paths it was captured with.
+  decode_graphs_.clear();
+  warmed_.clear();
+}
+
+const MhcWorkspace& CudaModel::mhc_ws() const { return options_.paths.mhc_batched ? ws_->mhc : ws_->mhc_legacy; }
+
+CudaKernelPaths CudaKernelPaths::legacy() {
+  CudaKernelPaths p;
+  p.programmatic_launch = false;
+  p.router_splitk = false;
+  p.mhc_batched = false;
+  p.mhc_cluster = true;  // the loop before the performance pass took the cluster kernel above 4 rows
+  p.gemv_multi = false;
+  p.blas_min_rows = INT64_MAX;
+  p.moe_items_max_rows = kGemvMaxRows;
+  return p;
+}
+
+namespace {
+
+struct NamedOption {
+  const char* name;
+  bool* flag;
+  int64_t* value;
+};
+
+std::vector<NamedOption> named_options(CudaModelOptions& o) {
+  CudaKernelPaths& p = o.paths;
+  return {{"programmatic_launch", &p.programmatic_launch, nullptr},
+          {"router_splitk", &p.router_splitk, nullptr},
+          {"mhc_batched", &p.mhc_batched, nullptr},
+          {"mhc_cluster", &p.mhc_cluster, nullptr},
+          {"gemv_multi", &p.gemv_multi, nullptr},
+          {"blas_min_rows", nullptr, &p.blas_min_rows},
+          {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
+          {"wo_a_fp8", &o.wo_a_fp8, nullptr},
+          {"concurrent_branches", &o.concurrent_branches, nullptr},
+          {"prefetch_attention", &o.prefetch_attention, nullptr},
+          {"cuda_graphs", &o.cuda_graphs, nullptr}};
+}
+
+}  // namespace
+
+Status apply_cuda_options(std::string_view spec, CudaModelOptions& o) {
+  std::vector<NamedOption> names = named_options(o);
+  std::string known;
+  for (const NamedOption& n : names) known += std::string(known.empty() ? "" : ", ") + n.name;
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    const std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    if (item.empty()) continue;
+    if (item == "legacy") {  // every kernel path as before the performance pass (wo_a stays as given)
+      o.paths = CudaKernelPaths::legacy();
+      continue;
+    }
+    const size_t eq = item.find('=');
+    const std::string key(item.substr(0, eq));
+    const std::string val = eq == std::string_view::npos ? std::string() : std::string(item.substr(eq + 1));
+    auto it = std::find_if(names.begin(), names.end(), [&](const NamedOption& n) { return key == n.name; });
+    if (it == names.end()) return make_error("CUDA option '" + key + "' is unknown (known: legacy, " + known + ")");
+    char* end = nullptr;
+    const long long v = val.empty() ? -1 : std::strtoll(val.c_str(), &end, 10);
+    if (val.empty() || *end != '\0' || v < 0 || (it->flag && v > 1))
+      return make_error("CUDA option '" + key + "': value '" + val + "' is not " +
+                        (it->flag ? "0 or 1" : "a non-negative integer"));
+    if (it->flag) *it->flag = v != 0;
+    if (it->value) *it->value = static_cast<int64_t>(v);
+  }
+  return Status::Ok();
+}
+
+std::string describe_cuda_options(const CudaModelOptions& o) {
+  CudaModelOptions copy = o;
+  std::string out;
+  for (const NamedOption& n : named_options(copy)) {
+    out += std::string(out.empty() ? "" : ",") + n.name + "=";
+    out += n.flag ? (*n.flag ? "1" : "0") : (*n.value == INT64_MAX ? std::string("max") : std::to_string(*n.value));
+  }
+  return out;
+}
 
 namespace {
 
@@ -362,6 +490,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& 
     };
     o.weights.keep_plain_mxfp4 = true;
   }
+  o.weights.wo_a_fp8 = o.wo_a_fp8;
 
   // Everything is planned before anything is allocated: weights + KV + workspace must fit together.
   CEDAR_ASSIGN_OR_RETURN(DeviceMemoryPlan extra, cuda_model_extra_plan(c, host.plan(), o));
@@ -504,7 +633,8 @@ int64_t context_bucket(int64_t positions, int64_t max_context) {
 
 Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
   Status st;
-  // One graph per shape: batch, context bucket, concurrent branches, attention kernel.
+  // One graph per shape: batch, context bucket, concurrent branches, attention kernel (set_paths drops
+  // the graphs of the other switches).
   const std::pair<int64_t, int64_t> key{r.n,
                                         4 * r.context + (branches(r) ? 1 : 0) + (options_.prefetch_attention ? 2 : 0)};
   if (r.decode && options_.cuda_graphs && !profiler_) {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,41 @@ namespace cedar::cuda {
 // larger ones the tiled GEMMs (a GEMV re-reads the weights per 8-token tile).
 inline constexpr int64_t kGemvMaxRows = 8;
 
+struct MhcWorkspace;  // kernels.h
+
+// The layer loop's kernel paths that have a faster variant (docs/cuda.md "Performance pass", "phase 3"):
+// the defaults are the fast paths; `legacy()` is the loop before them (tests compare the two,
+// `cedar bench --device cuda --cuda-options` A/Bs them). Bit-identical to the old path:
+// programmatic_launch, mhc_batched below kMhcStreamMinTokens rows (and wo_a_fp8); the others change
+// fp32 summation orders (the CPU oracle's bounds apply).
+struct CudaKernelPaths {
+  // Decode: RMSNorm, activation quantization, the FP8 / MXFP4 / BF16 GEMVs and mHC launch with
+  // programmatic dependent launch (launch.h): each starts, and prefetches its weights, while its
+  // predecessor finishes (the kernels wait before reading any input: same results).
+  bool programmatic_launch = true;
+  // moe_route with its split-K workspace: the gate streamed by ~120 blocks and, up to 8 rows, one fused
+  // launch (logits + selection); above kRouterBlasMinTokens rows the logits as one cuBLASLt GEMM.
+  // false: the unsplit kernels.
+  bool router_splitk = true;
+  // mhc_fused with a sized workspace: every token tile of a call in one launch, the streaming kernel
+  // from kMhcStreamMinTokens rows on (prefill). false: the legacy workspace (one 8-token tile per launch).
+  bool mhc_batched = true;
+  // mhc_fused_cluster (ffn_kernels.h) instead of mhc_fused for 5..127 rows, where supported.
+  bool mhc_cluster = false;
+  // Decode (<= kGemvMaxRows rows): wq_a + wkv (x's codes) and, on index-source layers, wq_b + the
+  // indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
+  bool gemv_multi = true;
+  // Calls of at least this many rows run the FP8 / MXFP4 linears and the shared expert's SwiGLU GEMM
+  // through exact bf16 dequantization + cuBLASLt (gemm_kernels.h "through bf16 cuBLASLt"), when it
+  // loads; fewer rows (> kGemvMaxRows) the tiled quant_gemm / swiglu_gemm.
+  int64_t blas_min_rows = 256;
+  // Routed experts of calls up to this many rows (>= kGemvMaxRows) through the device item tables
+  // (packed GEMVs: each expert read once per 8 of its rows), more rows through the grouped GEMMs. The
+  // workspace is sized at load for the loaded value; set_paths clamps to it.
+  int64_t moe_items_max_rows = kGemvMaxRows;
+  static CudaKernelPaths legacy();
+};
+
 struct CudaModelOptions {
   int device = 0;
   DeviceWeightOptions weights;
@@ -54,9 +90,20 @@ struct CudaModelOptions {
   // The sparse attention through model_attention.cu's prefetching tile loader (bit-identical to the
   // attention_kernels.h kernel, which `false` selects).
   bool prefetch_attention = true;
+  // wo_a as stored (FP8 + scales, decided at load): decode reads half its bytes (gemv_bf16 with w_fp8,
+  // bit-identical to the BF16 values); calls above 64 rows dequantize it per call for cuBLASLt (the
+  // same bf16 values, so the same bits as the BF16 weight). false: the BF16 values are uploaded.
+  bool wo_a_fp8 = true;
+  CudaKernelPaths paths;             // switchable after load too (CudaModel::set_paths)
   ThreadPool* pool = nullptr;        // host-side load conversions
   std::filesystem::path engram_map;  // as LoadOptions::engram_map
 };
+
+// "name=value,name=value" (the CudaKernelPaths fields and wo_a_fp8; values 0/1 or integers) applied to
+// `o`: cedar bench's --cuda-options. The error names the unknown name or the bad value.
+Status apply_cuda_options(std::string_view spec, CudaModelOptions& o);
+// The same names with o's values, e.g. "programmatic_launch=1,router_splitk=1,...".
+std::string describe_cuda_options(const CudaModelOptions& o);
 
 // One sequence on the device: its KV slot and tables, its length and prefill mode.
 struct CudaSequence {
@@ -107,6 +154,11 @@ class CudaModel {
   void use_cuda_graphs(bool on) { options_.cuda_graphs = on; }
   void use_concurrent_branches(bool on) { options_.concurrent_branches = on; }
   void use_prefetch_attention(bool on) { options_.prefetch_attention = on; }
+  // Tests / benchmarks: switch kernel paths after load (moe_items_max_rows clamped to the workspace);
+  // drops the captured decode graphs.
+  void set_paths(const CudaKernelPaths& p);
+  bool wo_a_fp8() const;  // wo_a is on the device as FP8
+  const CudaModelOptions& options() const { return options_; }
   // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /
   // ffn_out / engram_out / out, final_norm is not produced) through `sink` (downloads: slow). Empty: off.
   void set_debug_sink(TensorSink sink) { debug_sink_ = std::move(sink); }
@@ -170,20 +222,30 @@ class CudaModel {
   Status attention_site(int64_t layer, const Rows& r);
   Status attention(int64_t layer, const Rows& r);
   Status compressor(int64_t layer, const Rows& r);
-  Status indexer(int64_t layer, const Rows& r);
+  Status indexer(int64_t layer, const Rows& r, bool qi_ready);  // qi_ready: wq_b_i ran with wq_b
   Status ffn_site(int64_t layer, const Rows& r);
   Status moe(int64_t layer, const Rows& r);
   Status moe_gemv(int64_t layer, const Rows& r);
   Status moe_gemm(int64_t layer, const Rows& r);
+  Status shared_expert_gemm(int64_t layer, const Rows& r);  // fused SwiGLU GEMM + W2 (shared → w.shared)
   Status finish(const Rows& r);
   // y = W·x for quantized weights (FP8 / MXFP4) from already quantized activations: GEMV or GEMM by rows.
   Status qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
                  bool bf16_output = true);
   Status quantize(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales);
+  Status norm(const float* x, int64_t n, int64_t dim, const DeviceVector& weight, float* y);  // RMSNorm (model eps)
   // BF16 weights (groups of one shape as in gemv_bf16): gemv_bf16, or cuBLASLt for large calls.
   struct DenseCall;
   Status dense(const DenseCall& c);
   Status mhc(const void* args_ptr, const Rows& r);
+  // Programmatic dependent launch for the next PDL-capable kernel on the current stream: decode only, not
+  // while profiling (event nodes between stages), and not for the first kernel after a fork or join
+  // (its predecessors are on two streams) or a cuBLASLt call.
+  bool pdl();
+  void pdl_barrier();  // the current stream's next kernel follows a fork / join / library call
+  bool blas_rows(int64_t n) const { return tables_blas() && n >= options_.paths.blas_min_rows; }
+  const MhcWorkspace& mhc_ws() const;
+  bool tables_blas() const;
   Status mark(const char* stage, uint64_t weight_bytes = 0);
   Result<std::vector<StageTime>> collect_profile(double* total_us);
   // The stream the layer loop launches on (the aux stream inside a branch) and its split-K scratch.
@@ -207,7 +269,9 @@ class CudaModel {
   std::map<std::pair<int64_t, int64_t>, bool> warmed_;              // ran once directly (attributes, heuristics)
   Profiler* profiler_ = nullptr;                                    // set during profile_decode_step
   TensorSink debug_sink_;
-  cudaStream_t cur_ = nullptr;  // non-null inside a branch
+  cudaStream_t cur_ = nullptr;          // non-null inside a branch
+  bool pdl_rows_ = false;               // the rows of the call in flight may use PDL (decode)
+  bool pdl_fresh_[2] = {false, false};  // main / aux stream: the next kernel must not use PDL
   int64_t last_rows_ = 0;
   bool state_written_ = false;  // a step has written sequence state (KV rings / caches): errors poison it
 };

@@ -44,8 +44,10 @@ struct CudaModel::Workspace {
   StepInputs decode_in, prefill_in;
   // Streams and sublayer I/O.
   float *X = nullptr, *x = nullptr, *xn = nullptr, *y = nullptr;
-  float *mix_attn = nullptr, *mix_ffn = nullptr, *mix_scratch = nullptr;
-  float *pre = nullptr, *post = nullptr, *comb = nullptr, *e0 = nullptr;
+  // mHC mix rows [rows, 24] (pre, post, comb of each row; the next site reads them in place by stride).
+  float *mix_attn = nullptr, *mix_ffn = nullptr;
+  float* e0 = nullptr;         // [rows, hc]: e_0, the collapse weights before layer 0
+  float* final_pre = nullptr;  // [rows, hc]: the last site's pre, packed for final_head (rows > 1)
   // Activation quantization (two buffers: an input reused by several linears stays quantized).
   uint16_t *act_a = nullptr, *act_b = nullptr;
   float *act_a_scales = nullptr, *act_b_scales = nullptr;
@@ -66,9 +68,11 @@ struct CudaModel::Workspace {
   // MoE.
   float *router_logits = nullptr, *route_w = nullptr;
   std::vector<int32_t*> experts;  // per layer: [rows, topk]
+  SplitKWorkspace router_ws;      // router_workspace_size: split-K logits, the fused launch's ticket
+  int64_t items_rows = 0;         // rows the item-table path (routed GEMVs) is sized for
   DeviceGemvItem *items13 = nullptr, *items2 = nullptr;
   int32_t* item_counts = nullptr;
-  float *g = nullptr, *gu = nullptr, *routed = nullptr;  // GEMV path: [8·topk, inter] / [8·topk, d]
+  float *g = nullptr, *gu = nullptr, *routed = nullptr;  // item path: [items_rows·topk, inter] / [.., d]
   uint16_t* h_codes = nullptr;                           // [rows·topk, inter]
   float* h_scales = nullptr;
   uint16_t* y_rows = nullptr;  // [rows·topk, d] bf16 (GEMM path)
@@ -84,8 +88,10 @@ struct CudaModel::Workspace {
   int64_t* engram_next = nullptr;    // [max_sequences]
   // Split-K / mHC / GEMM / cuBLAS scratch.
   SplitKWorkspace splitk, splitk_aux;  // the aux stream's GEMVs have their own
-  MhcWorkspace mhc;
-  QuantGemmWorkspace gemm;
+  MhcWorkspace mhc, mhc_legacy;        // sized (all tiles in one launch, streaming) / the same memory, legacy contract
+  QuantGemmWorkspace gemm;             // + the cuBLASLt path's bf16 scratch (dequantized weights, activations)
+  float* blas_gu = nullptr;            // swiglu_gemm's cuBLASLt path: fp32 g / u
+  int64_t blas_gu_floats = 0;
   uint16_t* dense_x = nullptr;
   int64_t dense_x_elems = 0;
   // Head.

@@ -72,6 +72,9 @@ Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
     return main();
   }
   const cudaStream_t s = stream_.get(), a = tables_->aux.get();
+  // The first kernel of each stream after the fork and after the join depends on the other stream too:
+  // launched without PDL (a programmatic edge expresses a dependency on one same-stream predecessor).
+  pdl_fresh_[0] = pdl_fresh_[1] = true;
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->fork_ev, s));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->fork_ev, 0));
   cur_ = a;
@@ -81,16 +84,30 @@ Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
   // Join even after an error, so that a capture in progress ends with every branch merged.
   const cudaError_t e1 = cudaEventRecord(tables_->join_ev, a);
   const cudaError_t e2 = cudaStreamWaitEvent(s, tables_->join_ev, 0);
+  pdl_fresh_[0] = pdl_fresh_[1] = true;
   CEDAR_RETURN_IF_ERROR(sa);
   CEDAR_RETURN_IF_ERROR(sm);
   CEDAR_CUDA_RETURN_IF_ERROR(e1);
   return cuda_status(e2, "cudaStreamWaitEvent(join)");
 }
 
+bool CudaModel::pdl() {
+  const int s = cur_ ? 1 : 0;
+  const bool fresh = pdl_fresh_[s];
+  pdl_fresh_[s] = false;
+  return pdl_rows_ && !fresh && options_.paths.programmatic_launch && !profiler_;
+}
+
+void CudaModel::pdl_barrier() { pdl_fresh_[cur_ ? 1 : 0] = true; }
+
 Status CudaModel::quantize(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales) {
   if (n * in > ws_->act_capacity)
     return make_error("activation quantization of " + str(n) + "×" + str(in) + " exceeds the workspace");
-  return quantize_act_fp8(x, n, in, codes, scales, cs());
+  return quantize_act_fp8(x, n, in, codes, scales, cs(), pdl());
+}
+
+Status CudaModel::norm(const float* x, int64_t n, int64_t dim, const DeviceVector& weight, float* y) {
+  return rms_norm(x, n, dim, weight.data, static_cast<float>(config().rms_norm_eps), y, cs(), pdl());
 }
 
 Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
@@ -98,7 +115,7 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
   if (w.format != DeviceFormat::Fp8Block && w.format != DeviceFormat::Mxfp4)
     return make_error("qlinear: weight format " + std::string(device_format_name(w.format)) + " is not quantized");
   Workspace& ws = *ws_;
-  if (n <= kGemvMaxRows) return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, cs(), splitk());
+  if (n <= kGemvMaxRows) return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, cs(), splitk(), pdl());
   QuantGemmArgs a;
   a.w = w.quant();
   a.act_codes = codes;
@@ -107,19 +124,32 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
   a.act_block = 32;
   a.y = y;
   a.bf16_output = bf16_output;
-  return quant_gemm(a, ws.gemm, cs());
+  // Exact bf16 operands through cuBLASLt (the fp32 summation order differs from the tile kernel's).
+  if (blas_rows(n)) a.blas = tables_->blas.get();
+  const Status st = quant_gemm(a, ws.gemm, cs());
+  if (a.blas) pdl_barrier();
+  return st;
 }
 
 Status CudaModel::dense(const DenseCall& c) {
   const DeviceMatrix& w = *c.w;
   Workspace& ws = *ws_;
   const bool f32 = w.format == DeviceFormat::F32;
-  if (w.format != DeviceFormat::Bf16 && !f32)
-    return make_error("dense: weight format " + std::string(device_format_name(w.format)) + " is not BF16 / F32");
+  const bool fp8 = w.format == DeviceFormat::Fp8Block;  // wo_a as stored: its bf16 values are dequantized
+  if (w.format != DeviceFormat::Bf16 && !f32 && !fp8)
+    return make_error("dense: weight format " + std::string(device_format_name(w.format)) +
+                      " is not BF16 / F32 / FP8 (wo_a)");
   if ((c.n > 64 || f32) && tables_->blas) {
     DenseGemmArgs a;
     a.type = f32 ? DenseWeightType::F32 : DenseWeightType::BF16;
     a.w = w.data;
+    if (fp8) {  // the same bf16 values as the BF16 upload (dequant_weight_bf16 == the load-time conversion)
+      if (w.out * w.in > ws.gemm.bf16_elems)
+        return make_error("dense: FP8 weight [" + str(w.out) + ", " + str(w.in) + "] exceeds the bf16 scratch (" +
+                          str(ws.gemm.bf16_elems) + " elements)");
+      CEDAR_RETURN_IF_ERROR(dequant_weight_bf16(w.quant(), ws.gemm.bf16, cs()));
+      a.w = ws.gemm.bf16;
+    }
     a.out = c.out;
     a.in = c.in;
     a.x = c.x;
@@ -132,11 +162,20 @@ Status CudaModel::dense(const DenseCall& c) {
     a.w_stride = c.out * c.in;
     a.x_stride = c.in;
     a.y_stride = c.out;
-    return dense_gemm(*tables_->blas, a, ws.dense_x, ws.dense_x_elems, cs());
+    const Status st = dense_gemm(*tables_->blas, a, ws.dense_x, ws.dense_x_elems, cs());
+    pdl_barrier();
+    return st;
   }
   if (f32) return make_error("dense: F32 weights need cuBLASLt (" + tables_->blas_error + ")");
   Bf16GemvArgs a;
-  a.w = bf16_bits(w);
+  if (fp8) {  // dequantized in registers: bit-identical to gemv_bf16 on the BF16 values
+    a.w_fp8 = w.data;
+    a.w_scales = w.scales;
+    a.block_out = w.block_out;
+    a.block_in = w.block_in;
+  } else {
+    a.w = bf16_bits(w);
+  }
   a.out = c.out;
   a.in = c.in;
   a.groups = c.groups;
@@ -144,27 +183,41 @@ Status CudaModel::dense(const DenseCall& c) {
   a.y = c.y;
   a.n = c.n;
   a.bf16_output = c.bf16_output;
+  a.programmatic_launch = pdl();
   return gemv_bf16(a, cs(), splitk());
 }
 
 Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
-  const MhcFusedArgs& a = *static_cast<const MhcFusedArgs*>(args_ptr);
-  // The cluster kernel is one launch for any row count; the plain one is faster for a few rows.
-  if (tables_->mhc_cluster && r.n > 4) return mhc_fused_cluster(a, cs(), false);
-  return mhc_fused(a, ws_->mhc, cs());
+  MhcFusedArgs a = *static_cast<const MhcFusedArgs*>(args_ptr);
+  const CudaKernelPaths& p = options_.paths;
+  a.programmatic_launch = pdl();
+  // The cluster kernel (coefficients only) is one launch per 8-token tile without a global workspace;
+  // the sized decode kernel runs every tile in one launch and the streaming one covers prefill.
+  if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched))
+    return mhc_fused_cluster(a, cs(), false);  // cluster launches without PDL: not tested together yet
+  return mhc_fused(a, mhc_ws(), cs());
 }
 
 namespace {
 
+// A site's mix rows [n, kMixWidth] = pre[4], post[4], comb[16] per token, read in place by stride.
 struct MixPtrs {
-  const float *pre, *post, *comb;
+  const float *pre = nullptr, *post = nullptr, *comb = nullptr;
+  int64_t stride = 0;  // 0: packed [n, hc] (e_0)
 };
+MixPtrs mix_rows(const float* mix) { return MixPtrs{mix, mix + 4, mix + 8, kMixWidth}; }
 
-// pre / post / comb of mix rows: the row itself for one row, the split copies otherwise.
-Result<MixPtrs> split_mix(const float* mix, int64_t n, CudaModel::Workspace& w, cudaStream_t s) {
-  if (n == 1) return MixPtrs{mix, mix + 4, mix + 8};
-  CEDAR_RETURN_IF_ERROR(split_mix_rows(mix, n, 4, w.pre, w.post, w.comb, s));
-  return MixPtrs{w.pre, w.post, w.comb};
+// The next site's expand inputs (y with the previous site's post / comb) and collapse weights.
+void set_expand(MhcFusedArgs& a, const float* y, const MixPtrs& m) {
+  a.y = y;
+  a.post = m.post;
+  a.comb = m.comb;
+  a.post_stride = a.comb_stride = m.stride;
+}
+void set_collapse(MhcFusedArgs& a, const MixPtrs& m, float* collapsed) {
+  a.collapse_w = m.pre;
+  a.collapse_w_stride = m.stride;
+  a.collapsed = collapsed;
 }
 
 MhcFusedArgs mhc_args(const ModelConfig& c, const DeviceHc& hc, int64_t n, float* X) {
@@ -180,6 +233,7 @@ MhcFusedArgs mhc_args(const ModelConfig& c, const DeviceHc& hc, int64_t n, float
   a.sinkhorn_iters = c.hc_sinkhorn_iters;
   a.hc_eps = static_cast<float>(c.hc_eps);
   a.norm_eps = static_cast<float>(c.rms_norm_eps);
+  a.mix_stride = kMixWidth;
   return a;
 }
 
@@ -189,6 +243,8 @@ MhcFusedArgs mhc_args(const ModelConfig& c, const DeviceHc& hc, int64_t n, float
 
 Status CudaModel::run_rows(const Rows& r) {
   state_written_ = true;  // from the first kernel on, sequence state (rings, caches, Engram history) changes
+  pdl_rows_ = r.decode;   // PDL inside decode steps (prefill kernels are long: nothing to hide)
+  pdl_fresh_[0] = pdl_fresh_[1] = true;
   CEDAR_RETURN_IF_ERROR(mark("start"));
   CEDAR_RETURN_IF_ERROR(embed(r));
   const LayerPlan& p = plan();
@@ -283,32 +339,29 @@ Status CudaModel::attention_site(int64_t l, const Rows& r) {
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
-  const cudaStream_t s = cs();
   MhcFusedArgs a = mhc_args(c, L.hc_attn, r.n, w.X);
-  MixPtrs prev{w.e0, nullptr, nullptr};
-  if (l > 0) {  // the previous layer's ffn output, expanded with its site's post / comb; collapse with its pre
-    CEDAR_ASSIGN_OR_RETURN(prev, split_mix(w.mix_ffn, r.n, w, s));
-    a.y = w.y;
-    a.post = prev.post;
-    a.comb = prev.comb;
+  MixPtrs prev{w.e0, nullptr, nullptr, 0};
+  // The previous layer's ffn output, expanded with its site's post / comb; collapse with its pre.
+  if (l > 0) {
+    prev = mix_rows(w.mix_ffn);
+    set_expand(a, w.y, prev);
   }
   if (L.engram) {
-    // Engram changes the streams between the expand and this site's collapse and coefficients: expand
-    // alone first (its coefficients are discarded), Engram, then collapse + coefficients.
+    // Engram changes the streams between the expand and this site's collapse and coefficients: the
+    // expand alone first (no coefficients: fn = null), Engram, then collapse + coefficients.
     if (a.y) {
       MhcFusedArgs expand = a;
-      expand.mix_out = w.mix_scratch;
+      expand.fn = nullptr;
+      expand.mix_out = nullptr;
       CEDAR_RETURN_IF_ERROR(mhc(&expand, r));
     }
     CEDAR_RETURN_IF_ERROR(engram(l, r));
     a.y = nullptr;
   }
-  a.collapse_w = prev.pre;
-  a.collapsed = w.x;
+  set_collapse(a, prev, w.x);
   a.mix_out = w.mix_attn;
   CEDAR_RETURN_IF_ERROR(mhc(&a, r));
-  CEDAR_RETURN_IF_ERROR(
-      rms_norm(w.x, r.n, c.hidden_size, L.attn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
+  CEDAR_RETURN_IF_ERROR(norm(w.x, r.n, c.hidden_size, L.attn_norm, w.xn));
   return mark("mhc + norm", L.hc_attn.fn.size * 4);
 }
 
@@ -339,12 +392,30 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
 
   // x's FP8 codes serve wq_a and wkv, qr's wq_b and the indexer's wq_b.
   CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
+  // Decode: matrices that read the same codes share one launch (gemv_quantized_multi): wq_a + wkv
+  // before the branches, wq_b + the indexer's wq_b on index-source layers.
+  const bool multi = options_.paths.gemv_multi && n <= kGemvMaxRows;
+  const bool multi_qb = multi && role.compress_ratio > 0 && role.owns_indexer && L.wq_b_i.present();
+  if (multi) {
+    const QuantWeightView mats[2] = {L.wq_a.quant(), L.wkv.quant()};
+    const GemvGroupItem items[2] = {{L.wq_a.data, L.wq_a.scales, w.act_a, w.act_a_scales, w.qr},
+                                    {L.wkv.data, L.wkv.scales, w.act_a, w.act_a_scales, w.kvw}};
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_multi(mats, items, 2, n, true, cs(), splitk(), pdl()));
+    CEDAR_RETURN_IF_ERROR(mark("attn.wq_a+wkv", L.wq_a.bytes() + L.wkv.bytes()));
+  }
   // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
   auto query = [&]() -> Status {
-    CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
-    CEDAR_RETURN_IF_ERROR(rms_norm(w.qr, n, c.q_lora_rank, L.q_norm.data, eps, w.qr, cs()));
+    if (!multi) CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
+    CEDAR_RETURN_IF_ERROR(norm(w.qr, n, c.q_lora_rank, L.q_norm, w.qr));
     CEDAR_RETURN_IF_ERROR(quantize(w.qr, n, c.q_lora_rank, w.act_b, w.act_b_scales));
-    CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
+    if (multi_qb) {
+      const QuantWeightView mats[2] = {L.wq_b.quant(), L.wq_b_i.quant()};
+      const GemvGroupItem items[2] = {{L.wq_b.data, L.wq_b.scales, w.act_b, w.act_b_scales, w.q},
+                                      {L.wq_b_i.data, L.wq_b_i.scales, w.act_b, w.act_b_scales, w.qi}};
+      CEDAR_RETURN_IF_ERROR(gemv_quantized_multi(mats, items, 2, n, true, cs(), splitk(), pdl()));
+    } else {
+      CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
+    }
     RopeApplyArgs ra;
     ra.x = w.q;
     ra.rows = n;
@@ -352,13 +423,13 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     ra.width = hd;
     ra.tokens = tok;
     CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, cs()));
-    return mark("attn.q", L.wq_a.bytes() + L.wq_b.bytes());
+    return mark("attn.q", (multi ? 0 : L.wq_a.bytes()) + L.wq_b.bytes() + (multi_qb ? L.wq_b_i.bytes() : 0));
   };
   // The compressor's global KV and the layer's own SWA KV: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) as staged
   // ring records (independent of the query path: a second branch in decode).
   auto keys = [&]() -> Status {
     if (compress) CEDAR_RETURN_IF_ERROR(compressor(l, r));
-    CEDAR_RETURN_IF_ERROR(qlinear(L.wkv, w.act_a, w.act_a_scales, n, w.kvw));
+    if (!multi) CEDAR_RETURN_IF_ERROR(qlinear(L.wkv, w.act_a, w.act_a_scales, n, w.kvw));
     SwaKvArgs sk;
     sk.kv = w.kvw;
     sk.norm_weight = L.kv_norm.data;
@@ -369,14 +440,14 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     sk.rope = rope;
     sk.records = w.chunk_records;
     CEDAR_RETURN_IF_ERROR(swa_kv_encode(sk, cs()));
-    return mark("attn.kv", L.wkv.bytes());
+    return mark("attn.kv", multi ? 0 : L.wkv.bytes());
   };
   CEDAR_RETURN_IF_ERROR(parallel(branches(r), query, keys));
 
   // Compressed entries: the index source's top-k of this call.
   const int32_t* topk = nullptr;
   if (role.compress_ratio > 0) {
-    if (role.owns_indexer) CEDAR_RETURN_IF_ERROR(indexer(l, r));
+    if (role.owns_indexer) CEDAR_RETURN_IF_ERROR(indexer(l, r, multi_qb));
     topk = w.topk[static_cast<size_t>(role.index_source)];
     if (!topk) return make_error("index source layer " + str(role.index_source) + " has no top-k buffer");
     topk += r.first * c.index_topk;
@@ -496,7 +567,7 @@ Status CudaModel::compressor(int64_t l, const Rows& r) {
 }
 
 // index_queries + run_indexer of an index source layer (qr's FP8 codes are in act_b).
-Status CudaModel::indexer(int64_t l, const Rows& r) {
+Status CudaModel::indexer(int64_t l, const Rows& r, bool qi_ready) {
   const ModelConfig& c = config();
   const LayerRole& role = plan().layers[static_cast<size_t>(l)];
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
@@ -505,7 +576,7 @@ Status CudaModel::indexer(int64_t l, const Rows& r) {
   const cudaStream_t s = cs();
   const int64_t n = r.n, ih = c.index_n_heads, ihd = c.index_head_dim, ratio = role.compress_ratio;
   const AttnToken* tok = in.tok_exact + r.first;
-  CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b_i, w.act_b, w.act_b_scales, n, w.qi));
+  if (!qi_ready) CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b_i, w.act_b, w.act_b_scales, n, w.qi));
   DenseCall wp;
   wp.w = &L.weights_proj;
   wp.out = ih;
@@ -563,7 +634,7 @@ Status CudaModel::indexer(int64_t l, const Rows& r) {
   se.workspace = w.select_ws;
   se.workspace_bytes = w.select_ws_bytes;
   CEDAR_RETURN_IF_ERROR(indexer_select(se, s));
-  return mark("indexer", L.wq_b_i.bytes() + L.weights_proj.bytes());
+  return mark("indexer", (qi_ready ? 0 : L.wq_b_i.bytes()) + L.weights_proj.bytes());
 }
 
 // FFN site: expand the attention output, collapse with the attention site's pre, the ffn coefficients.
@@ -571,18 +642,13 @@ Status CudaModel::ffn_site(int64_t l, const Rows& r) {
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
-  const cudaStream_t s = cs();
-  CEDAR_ASSIGN_OR_RETURN(const MixPtrs m, split_mix(w.mix_attn, r.n, w, s));
+  const MixPtrs m = mix_rows(w.mix_attn);
   MhcFusedArgs a = mhc_args(c, L.hc_ffn, r.n, w.X);
-  a.y = w.y;
-  a.post = m.post;
-  a.comb = m.comb;
-  a.collapse_w = m.pre;
-  a.collapsed = w.x;
+  set_expand(a, w.y, m);
+  set_collapse(a, m, w.x);
   a.mix_out = w.mix_ffn;
   CEDAR_RETURN_IF_ERROR(mhc(&a, r));
-  CEDAR_RETURN_IF_ERROR(
-      rms_norm(w.x, r.n, c.hidden_size, L.ffn_norm.data, static_cast<float>(c.rms_norm_eps), w.xn, s));
+  CEDAR_RETURN_IF_ERROR(norm(w.x, r.n, c.hidden_size, L.ffn_norm, w.xn));
   return mark("mhc + norm", L.hc_ffn.fn.size * 4);
 }
 
@@ -605,10 +671,50 @@ Status CudaModel::moe(int64_t l, const Rows& r) {
   ra.logits = w.router_logits;
   ra.experts = w.experts[static_cast<size_t>(l)] + r.first * c.num_experts_per_tok;
   ra.weights = w.route_w;
+  if (options_.paths.router_splitk) {
+    // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM.
+    ra.splitk = w.router_ws;
+    if (tables_->blas && r.n * c.hidden_size <= w.dense_x_elems) {
+      ra.blas = tables_->blas.get();
+      ra.x_bf16 = w.dense_x;
+      ra.x_bf16_elems = w.dense_x_elems;
+    }
+  }
   CEDAR_RETURN_IF_ERROR(moe_route(ra, cs()));
+  if (ra.blas && r.n > kRouterBlasMinTokens) pdl_barrier();
   CEDAR_RETURN_IF_ERROR(mark("moe.route", L.gate.bytes()));
   CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
-  return r.n <= kGemvMaxRows ? moe_gemv(l, r) : moe_gemm(l, r);
+  // Routed experts: item tables (GEMVs) up to moe_items_max_rows rows, else the grouped GEMMs.
+  return r.n <= std::max(kGemvMaxRows, options_.paths.moe_items_max_rows) ? moe_gemv(l, r) : moe_gemm(l, r);
+}
+
+// The shared expert of more than kGemvMaxRows rows: the fused W1/W3 SwiGLU GEMM (cuBLASLt from
+// blas_min_rows rows on), W2 (qlinear), into w.shared.
+Status CudaModel::shared_expert_gemm(int64_t l, const Rows& r) {
+  const ModelConfig& c = config();
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  SwigluGemmArgs sg;
+  sg.w1 = L.shared_w1.quant();
+  sg.w3 = L.shared_w3.quant();
+  sg.act_codes = w.act_a;
+  sg.act_scales = w.act_a_scales;
+  sg.m = r.n;
+  sg.act_block = 32;
+  sg.swiglu_limit = static_cast<float>(c.swiglu_limit);
+  sg.h_codes = w.sh_codes;
+  sg.h_scales = w.sh_scales;
+  if (blas_rows(r.n)) {
+    sg.blas = tables_->blas.get();
+    sg.bf16_scratch = w.gemm.bf16;
+    sg.bf16_scratch_elems = w.gemm.bf16_elems;
+    sg.gu_scratch = w.blas_gu;
+    sg.gu_scratch_floats = w.blas_gu_floats;
+  }
+  CEDAR_RETURN_IF_ERROR(swiglu_gemm(sg, cs()));
+  if (sg.blas) pdl_barrier();
+  CEDAR_RETURN_IF_ERROR(qlinear(L.shared_w2, w.sh_codes, w.sh_scales, r.n, w.shared));
+  return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
 }
 
 // Decode: device-built item tables over the routed experts (packed MXFP4 GEMVs), SwiGLU, W2, the shared
@@ -671,9 +777,10 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   };
   // Shared expert (weight 1): w1 / w3 in one grouped launch, SwiGLU (+ FP8 codes), w2 — a second branch.
   auto shared = [&]() -> Status {
+    if (n > kGemvMaxRows) return shared_expert_gemm(l, r);  // item tables above the GEMV tile
     const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
                                   {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk()));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
     SwigluArgs ss;
     ss.rows = n;
     ss.inter = inter;
@@ -684,7 +791,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     ss.scales = w.sh_scales;
     CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
     CEDAR_RETURN_IF_ERROR(
-        gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk()));
+        gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk(), pdl()));
     return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
   };
   CEDAR_RETURN_IF_ERROR(parallel(branches(r), routed, shared));
@@ -736,19 +843,7 @@ Status CudaModel::moe_gemm(int64_t l, const Rows& r) {
   ea.y_rows = w.y_rows;
   CEDAR_RETURN_IF_ERROR(moe_experts(ea, s));
   CEDAR_RETURN_IF_ERROR(mark("moe.experts"));
-  SwigluGemmArgs sg;
-  sg.w1 = L.shared_w1.quant();
-  sg.w3 = L.shared_w3.quant();
-  sg.act_codes = w.act_a;
-  sg.act_scales = w.act_a_scales;
-  sg.m = n;
-  sg.act_block = 32;
-  sg.swiglu_limit = limit;
-  sg.h_codes = w.sh_codes;
-  sg.h_scales = w.sh_scales;
-  CEDAR_RETURN_IF_ERROR(swiglu_gemm(sg, s));
-  CEDAR_RETURN_IF_ERROR(qlinear(L.shared_w2, w.sh_codes, w.sh_scales, n, w.shared));
-  CEDAR_RETURN_IF_ERROR(mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes()));
+  CEDAR_RETURN_IF_ERROR(shared_expert_gemm(l, r));
   MoePrefillCombineArgs ca;
   ca.expert_ids = experts;
   ca.slot_row = w.perm.slot_row;
@@ -770,23 +865,30 @@ Status CudaModel::finish(const Rows& r) {
   Workspace& w = *ws_;
   const cudaStream_t s = cs();
   const DeviceLayer& last = weights_.layers().back();
-  CEDAR_ASSIGN_OR_RETURN(const MixPtrs m, split_mix(w.mix_ffn, r.n, w, s));
-  MhcFusedArgs a = mhc_args(c, last.hc_ffn, r.n, w.X);  // its coefficients are not used (mix_scratch)
-  a.y = w.y;
-  a.post = m.post;
-  a.comb = m.comb;
-  a.mix_out = w.mix_scratch;
+  const MixPtrs m = mix_rows(w.mix_ffn);
+  MhcFusedArgs a = mhc_args(c, last.hc_ffn, r.n, w.X);  // expand only: no coefficients after the last layer
+  set_expand(a, w.y, m);
+  a.fn = nullptr;
+  a.mix_out = nullptr;
   CEDAR_RETURN_IF_ERROR(mhc(&a, r));
   if (r.logits == LogitRows::None) return mark("final expand");
   const int64_t first = r.logits == LogitRows::Last ? r.n - 1 : 0, rows = r.n - first;
   if (rows > w.logit_rows) return make_error("finish: " + str(rows) + " logit rows exceed " + str(w.logit_rows));
+  // final_head reads pre packed [rows, hc]: one row is its mix row; more rows are copied out of theirs.
+  const float* pre = m.pre + first * kMixWidth;
+  if (rows > 1) {
+    const size_t row = static_cast<size_t>(c.hc_mult) * sizeof(float);
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(w.final_pre, row, pre, kMixWidth * sizeof(float), row,
+                                                 static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, s));
+    pre = w.final_pre;
+  }
   FinalHeadArgs h;
   h.n = rows;
   h.hc = c.hc_mult;
   h.d = c.hidden_size;
   h.vocab = c.vocab_size;
   h.X = w.X + first * c.hc_mult * c.hidden_size;
-  h.pre = m.pre + first * c.hc_mult;
+  h.pre = pre;
   h.norm_weight = weights_.final_norm().data;
   h.norm_eps = static_cast<float>(c.rms_norm_eps);
   h.head = bf16_bits(weights_.head());

@@ -470,6 +470,9 @@ Status launch_hd(int64_t hd, const AttnParams& p, dim3 grid, size_t smem, cudaSt
 }  // namespace
 
 Status sparse_attention_prefetch(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
+  // Decode-shaped calls run cuda-attn's decode kernel, as sparse_attention does (so the two stay equal
+  // bit for bit); this copy only differs from the tiled kernel, which serves the other calls.
+  if (sparse_attention_picks_decode(a, ws)) return sparse_attention_decode(a, stream, ws);
   const std::string who = "cuda::sparse_attention_prefetch: ";
   const int64_t hd = a.head_dim;
   if (hd != 32 && hd != 64 && hd != 128 && hd != 256 && hd != 512)
@@ -487,7 +490,7 @@ Status sparse_attention_prefetch(const SparseAttnArgs& a, cudaStream_t stream, c
   const int64_t max_keys = a.window + (a.topk != nullptr ? a.topk_width : 0);
   int splits = choose_splits(a.n, a.heads, max_keys);
   const SparseAttnWorkspaceSize need =
-      sparse_attention_workspace_size(a.n, a.heads, hd, a.window, a.topk != nullptr ? a.topk_width : 0);
+      sparse_attention_tiled_workspace_size(a.n, a.heads, hd, a.window, a.topk != nullptr ? a.topk_width : 0);
   if (splits > 1 && (ws.floats == nullptr || ws.counters == nullptr || ws.float_count < need.floats ||
                      ws.counter_count < need.counters))
     splits = 1;  // no (or too small a) workspace: one block per (row, head group)

@@ -12,6 +12,8 @@
 //            applied in registers.
 // Key split (few rows): launch 1 writes each range's max, launch 2 uses the max over ranges, writes the
 // partial sums and the last block of a (row, head group) adds them in range order (ticket).
+// sparse_attention dispatches decode-shaped calls (<= kSparseDecodeMaxRows rows) to
+// sparse_attention_decode.cu instead; this kernel (sparse_attention_tiled) serves prefill rows.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -454,6 +456,18 @@ Status launch_hd(int64_t hd, const AttnParams& p, dim3 grid, size_t smem, cudaSt
 
 SparseAttnWorkspaceSize sparse_attention_workspace_size(int64_t n, int64_t heads, int64_t head_dim, int64_t window,
                                                         int64_t topk_width) {
+  const SparseAttnWorkspaceSize t = sparse_attention_tiled_workspace_size(n, heads, head_dim, window, topk_width);
+  const SparseAttnWorkspaceSize d = sparse_attention_decode_workspace_size(n, heads, head_dim, window, topk_width);
+  return SparseAttnWorkspaceSize{std::max(t.floats, d.floats), std::max(t.counters, d.counters)};
+}
+
+Status sparse_attention(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
+  return sparse_attention_picks_decode(a, ws) ? sparse_attention_decode(a, stream, ws)
+                                              : sparse_attention_tiled(a, stream, ws);
+}
+
+SparseAttnWorkspaceSize sparse_attention_tiled_workspace_size(int64_t n, int64_t heads, int64_t head_dim,
+                                                              int64_t window, int64_t topk_width) {
   if (n <= 0 || heads <= 0 || head_dim <= 0) return {};
   const int64_t max_keys = window + std::max<int64_t>(0, topk_width);
   const int splits = choose_splits(n, heads, max_keys);
@@ -462,7 +476,7 @@ SparseAttnWorkspaceSize sparse_attention_workspace_size(int64_t n, int64_t heads
                                  n * ((heads + kHeadsPerBlock - 1) / kHeadsPerBlock)};
 }
 
-Status sparse_attention(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
+Status sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
   const std::string who = "cuda::sparse_attention: ";
   const int64_t hd = a.head_dim;
   if (hd != 32 && hd != 64 && hd != 128 && hd != 256 && hd != 512)
@@ -480,7 +494,7 @@ Status sparse_attention(const SparseAttnArgs& a, cudaStream_t stream, const Spar
   const int64_t max_keys = a.window + (a.topk != nullptr ? a.topk_width : 0);
   int splits = choose_splits(a.n, a.heads, max_keys);
   const SparseAttnWorkspaceSize need =
-      sparse_attention_workspace_size(a.n, a.heads, hd, a.window, a.topk != nullptr ? a.topk_width : 0);
+      sparse_attention_tiled_workspace_size(a.n, a.heads, hd, a.window, a.topk != nullptr ? a.topk_width : 0);
   if (splits > 1 && (ws.floats == nullptr || ws.counters == nullptr || ws.float_count < need.floats ||
                      ws.counter_count < need.counters))
     splits = 1;  // no (or too small a) workspace: one block per (row, head group)

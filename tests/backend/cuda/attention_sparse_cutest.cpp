@@ -35,13 +35,18 @@ struct SeqSpec {
   int64_t swa_start = 0;
   int64_t entries = 0;   // compressed entries in the KV source
   int64_t selected = 0;  // top-k ids per row (<= topk width; fewer: −1 padded)
+  int64_t lost_mod = 0;  // > 0: ring positions k with k % lost_mod == 1 are missing (both sides drop them)
 };
+
+// Which launcher runs: the dispatcher (by rows), or one of the two kernels explicitly.
+enum class Kernel { Dispatch, Decode, Tiled };
 
 struct SparseCase {
   int64_t heads = 64, head_dim = 512, rope_dim = 64, window = 128, topk = 512;
   bool compressed = true;  // false: SWA-only layer (no top-k)
   bool bf16_probabilities = true;
   bool split_workspace = true;
+  Kernel kernel = Kernel::Dispatch;
   std::vector<SeqSpec> seqs;
   uint32_t seed = 1;
 };
@@ -82,6 +87,7 @@ void check_sparse(const SparseCase& c, const std::string& name) {
     std::vector<uint8_t> rec(W * rb, 0);
     std::vector<int64_t> pos(W, -1);
     for (int64_t k = std::max<int64_t>(0, c.seqs[s].pos0 - W); k < c.seqs[s].pos0; ++k) {
+      if (c.seqs[s].lost_mod > 0 && k % c.seqs[s].lost_mod == 1) continue;  // the slot stays empty (-1)
       std::vector<float> raw = testing::random_bf16(hd, c.seed + 1000 + 7 * s + k, -3, 1, 32);
       ASSERT_TRUE(rings[s].write(k, raw).ok());
       ASSERT_TRUE(fswa.encode(raw, std::span<uint8_t>(rec).subspan((k % W) * rb, rb)).ok());
@@ -140,6 +146,8 @@ void check_sparse(const SparseCase& c, const std::string& name) {
         keys.push_back(chunk_val.data() + (tk.chunk_row0 + k - tk.chunk_pos0) * hd);
       } else {
         float* b = ring_buf.data() + (k % W) * hd;
+        const SeqSpec& sq = c.seqs[tk.seq];
+        if (sq.lost_mod > 0 && k % sq.lost_mod == 1) continue;  // a lost slot: the kernels drop the key
         ASSERT_TRUE(rings[tk.seq].read(k, std::span<float>(b, hd))) << "ring lacks position " << k;
         keys.push_back(b);
       }
@@ -154,6 +162,10 @@ void check_sparse(const SparseCase& c, const std::string& name) {
     sparse_attention_row(std::span<const float>(q).subspan(r * H * hd, H * hd), keys, sink, shape, o, work);
     // Allowance before the rotation: (2^-7 + 2^-9)·|o| (final bf16 rounding, denominator order) plus
     // 2^-7·Σ_j p_j·|k_j[c]| / denom (each bf16(p_j) may round the other way after a dot in another order).
+    // The decode kernel (split-K) rounds bf16(exp(s_j − m_z)) against its key range's max m_z and then
+    // rescales by exp(m_z − M): within 2^-9 + 2^-9 + O(2^-22) of p_j of the CPU's bf16(exp(s_j − M)), and
+    // its expf (<= 2 ulp) moves p_j by ~2^-22 — inside the same 2^-7·p_j per key, so one bound serves both;
+    // the merge's extra fp32 products and sums (<= 20 ranges) are ~2^-19 relative, far below 2^-9·|o|.
     std::vector<float> pre(o.begin(), o.end()), al(H * hd);
     for (int64_t h = 0; h < H; ++h) {
       std::vector<double> s(keys.size());
@@ -164,11 +176,14 @@ void check_sparse(const SparseCase& c, const std::string& name) {
         s[j] = d * scale;
         m = std::max(m, s[j]);
       }
-      for (double v : s) den += std::exp(v - m);
+      for (double& v : s) {
+        v = std::exp(v - m);  // s now holds the exact p_j
+        den += v;
+      }
       den += std::exp(double(sink[h]) - m);
       for (int64_t ch = 0; ch < hd; ++ch) {
         double b = 0;
-        for (size_t j = 0; j < keys.size(); ++j) b += std::exp(s[j] - m) * std::fabs(keys[j][ch]);
+        for (size_t j = 0; j < keys.size(); ++j) b += s[j] * std::fabs(keys[j][ch]);
         al[h * hd + ch] = static_cast<float>((0x1p-7 + 0x1p-9) * std::fabs(pre[h * hd + ch]) + 0x1p-7 * b / den);
       }
     }
@@ -221,16 +236,24 @@ void check_sparse(const SparseCase& c, const std::string& name) {
                          .out = dout.get()};
   const SparseAttnWorkspace ws{dwf.get(), dwc.get(), wsz.floats, wsz.counters};
   const Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0, .abs = 1e-30, .bound_scale = 1.0};
+  const bool decode =
+      c.kernel == Kernel::Decode || (c.kernel == Kernel::Dispatch && sparse_attention_picks_decode(a, ws));
+  const std::string tag = name + (decode ? " [decode" : " [tiled") + (wsz.floats ? " ws]" : "]");
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {  // the second run checks the re-armed tickets and determinism
-    const Status s = sparse_attention(a, nullptr, ws);
-    ASSERT_TRUE(s.ok()) << s.error().message;
+    const Status s = c.kernel == Kernel::Decode  ? sparse_attention_decode(a, nullptr, ws)
+                     : c.kernel == Kernel::Tiled ? sparse_attention_tiled(a, nullptr, ws)
+                                                 : sparse_attention(a, nullptr, ws);
+    ASSERT_TRUE(s.ok()) << tag << ": " << s.error().message;
     const std::vector<float> got = to_host(dout);
-    EXPECT_TRUE(parity(name + (wsz.counters ? " split" : ""), got, want, tol, allow));
+    size_t unwritten = 0;  // the output was filled with NaN bytes: a NaN names an element never written
+    for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
+    EXPECT_EQ(unwritten, 0u) << tag << ": NaN outputs (unwritten heads/channels, or a NaN in the arithmetic)";
+    EXPECT_TRUE(parity(tag, got, want, tol, allow));
     if (rep == 0) {
       first = got;
     } else {
-      EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * 4), 0) << name << ": two runs differ";
+      EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * 4), 0) << tag << ": two runs differ";
     }
   }
 }
@@ -279,6 +302,99 @@ TEST(CudaSparseAttention, PrefillChunksMatchCpu) {
                 .seqs = {{.pos0 = 3, .n = 12}, {.pos0 = 30, .n = 1}},
                 .seed = 95},
                "sparse_attn tiny swa-only");
+}
+
+// ---- the decode kernel (split-K over the keys, 64 heads per block) ----
+
+// A row at the released shape: full window + 512 selected, so 640 keys in 20 ranges of one tile.
+const SeqSpec kFullRow{.pos0 = 5000, .entries = 5001, .selected = 512};
+
+TEST(CudaSparseAttentionDecode, ReleasedBatch1MatchesCpu) {
+  CEDAR_REQUIRE_GPU_ATTN();
+  for (Kernel k : {Kernel::Decode, Kernel::Tiled}) {  // the new kernel and the old one on the same row
+    check_sparse({.kernel = k, .seqs = {kFullRow}, .seed = 201}, "sparse_decode b1 64x512");
+    check_sparse({.bf16_probabilities = false, .kernel = k, .seqs = {kFullRow}, .seed = 202},
+                 "sparse_decode b1 64x512 fp32 p");
+  }
+  // The dispatcher picks the decode kernel at one row; SWA-only layer (128 keys: 4 ranges).
+  check_sparse({.seqs = {kFullRow}, .seed = 203}, "sparse_decode b1 dispatch");
+  check_sparse({.compressed = false, .kernel = Kernel::Decode, .seqs = {{.pos0 = 300}}, .seed = 204},
+               "sparse_decode b1 swa-only");
+}
+
+TEST(CudaSparseAttentionDecode, Batch8DifferentLengthsMatchesCpu) {
+  CEDAR_REQUIRE_GPU_ATTN();
+  // 8 rows (10 ranges of 2 tiles): full rows, a young sequence whose keys end inside the first tile
+  // (pos 3: 4 window keys + 2 entries — fewer keys than a range, most ranges empty), no selected entries
+  // (all −1: ranges past the window hold no key), a partial last tile, bounded replay, lost ring slots.
+  const std::vector<SeqSpec> seqs = {kFullRow,
+                                     {.pos0 = 3, .entries = 4, .selected = 2},
+                                     {.pos0 = 900, .entries = 901, .selected = 0},
+                                     {.pos0 = 1200, .entries = 1201, .selected = 77},
+                                     {.pos0 = 700, .swa_start = 650, .entries = 701, .selected = 512},
+                                     {.pos0 = 2000, .entries = 2001, .selected = 300, .lost_mod = 5},
+                                     {.pos0 = 129, .entries = 130, .selected = 130},
+                                     {.pos0 = 64, .entries = 65, .selected = 33}};
+  check_sparse({.kernel = Kernel::Decode, .seqs = seqs, .seed = 211}, "sparse_decode b8 64x512");
+  check_sparse({.bf16_probabilities = false, .kernel = Kernel::Decode, .seqs = seqs, .seed = 212},
+               "sparse_decode b8 64x512 fp32 p");
+}
+
+TEST(CudaSparseAttentionDecode, Batch64MatchesCpu) {
+  CEDAR_REQUIRE_GPU_ATTN();
+  // 64 rows (2 ranges of 10 tiles per row: the online part of the kernel is several tiles per block),
+  // lengths and selections varying row by row.
+  std::vector<SeqSpec> seqs;
+  for (int64_t i = 0; i < 64; ++i) {
+    const int64_t pos = 20 + 97 * i;
+    seqs.push_back({.pos0 = pos,
+                    .swa_start = i % 9 == 4 ? pos - 40 : 0,
+                    .entries = pos + 1,
+                    .selected = std::min<int64_t>(pos + 1, (i * 53) % 513),
+                    .lost_mod = i % 11 == 6 ? 3 : 0});
+  }
+  // Through the dispatcher: the tag printed with the PARITY line says it took the decode kernel.
+  check_sparse({.seqs = seqs, .seed = 221}, "sparse_decode b64 64x512");
+}
+
+TEST(CudaSparseAttentionDecode, OtherShapesMatchCpu) {
+  CEDAR_REQUIRE_GPU_ATTN();
+  // head_dim 128 and 256 (the other instantiations), a head count that is not a multiple of 64 (80: a
+  // second, partial head group; 8: one m-tile of 4 in use), prefill-like chunks of <= 64 rows.
+  check_sparse(
+      {.heads = 80,
+       .head_dim = 256,
+       .rope_dim = 64,
+       .window = 64,
+       .topk = 96,
+       .kernel = Kernel::Decode,
+       .seqs = {{.pos0 = 500, .entries = 501, .selected = 96}, {.pos0 = 10, .n = 3, .entries = 13, .selected = 9}},
+       .seed = 231},
+      "sparse_decode 80x256");
+  check_sparse({.heads = 8,
+                .head_dim = 128,
+                .rope_dim = 32,
+                .window = 32,
+                .topk = 16,
+                .kernel = Kernel::Decode,
+                .seqs = {{.pos0 = 50, .n = 40, .entries = 90, .selected = 16},
+                         {.pos0 = 64, .n = 9, .swa_start = 60, .entries = 73, .selected = 9}},
+                .seed = 232},
+               "sparse_decode 8x128 chunks");
+}
+
+TEST(CudaSparseAttentionDecode, RejectsBadArguments) {
+  CEDAR_REQUIRE_GPU_ATTN();
+  Status s = sparse_attention_decode({.n = 1, .heads = 4, .head_dim = 64, .window = 8}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("head_dim 64"), std::string::npos) << s.error().message;
+  s = sparse_attention_decode({.n = 65, .heads = 4, .head_dim = 128, .window = 8}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("n=65"), std::string::npos) << s.error().message;
+  // A split launch without its workspace is refused (the dispatcher takes the tiled kernel instead).
+  const SparseAttnArgs a{.n = 1, .heads = 64, .head_dim = 512, .window = 128};
+  EXPECT_FALSE(sparse_attention_picks_decode(a, {}));
+  EXPECT_GT(sparse_attention_decode_workspace_size(1, 64, 512, 128, 512).floats, 0);
 }
 
 TEST(CudaAttentionOutput, MatchesCpuProjection) {

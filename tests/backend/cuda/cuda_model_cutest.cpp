@@ -24,9 +24,13 @@
 //     rounding alone; the kernels both paths share — RMSNorm, router, mHC, attention — differ from the
 //     CPU by rounding too, which the path comparison cannot see, hence the factor): measured on the small
 //     profile 31% against the CPU vs 11% between the paths, 0.9% / 0% on tiny; a wrong kernel flips most;
+//     since the GPU paths became bit-identical to each other the bound is at least kFlipCeiling (40%);
 //   * over all positions: top-1 agrees (tie-robust) on >= 90% of the rows and the mean logit cosine is
 //     >= 0.9 (measured >= 0.925: after flips the rows are the same model's outputs for other decisions);
-//   * batched decode on the GEMV path and graph replay are bit-exact.
+//   * batched decode on the GEMV path and graph replay are bit-exact;
+//   * kernel-path switches (CudaKernelPaths) that change launches only (PDL, mHC tiles in one launch) and
+//     wo_a read as FP8 are bit-exact against the old path; the others (split-K router, cuBLASLt prefill
+//     GEMMs, streaming mHC, multi GEMV, items above 8 rows) and the legacy loop meet the CPU bounds above.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -96,8 +100,11 @@ struct Model {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<DeepseekV41Model> cpu;
   std::unique_ptr<CudaModel> gpu;
+  CudaModelOptions options;                  // gpu's load options
+  std::unique_ptr<CudaModel> gpu_bf16_wo_a;  // loaded on first use: wo_a_fp8 = false, item tables up to 128 rows
   std::string error;
   ~Model() {
+    gpu_bf16_wo_a.reset();
     gpu.reset();
     cpu.reset();
     std::error_code ec;
@@ -140,16 +147,43 @@ Model* model_for(const std::string& profile) {
   go.headroom_bytes = uint64_t{1} << 30;
   go.engram_map = lo.engram_map;
   go.pool = m->pool.get();
+  m->options = go;
   auto gpu = CudaModel::load(m->dir, go);
   if (!gpu.ok()) {
     m->error = "CUDA load: " + gpu.error().message;
     return m.get();
   }
   m->gpu = std::move(*gpu);
-  std::printf("[ model    ] %s: %s, cuBLASLt %s\n", profile.c_str(), m->dir.c_str(),
-              m->gpu->has_cublas() ? "loaded (BF16 prefill GEMMs)" : "missing (gemv_bf16 for every BF16 linear)");
+  std::printf("[ model    ] %s: %s, cuBLASLt %s, wo_a on the device as %s, options %s\n", profile.c_str(),
+              m->dir.c_str(),
+              m->gpu->has_cublas() ? "loaded (BF16 prefill GEMMs)" : "missing (gemv_bf16 for every BF16 linear)",
+              m->gpu->wo_a_fp8() ? "FP8" : "BF16", describe_cuda_options(go).c_str());
   return m.get();
 }
+
+// The second GPU model of a profile: wo_a uploaded as BF16 values (the loop before wo_a_fp8) and the
+// routed experts' item tables sized for 128 rows. Null (with the reason in `error`) if it fails to load.
+CudaModel* variant_for(Model& m, std::string* error) {
+  if (m.gpu_bf16_wo_a) return m.gpu_bf16_wo_a.get();
+  CudaModelOptions o = m.options;
+  o.wo_a_fp8 = false;
+  o.paths.moe_items_max_rows = 128;
+  auto g = CudaModel::load(m.dir, o);
+  if (!g.ok()) {
+    *error = "CUDA load (wo_a_fp8=0, moe_items_max_rows=128): " + g.error().message;
+    return nullptr;
+  }
+  m.gpu_bf16_wo_a = std::move(*g);
+  return m.gpu_bf16_wo_a.get();
+}
+
+// Restores a model's kernel paths at scope exit (the tests share one loaded model per profile).
+struct PathsGuard {
+  CudaModel& g;
+  CudaKernelPaths saved;
+  explicit PathsGuard(CudaModel& m) : g(m), saved(m.options().paths) {}
+  ~PathsGuard() { g.set_paths(saved); }
+};
 
 #define CEDAR_REQUIRE_MODEL(var, profile) \
   CEDAR_REQUIRE_GPU();                    \
@@ -372,6 +406,11 @@ Stats compare(const std::string& what, const Track& got, const Track& want, cons
 // The GPU against the CPU (tolerances: file comment). `paths` is GPU vs GPU over two kernel paths (GEMV
 // vs GEMM summation orders) of the same prompt: a measurement of how far pure rounding differences carry
 // in this model, which bounds how many decisions the GPU may flip against the CPU.
+// The GPU paths can agree bit for bit (small: chunked == one-shot over all 35 ced rows, legacy == default
+// paths), and then measure no sensitivity at all; the ceiling keeps the bound at what rounding alone has
+// produced on the small profile in every device run since phase 2 (31-32% exact, 20-21% ced), with margin.
+constexpr double kFlipCeiling = 0.4;
+
 void expect_close(const std::string& what, const Stats& s, const Stats* paths = nullptr) {
   EXPECT_GT(s.rows, 0) << what << ": no common logit rows";
   EXPECT_TRUE(s.tight_rows == 0 || (s.min_cos_tight >= 0.99 && s.max_nmse_tight <= 2e-2))
@@ -381,7 +420,7 @@ void expect_close(const std::string& what, const Stats& s, const Stats* paths = 
       << what << ": top-1 agrees (tie-robust) on " << s.robust_top1 << " of " << s.rows << " rows";
   EXPECT_GE(s.mean_cos, 0.9) << what << ": mean logit cosine";
   if (paths) {
-    EXPECT_LE(s.flip_fraction(), 3 * paths->flip_fraction() + 0.1)
+    EXPECT_LE(s.flip_fraction(), std::max(3 * paths->flip_fraction() + 0.1, kFlipCeiling))
         << what << ": " << s.flips << " of " << s.decisions << " decisions flipped vs the CPU, while two GPU kernel "
         << "paths flip " << paths->flips << " of " << paths->decisions << " against each other";
   }
@@ -436,21 +475,23 @@ struct Scenario {
   int64_t argmax_agree = 0, steps = 0;
 };
 
-Scenario run_scenario(Model& m, const std::vector<int64_t>& ids, const SequenceOptions& so, int steps, bool trace) {
+Scenario run_scenario(Model& m, const std::vector<int64_t>& ids, const SequenceOptions& so, int steps, bool trace,
+                      CudaModel* gpu = nullptr) {
   Scenario sc;
+  CudaModel& G = gpu ? *gpu : *m.gpu;
   auto cs = m.cpu->new_sequence(so);
   EXPECT_TRUE(cs.ok()) << cs.error().message;
-  auto ga = m.gpu->new_sequence(so);
-  auto gb = m.gpu->new_sequence(so);
+  auto ga = G.new_sequence(so);
+  auto gb = G.new_sequence(so);
   EXPECT_TRUE(ga.ok() && gb.ok());
   if (!cs.ok() || !ga.ok() || !gb.ok()) return sc;
   sc.cpu.add(cpu_call(m, *cs, ids, LogitRows::All, &sc.cpu.dec, trace ? &sc.trace_cpu : nullptr));
-  if (trace) m.gpu->set_debug_sink([&](const TensorRecord& r) { sc.trace_a.add(r); });
-  sc.a.add(gpu_prefill(*m.gpu, *ga, ids, LogitRows::All, &sc.a.dec));
-  m.gpu->set_debug_sink({});
+  if (trace) G.set_debug_sink([&](const TensorRecord& r) { sc.trace_a.add(r); });
+  sc.a.add(gpu_prefill(G, *ga, ids, LogitRows::All, &sc.a.dec));
+  G.set_debug_sink({});
   for (size_t at = 0, i = 0; at < ids.size(); ++i) {  // 5, 3, 1, then 8s: the GEMV path, crossing every boundary
     const size_t len = std::min<size_t>(ids.size() - at, i == 0 ? 5 : i == 1 ? 3 : i == 2 ? 1 : 8);
-    sc.b.add(gpu_prefill(*m.gpu, *gb, std::span<const int64_t>(ids).subspan(at, len), LogitRows::All, &sc.b.dec));
+    sc.b.add(gpu_prefill(G, *gb, std::span<const int64_t>(ids).subspan(at, len), LogitRows::All, &sc.b.dec));
     at += len;
   }
   for (int step = 0; step < steps; ++step) {
@@ -462,11 +503,11 @@ Scenario run_scenario(Model& m, const std::vector<int64_t>& ids, const SequenceO
     for (auto [seq, track] : {std::pair{&*ga, &sc.a}, std::pair{&*gb, &sc.b}}) {
       CudaSequence* one[] = {seq};
       CudaStepOutput out;
-      const Status st = m.gpu->decode_step(one, std::span<const int64_t>(&tok, 1), out);
+      const Status st = G.decode_step(one, std::span<const int64_t>(&tok, 1), out);
       EXPECT_TRUE(st.ok()) << st.error().message;
       if (!st.ok()) return sc;
-      gpu_decisions(*m.gpu, out.positions, track->dec);
-      const Logits got = gpu_logits(*m.gpu, out);
+      gpu_decisions(G, out.positions, track->dec);
+      const Logits got = gpu_logits(G, out);
       track->add(got);
       if (track == &sc.a && !want.values.empty()) {
         const float* g = got.values.data();
@@ -674,6 +715,175 @@ TEST_P(CudaModelParity, PrefetchAttentionEqualsTheOwnersKernelInTheModel) {
   std::printf("MODEL %s prefetch attention vs owner kernel: %zu of %zu logits differ\n", GetParam().c_str(), diff,
               runs[0].values.size());
   EXPECT_EQ(diff, 0u);
+}
+
+// ---- kernel-path switches (CudaKernelPaths, wo_a_fp8) --------------------------------------------
+
+// Every logit of one fixed GPU workload, for bitwise comparisons of two configurations: a prefill in one
+// call (77 rows: the GEMM path; cuBLASLt for the BF16 linears and wo_a above 64 rows), the same prompt in
+// chunks of 5, 3, 1, 8, ... (the GEMV path) as a second sequence, then 3 decode steps of both together
+// (batch 2) and 2 of the first alone (batch 1): graphs capture on the second step of a shape, replay after.
+std::vector<float> gpu_workload(CudaModel& g, const std::vector<int64_t>& ids) {
+  std::vector<float> all;
+  auto append = [&](const Logits& l) { all.insert(all.end(), l.values.begin(), l.values.end()); };
+  auto a = g.new_sequence({});
+  auto b = g.new_sequence({});
+  EXPECT_TRUE(a.ok() && b.ok());
+  if (!a.ok() || !b.ok()) return all;
+  append(gpu_prefill(g, *a, ids, LogitRows::All, nullptr));
+  for (size_t at = 0, i = 0; at < ids.size(); ++i) {
+    const size_t len = std::min<size_t>(ids.size() - at, i == 0 ? 5 : i == 1 ? 3 : i == 2 ? 1 : 8);
+    append(gpu_prefill(g, *b, std::span<const int64_t>(ids).subspan(at, len), LogitRows::All, nullptr));
+    at += len;
+  }
+  for (int step = 0; step < 5; ++step) {
+    std::vector<CudaSequence*> seqs = {&*a, &*b};
+    std::vector<int64_t> toks = {int64_t{800} + step, int64_t{1800} + step};
+    if (step >= 3) {
+      seqs.pop_back();
+      toks.pop_back();
+    }
+    CudaStepOutput out;
+    const Status st = g.decode_step(seqs, toks, out);
+    EXPECT_TRUE(st.ok()) << "decode step " << step << ": " << st.error().message;
+    if (!st.ok()) return all;
+    append(gpu_logits(g, out));
+  }
+  return all;
+}
+
+// Bit-for-bit equality of two workloads' logits; the message names the first difference.
+void expect_bitwise(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                    int64_t vocab) {
+  ASSERT_EQ(got.size(), want.size()) << what << ": the two runs produced different numbers of logits";
+  ASSERT_FALSE(want.empty()) << what << ": no logits";
+  size_t diff = 0, first = 0;
+  double max_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      if (diff++ == 0) first = i;
+      max_abs = std::max(max_abs, std::fabs(double(got[i]) - want[i]));
+    }
+  std::printf("MODEL %-60s %zu of %zu logits differ", what.c_str(), diff, want.size());
+  if (diff)
+    std::printf(" (first: logit row %zu, token %zu: %.9g vs %.9g; max |diff| %.3e)", first / vocab, first % vocab,
+                got[first], want[first], max_abs);
+  std::printf("\n");
+  EXPECT_EQ(diff, 0u) << what << ": must be bit-identical (the switch changes launches, not arithmetic); first "
+                      << "difference at logit row " << (diff ? first / vocab : 0) << " (rows: 77 one-call prefill, 77 "
+                      << "chunked, then decode batch 2 ×3, batch 1 ×2)";
+}
+
+CudaKernelPaths with(CudaKernelPaths p, const std::string& spec) {
+  CudaModelOptions o;
+  o.paths = p;
+  const Status st = apply_cuda_options(spec, o);
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  return o.paths;
+}
+
+TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  CudaModel& g = *m->gpu;
+  PathsGuard guard(g);
+  const std::vector<int64_t> ids = prompt(77, 31);
+  const int64_t V = g.config().vocab_size;
+  // PDL changes when kernels start, never what they read: on top of the new defaults and of the legacy
+  // loop. The sized mHC workspace runs the same decode kernel for all tiles in one launch (< 128 rows).
+  const CudaKernelPaths fast = CudaKernelPaths(), old = with(CudaKernelPaths::legacy(), "mhc_cluster=0");
+  struct Case {
+    std::string name;
+    CudaKernelPaths a, b;
+  };
+  const Case cases[] = {
+      {"defaults: programmatic_launch 1 vs 0", fast, with(fast, "programmatic_launch=0")},
+      {"legacy: programmatic_launch 1 vs 0", with(old, "programmatic_launch=1"), old},
+      {"legacy: mhc_batched 1 vs 0", with(old, "mhc_batched=1"), old},
+  };
+  for (const Case& c : cases) {
+    g.set_paths(c.a);
+    const std::vector<float> a = gpu_workload(g, ids);
+    g.set_paths(c.b);
+    const std::vector<float> b = gpu_workload(g, ids);
+    expect_bitwise(GetParam() + " " + c.name, a, b, V);
+  }
+}
+
+TEST_P(CudaModelParity, Fp8WoAEqualsBf16WoABitwise) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  std::string error;
+  CudaModel* bf16 = variant_for(*m, &error);
+  ASSERT_NE(bf16, nullptr) << error;
+  ASSERT_TRUE(m->gpu->wo_a_fp8()) << "the default load kept wo_a as BF16: wo_a_fp8 is not exercised";
+  ASSERT_FALSE(bf16->wo_a_fp8()) << "wo_a_fp8 = false still uploaded FP8";
+  PathsGuard g1(*m->gpu), g2(*bf16);
+  // The FP8 GEMV dequantizes in registers to the bf16 values of the load-time conversion and runs the
+  // same MMAs; above 64 rows dequant_weight_bf16 + the same cuBLASLt GEMM: identical on every path.
+  CudaKernelPaths p;
+  p.moe_items_max_rows = kGemvMaxRows;  // the variant's item tables are larger: keep its routing paths equal
+  m->gpu->set_paths(p);
+  bf16->set_paths(p);
+  const std::vector<int64_t> ids = prompt(77, 32);
+  expect_bitwise(GetParam() + " wo_a FP8 vs BF16", gpu_workload(*m->gpu, ids), gpu_workload(*bf16, ids),
+                 m->gpu->config().vocab_size);
+}
+
+TEST_P(CudaModelParity, CublasPrefillAndStreamingMhcMatchCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  PathsGuard guard(*m->gpu);
+  // 128 rows in one call (max_chunk): the streaming mHC kernel (>= kMhcStreamMinTokens rows) and, with
+  // blas_min_rows = 9, every FP8 / MXFP4 linear and the shared expert through exact bf16 + cuBLASLt —
+  // summation orders differ from the tile kernels', so the CPU oracle's bounds apply.
+  CudaKernelPaths p;
+  p.blas_min_rows = 9;
+  m->gpu->set_paths(p);
+  const Scenario sc = run_scenario(*m, prompt(128, 33), {}, 4, false);
+  check_scenario(GetParam() + " cublas + streaming mhc 128", sc);
+  if (!m->gpu->has_cublas()) GTEST_SKIP() << "cuBLASLt did not load: only the streaming mHC path was checked";
+}
+
+TEST_P(CudaModelParity, LegacyPathsMatchCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  PathsGuard guard(*m->gpu);
+  // The loop before the performance pass (the A/B baseline of cedar bench): still within the CPU bounds.
+  m->gpu->set_paths(CudaKernelPaths::legacy());
+  const Scenario sc = run_scenario(*m, prompt(77, 34), {}, 4, false);
+  check_scenario(GetParam() + " legacy paths 77", sc);
+}
+
+TEST_P(CudaModelParity, RoutedItemTablesAboveTheGemvTileMatchCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  std::string error;
+  CudaModel* v = variant_for(*m, &error);
+  ASSERT_NE(v, nullptr) << error;
+  PathsGuard guard(*v);
+  // moe_items_max_rows = 128: the 77-row call routes its experts through the item GEMVs (each expert
+  // read once per 8 of its rows) and the shared expert through the GEMM; the CPU bounds apply.
+  CudaKernelPaths p;
+  p.moe_items_max_rows = 128;
+  v->set_paths(p);
+  EXPECT_EQ(v->options().paths.moe_items_max_rows, 128) << "the variant's item tables were not sized for 128 rows";
+  const Scenario sc = run_scenario(*m, prompt(77, 35), {}, 4, false, v);
+  check_scenario(GetParam() + " item tables to 128 rows 77", sc);
+}
+
+TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
+  CudaModelOptions o;
+  ASSERT_TRUE(apply_cuda_options("programmatic_launch=0,blas_min_rows=64,wo_a_fp8=0", o).ok());
+  EXPECT_FALSE(o.paths.programmatic_launch);
+  EXPECT_EQ(o.paths.blas_min_rows, 64);
+  EXPECT_FALSE(o.wo_a_fp8);
+  EXPECT_TRUE(o.paths.router_splitk);
+  ASSERT_TRUE(apply_cuda_options("legacy", o).ok());
+  EXPECT_FALSE(o.paths.router_splitk);
+  EXPECT_FALSE(o.paths.mhc_batched);
+  const Status bad = apply_cuda_options("router_split=1", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("router_split"), std::string::npos) << bad.error().message;
+  const Status val = apply_cuda_options("mhc_batched=2", o);
+  ASSERT_FALSE(val.ok());
+  EXPECT_NE(val.error().message.find("0 or 1"), std::string::npos) << val.error().message;
+  EXPECT_NE(describe_cuda_options(CudaModelOptions()).find("router_splitk=1"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Profiles, CudaModelParity, ::testing::Values(std::string("tiny"), std::string("small")),

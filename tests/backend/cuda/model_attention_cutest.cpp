@@ -1,7 +1,8 @@
 // sparse_attention_prefetch (model_attention.cu, the CUDA model's copy of the sparse attention with a
 // prefetching tile loader) against cuda-attn's sparse_attention (attention_kernels.h), bit for bit: the
 // two share grid, arithmetic and summation order, only the order in which a tile's loads are issued
-// differs. The shared arithmetic is checked against the CPU in attention_sparse_cutest.cpp. Shapes: the
+// differs. The shared arithmetic is checked against the CPU in attention_sparse_cutest.cpp. Calls of
+// <= kSparseDecodeMaxRows rows (head_dim >= 128) run cuda-attn's decode kernel from both entry points. Shapes: the
 // released decode (1 and 3 rows, key split) and a prefill chunk (40 rows), a small and a tiny one (SWA
 // only), with rings that miss positions and bounded replay rows.
 #include <gtest/gtest.h>
@@ -173,6 +174,9 @@ TEST(CudaModelAttention, PrefetchEqualsTheOwnersKernelBitForBit) {
               {{700, 1, 650, 701, 512}, {40, 1, 0, 41, 41}, {900, 1, 0, 901, 100}},
               2});
   check_case({"released prefill 40 rows", 64, 512, 64, 128, 512, true, {{300, 40, 0, 340, 512}}, 3});
+  // Up to kSparseDecodeMaxRows rows both entry points run the decode kernel; 72 rows keep the tiled
+  // kernel and its prefetching copy compared at the released shape.
+  check_case({"released prefill 72 rows", 64, 512, 64, 128, 512, true, {{300, 72, 0, 372, 512}}, 6});
   check_case({"small 8x128", 8, 128, 32, 32, 16, true, {{50, 40, 0, 90, 16}, {64, 9, 60, 73, 9}}, 4});
   check_case({"tiny swa-only 4x32", 4, 32, 8, 8, 4, false, {{3, 12, 0, 0, 0}, {30, 1, 0, 0, 0}}, 5});
 }

@@ -1,0 +1,621 @@
+// Decode-shaped sparse attention (attention_kernels.h, sparse_attention_decode): few query rows, the keys
+// of a row split across blocks (flash-decoding), every block covering a key range for 64 heads, so each
+// key is dequantized once per row and pass (all heads share K = V: MQA), and a row of 640 keys fills 20
+// blocks instead of the tiled kernel's 40 blocks that dequantize every key 8×.
+//
+// Block (key range z, row, head group of 64): 16 warps, key tiles of 32 dequantized into shared memory
+// as bf16 (exact, as in sparse_attention.cu).
+//   phase A  S = Q·Kᵀ: warp (m-tile mt = warp % 4, channel quarter cq = warp / 4) holds its Q A-fragments
+//            (16 heads × head_dim/4, bf16) in registers for the whole range and computes the 16 × 32
+//            partial scores of its quarter with ldmatrix'd K fragments; the four quarters are added in
+//            quarter order (fixed) and scaled into the range's score rows Ss[64][keys];
+//   phase B  the range's max m_z per head (8 threads per head), p = exp(s − m_z) in place, l_z = Σp;
+//   phase C  O_z = P·V: warp w owns channels [w·hd/16, (w+1)·hd/16) for all 64 heads, P's A fragments from
+//            Ss (bf16, or three exact bf16 parts in fp32 mode), V via ldmatrix.trans; tiles in reverse
+//            order, so the last tile of phase A is still in shared memory (one dequantization saved).
+//   A tile's records are loaded into registers while the previous tile is computed.
+// One range per row (splits == 1): the block finishes the row itself (o = bf16(O / (l + exp(sink − m))),
+// inverse RoPE in registers). Otherwise it writes (m_z, l_z, O_z) and sparse_attention_merge_kernel
+// combines the ranges in range order: M = max m_z, w_z = exp(m_z − M),
+//   o = bf16( Σ_z w_z·O_z / (Σ_z w_z·l_z + exp(sink − M)) ), then the inverse RoPE.
+// Deterministic (no atomics but a shared-memory max of key indices) and graph-capturable.
+//
+// Arithmetic vs the CPU (sparse_attention_row): p_j is exp(s_j − m_z) with the range's max instead of the
+// row's, rounded to bf16 (bf16 mode) before the rescale by w_z, and exp is expf (≤ 2 ulp) instead of the
+// correctly rounded exp_f32 (a double exp costs ~5 µs of FP64 issue per block at 320 keys). So each
+// bf16(p_j)·w_z is within 2^-8·p_j of the CPU's bf16(p_j) (two roundings of 2^-9 of different values,
+// plus O(2^-22) from expf and w_z) — inside the tiled kernel's allowance of 2^-7·p_j per key — and the
+// sums run in other orders. Bitwise equality with the CPU or the tiled kernel is not expected.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/attention_kernels.h"
+#include "backend/cuda/attention_math.cuh"
+#include "backend/cuda/cuda_status.h"
+
+namespace cedar::cuda {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kHeads = 64;             // heads per block: 4 MMA m-tiles
+constexpr int kTile = 32;              // keys per tile
+constexpr int kMaxTilesPerSplit = 16;  // shared memory: Ss holds 64 × 512 scores
+constexpr int kMaxSplitKeys = kTile * kMaxTilesPerSplit;
+constexpr int kSpLd = kTile + 8;    // partial-score row stride (floats): conflict-free float2 stores
+constexpr int kTargetBlocks = 132;  // one wave on an H200 (one block per SM: ~200 KB of shared memory)
+
+struct DecodeParams {
+  const float* q;
+  const float* sink;
+  float scale;
+  bool bf16_p;
+  int64_t heads, window;
+  const AttnToken* tokens;
+  const uint8_t* chunk_records;
+  const SwaRingDesc* rings;
+  const int32_t* topk;
+  int64_t topk_width;
+  const KvSourceSeq* kv_seqs;
+  RopeTableView rope;
+  float* out;
+  int splits;
+  int keys_per_split;  // multiple of kTile, <= kMaxSplitKeys
+  int ld_s;            // floats per score row: keys_per_split + 8 (≡ 8 mod 32: conflict-free float2 reads)
+  float* ws_m;         // [n, splits, heads]
+  float* ws_l;         // [n, splits, heads]
+  float* ws_acc;       // [n, splits, heads, head_dim]
+};
+
+enum KeyKind : int8_t { kNone = 0, kFp8 = 1, kFp4 = 2 };
+
+__device__ __forceinline__ void mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldmatrix_x4(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(const void* p, uint32_t& r0, uint32_t& r1) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) | (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
+}
+__device__ __forceinline__ uint32_t load_u32(const uint8_t* r) {
+  if ((reinterpret_cast<uintptr_t>(r) & 3u) == 0) return __ldg(reinterpret_cast<const uint32_t*>(r));
+  return r[0] | (r[1] << 8) | (r[2] << 16) | (static_cast<uint32_t>(r[3]) << 24);
+}
+
+// The raw bytes of one thread's share of a 32-key tile (kIters chunks of 8 channels), loaded ahead.
+template <int kHd>
+struct TileRegs {
+  static constexpr int kChunks = kHd / 8;
+  static constexpr int kIters = kTile * kChunks / kThreads;
+  static_assert(kTile * kChunks % kThreads == 0, "whole chunks per thread");
+  uint32_t lo[kIters], hi[kIters];
+  uint32_t sb[kIters];
+  int kd[kIters];
+};
+
+// Loads the records of keys [tile·32, tile·32 + 32) of the range (pointers rec / kinds kind in shared
+// memory). Chunk e = tid + it·512: key e / kChunks, channels 8·(e % kChunks): a warp reads 256 (FP8) or
+// 128 (FP4) contiguous bytes of one record and later stores 512 contiguous bytes of its bf16 row.
+template <int kHd>
+__device__ __forceinline__ void tile_load(TileRegs<kHd>& t, int tile, const uint8_t* const* rec, const int8_t* kind) {
+#pragma unroll
+  for (int it = 0; it < TileRegs<kHd>::kIters; ++it) {
+    const int e = threadIdx.x + it * kThreads;
+    const int key = tile * kTile + e / TileRegs<kHd>::kChunks, c = (e % TileRegs<kHd>::kChunks) * 8;
+    const int kd = kind[key];
+    const uint8_t* r = rec[key];
+    t.kd[it] = kd;
+    t.lo[it] = t.hi[it] = t.sb[it] = 0;
+    if (kd == kFp8) {
+      t.sb[it] = __ldg(r + kHd + c / 32);
+      t.lo[it] = load_u32(r + c);
+      t.hi[it] = load_u32(r + c + 4);
+    } else if (kd == kFp4) {
+      t.sb[it] = __ldg(r + kHd / 2 + c / 16);
+      t.lo[it] = load_u32(r + c / 2);
+    }
+  }
+}
+
+// Dequantizes the loaded tile into Ks (bf16 rows of kHd + 8): exact values, absent keys zero.
+template <int kHd>
+__device__ __forceinline__ void tile_store(const TileRegs<kHd>& t, __nv_bfloat16* Ks) {
+#pragma unroll
+  for (int it = 0; it < TileRegs<kHd>::kIters; ++it) {
+    const int e = threadIdx.x + it * kThreads;
+    const int key = e / TileRegs<kHd>::kChunks, c = (e % TileRegs<kHd>::kChunks) * 8;
+    float v[8];
+    if (t.kd[it] == kFp8) {
+      const float s = detail::ue8m0_to_float(t.sb[it]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(detail::e4m3_to_f32(t.lo[it] >> (8 * i)), s);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[4 + i] = __fmul_rn(detail::e4m3_to_f32(t.hi[it] >> (8 * i)), s);
+    } else if (t.kd[it] == kFp4) {
+      const float s = detail::e4m3_to_f32(t.sb[it]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(detail::e2m1_to_f32(t.lo[it] >> (4 * i)), s);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    }
+    uint4 o;
+    o.x = pack_bf16x2(v[0], v[1]);
+    o.y = pack_bf16x2(v[2], v[3]);
+    o.z = pack_bf16x2(v[4], v[5]);
+    o.w = pack_bf16x2(v[6], v[7]);
+    *reinterpret_cast<uint4*>(Ks + key * (kHd + 8) + c) = o;
+  }
+}
+
+// o = bf16(x / (l + exp(sink − m))) for the pair (c, c + 1) of head h, inverse RoPE when c is a rope
+// channel. m = −inf (no key): 0 / inf = 0, as in the tiled kernel.
+__device__ __forceinline__ float2 finish_pair(const DecodeParams& p, int64_t pos, int64_t h, int c, int hd, float x0,
+                                              float x1, float m, float l) {
+  const float denom = __fadd_rn(l, expf(__fsub_rn(p.sink[h], m)));
+  float e = detail::round_bf16(__fdiv_rn(x0, denom)), o = detail::round_bf16(__fdiv_rn(x1, denom));
+  const int rope_start = hd - static_cast<int>(p.rope.rope_dim);
+  if (c >= rope_start) detail::rope_pair(p.rope, pos, (c - rope_start) / 2, true, e, o);
+  return make_float2(e, o);
+}
+
+template <int kHd>
+__global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(DecodeParams p) {
+  constexpr int kLd = kHd + 8;       // bf16 key row: 16-byte rows, conflict-free ldmatrix (stride ≡ 4 words mod 32)
+  constexpr int kQSteps = kHd / 64;  // k-steps of 16 channels per quarter (phase A)
+  constexpr int kNTw = kHd / 128;    // n-tiles of 8 channels per warp (phase C)
+  extern __shared__ __align__(16) uint8_t smem[];
+  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
+  float* Sp = reinterpret_cast<float*>(Ks + kTile * kLd);  // [4 quarters][64 heads][kSpLd]
+  float* Ss = Sp + 4 * kHeads * kSpLd;                     // [64 heads][ld_s]
+  __shared__ const uint8_t* rec[kMaxSplitKeys];
+  __shared__ int8_t kind[kMaxSplitKeys];
+  __shared__ float Ms[kHeads], Ls[kHeads];
+  __shared__ int last_key;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int z = blockIdx.x;
+  const int64_t row = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.z) * kHeads;
+  const AttnToken tk = p.tokens[row];
+
+  // Q A-fragments of this warp (heads h0 + 16·mt + g, +8; channels cq·hd/4 + 16·ks + 2t, +1, +8, +9),
+  // loaded first so their latency overlaps the key lookups. Heads past the end are zero.
+  const int mt = warp & 3, cq = warp >> 2;
+  uint32_t qa[kQSteps][4];
+  {
+    const int64_t ha = h0 + 16 * mt + g, hb = ha + 8;
+    const float* qra = p.q + (row * p.heads + ha) * kHd + cq * (kHd / 4) + 2 * t;
+    const float* qrb = p.q + (row * p.heads + hb) * kHd + cq * (kHd / 4) + 2 * t;
+#pragma unroll
+    for (int ks = 0; ks < kQSteps; ++ks) {
+      float2 a0 = make_float2(0.0f, 0.0f), a1 = a0, a2 = a0, a3 = a0;
+      if (ha < p.heads) {
+        a0 = __ldg(reinterpret_cast<const float2*>(qra + 16 * ks));
+        a2 = __ldg(reinterpret_cast<const float2*>(qra + 16 * ks + 8));
+      }
+      if (hb < p.heads) {
+        a1 = __ldg(reinterpret_cast<const float2*>(qrb + 16 * ks));
+        a3 = __ldg(reinterpret_cast<const float2*>(qrb + 16 * ks + 8));
+      }
+      qa[ks][0] = pack_bf16x2(a0.x, a0.y);
+      qa[ks][1] = pack_bf16x2(a1.x, a1.y);
+      qa[ks][2] = pack_bf16x2(a2.x, a2.y);
+      qa[ks][3] = pack_bf16x2(a3.x, a3.y);
+    }
+  }
+
+  // The range's keys: window positions [lo, lo + nw) (staged records for the call's own positions, else
+  // the ring when its slot holds the position), then the top-k ids (−1: absent). Every slot of the range
+  // gets a kind (kNone past the end), so whole tiles can be read; last_key bounds the tiles.
+  int64_t lo = tk.pos - p.window + 1;
+  if (tk.swa_start > lo) lo = tk.swa_start;
+  if (lo < 0) lo = 0;
+  const int64_t nw = tk.pos >= lo ? tk.pos - lo + 1 : 0;
+  const int64_t nkeys = nw + (p.topk != nullptr ? p.topk_width : 0);
+  const int64_t jb = static_cast<int64_t>(z) * p.keys_per_split;
+  if (tid == 0) last_key = -1;
+  __syncthreads();
+  for (int i = tid; i < p.keys_per_split; i += kThreads) {
+    const int64_t j = jb + i;
+    int8_t k = kNone;
+    const uint8_t* r = nullptr;
+    if (j < nw) {
+      const int64_t kpos = lo + j, rb = swa_record_bytes(kHd);
+      if (kpos >= tk.chunk_pos0) {
+        k = kFp8;
+        r = p.chunk_records + (tk.chunk_row0 + (kpos - tk.chunk_pos0)) * rb;
+      } else {
+        const SwaRingDesc ring = p.rings[tk.seq];
+        const int64_t slot = kpos % p.window;
+        if (ring.positions[slot] == kpos) {
+          k = kFp8;
+          r = ring.records + slot * rb;
+        }
+      }
+    } else if (j < nkeys) {
+      const int32_t id = p.topk[row * p.topk_width + (j - nw)];
+      if (id >= 0) {
+        k = kFp4;
+        r = detail::record_ptr(p.kv_seqs[tk.seq].kv, id);
+      }
+    }
+    rec[i] = r;
+    kind[i] = k;
+    if (k != kNone) atomicMax(&last_key, i);  // the max is order-independent
+  }
+  __syncthreads();
+  const int ntiles = last_key >= 0 ? last_key / kTile + 1 : 0;
+
+  // ---- phase A: scores of the range ----
+  TileRegs<kHd> regs;
+  if (ntiles > 0) tile_load<kHd>(regs, 0, rec, kind);
+  for (int tile = 0; tile < ntiles; ++tile) {
+    tile_store<kHd>(regs, Ks);
+    __syncthreads();  // Ks holds the tile; the previous tile's Sp reads are done
+    // Prefetch: the next tile, or after the last one the tile phase C needs first (ntiles − 2).
+    if (tile + 1 < ntiles)
+      tile_load<kHd>(regs, tile + 1, rec, kind);
+    else if (ntiles >= 2)
+      tile_load<kHd>(regs, ntiles - 2, rec, kind);
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    // ldmatrix x4 (rows = keys): lane l addresses key 16·pair + (l & 7) + 8·(l >> 4), channel +8·((l >> 3) & 1);
+    // r0, r1 = b0, b1 of n-tile 2·pair, r2, r3 = those of n-tile 2·pair + 1.
+    const __nv_bfloat16* kb = Ks + ((lane & 7) + ((lane >> 4) << 3)) * kLd + cq * (kHd / 4) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int ks = 0; ks < kQSteps; ++ks) {
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(kb + pair * 16 * kLd + 16 * ks, b0, b1, b2, b3);
+        mma_bf16(qa[ks], b0, b1, acc[2 * pair]);
+        mma_bf16(qa[ks], b2, b3, acc[2 * pair + 1]);
+      }
+    }
+    // C fragments: heads 16·mt + g (+8), keys 8·nt + 2t (+1).
+    float* sp = Sp + (cq * kHeads + 16 * mt + g) * kSpLd + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      *reinterpret_cast<float2*>(sp + 8 * nt) = make_float2(acc[nt][0], acc[nt][1]);
+      *reinterpret_cast<float2*>(sp + 8 * kSpLd + 8 * nt) = make_float2(acc[nt][2], acc[nt][3]);
+    }
+    __syncthreads();
+    {  // s = ((S0 + S1) + S2) + S3 (quarter order), scaled; absent keys −inf. Thread: head tid/8, 4 keys.
+      const int hh = tid >> 3, k4 = (tid & 7) * 4;
+      const float4 s0 = *reinterpret_cast<const float4*>(Sp + (0 * kHeads + hh) * kSpLd + k4);
+      const float4 s1 = *reinterpret_cast<const float4*>(Sp + (1 * kHeads + hh) * kSpLd + k4);
+      const float4 s2 = *reinterpret_cast<const float4*>(Sp + (2 * kHeads + hh) * kSpLd + k4);
+      const float4 s3 = *reinterpret_cast<const float4*>(Sp + (3 * kHeads + hh) * kSpLd + k4);
+      const int kb0 = tile * kTile + k4;
+      auto sc = [&](float a, float b, float c, float d, int kk) {
+        return kind[kk] != kNone ? __fmul_rn(__fadd_rn(__fadd_rn(__fadd_rn(a, b), c), d), p.scale) : -INFINITY;
+      };
+      float4 s;
+      s.x = sc(s0.x, s1.x, s2.x, s3.x, kb0);
+      s.y = sc(s0.y, s1.y, s2.y, s3.y, kb0 + 1);
+      s.z = sc(s0.z, s1.z, s2.z, s3.z, kb0 + 2);
+      s.w = sc(s0.w, s1.w, s2.w, s3.w, kb0 + 3);
+      *reinterpret_cast<float4*>(Ss + hh * p.ld_s + kb0) = s;
+    }
+    // (the next tile's first __syncthreads orders these Sp reads before its Sp writes)
+  }
+  __syncthreads();
+
+  // ---- phase B: the range's max per head, p = exp(s − m), l = Σp ----
+  {
+    const int hh = tid >> 3, l8 = tid & 7;
+    const int span = ntiles * kTile;
+    float* srow = Ss + hh * p.ld_s;
+    float m = -INFINITY;
+    for (int j = l8; j < span; j += 8) {
+      const float v = srow[j];
+      m = m < v ? v : m;
+    }
+    for (int o = 4; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(detail::kFullMask, m, o);
+      m = m < v ? v : m;
+    }
+    float den = 0.0f;
+    for (int j = l8; j < span; j += 8) {
+      const float pj = m == -INFINITY ? 0.0f : expf(__fsub_rn(srow[j], m));
+      srow[j] = pj;
+      den = __fadd_rn(den, pj);
+    }
+    for (int o = 4; o > 0; o >>= 1) den = __fadd_rn(den, __shfl_xor_sync(detail::kFullMask, den, o));
+    if (l8 == 0) {
+      Ms[hh] = m;
+      Ls[hh] = den;
+    }
+  }
+  __syncthreads();
+
+  // ---- phase C: O = P·V, tiles in reverse order (the last one is still in Ks) ----
+  float acc[4][kNTw][4];
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int i = 0; i < kNTw; ++i) acc[a][i][0] = acc[a][i][1] = acc[a][i][2] = acc[a][i][3] = 0.0f;
+  const int nbase = warp * kNTw * 8;  // the warp's first channel
+  for (int it = 0; it < ntiles; ++it) {
+    const int tile = ntiles - 1 - it;
+    if (it > 0) {
+      tile_store<kHd>(regs, Ks);
+      __syncthreads();
+      if (tile >= 1) tile_load<kHd>(regs, tile - 1, rec, kind);
+    }
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const int k0 = 16 * ks;  // key offset in the tile
+      // V fragments: matrices (keys k0..+7 | k0+8..+15) × (channels n | n+8), as in sparse_attention.cu.
+      const int mtx = lane >> 3, mr = lane & 7;
+      const __nv_bfloat16* vrow = Ks + (k0 + mr + ((mtx & 1) ? 8 : 0)) * kLd;
+      uint32_t bv[kNTw][2];
+      if constexpr (kNTw == 1) {
+        ldmatrix_x2_trans(vrow + nbase, bv[0][0], bv[0][1]);
+      } else {
+#pragma unroll
+        for (int np = 0; np < kNTw / 2; ++np)
+          ldmatrix_x4_trans(vrow + nbase + np * 16 + ((mtx >> 1) ? 8 : 0), bv[2 * np][0], bv[2 * np][1],
+                            bv[2 * np + 1][0], bv[2 * np + 1][1]);
+      }
+      const int col = tile * kTile + k0 + 2 * t;
+#pragma unroll
+      for (int m4 = 0; m4 < 4; ++m4) {
+        const float* pr = Ss + (16 * m4 + g) * p.ld_s + col;
+        const float2 p00 = *reinterpret_cast<const float2*>(pr);
+        const float2 p10 = *reinterpret_cast<const float2*>(pr + 8 * p.ld_s);
+        const float2 p01 = *reinterpret_cast<const float2*>(pr + 8);
+        const float2 p11 = *reinterpret_cast<const float2*>(pr + 8 * p.ld_s + 8);
+        const float pv[8] = {p00.x, p00.y, p10.x, p10.y, p01.x, p01.y, p11.x, p11.y};
+        if (p.bf16_p) {
+          uint32_t a[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = pack_bf16x2(pv[2 * i], pv[2 * i + 1]);
+#pragma unroll
+          for (int i = 0; i < kNTw; ++i) mma_bf16(a, bv[i][0], bv[i][1], acc[m4][i]);
+        } else {  // p = hi + mid + lo exactly (8 + 8 + 8 bits)
+          float r[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) r[i] = pv[i];
+#pragma unroll
+          for (int part = 0; part < 3; ++part) {
+            uint32_t a[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float q0 = detail::round_bf16(r[2 * i]), q1 = detail::round_bf16(r[2 * i + 1]);
+              a[i] = pack_bf16x2(q0, q1);
+              r[2 * i] = __fsub_rn(r[2 * i], q0);
+              r[2 * i + 1] = __fsub_rn(r[2 * i + 1], q1);
+            }
+#pragma unroll
+            for (int i = 0; i < kNTw; ++i) mma_bf16(a, bv[i][0], bv[i][1], acc[m4][i]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // Ks is rewritten by the next tile
+  }
+
+  // ---- output: heads 16·m4 + g (+8), channels nbase + 8i + 2t (+1) ----
+  if (p.splits == 1) {
+#pragma unroll
+    for (int m4 = 0; m4 < 4; ++m4)
+#pragma unroll
+      for (int i = 0; i < kNTw; ++i) {
+        const int c = nbase + 8 * i + 2 * t;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int hl = 16 * m4 + g + 8 * half;
+          const int64_t h = h0 + hl;
+          if (h >= p.heads) continue;
+          *reinterpret_cast<float2*>(p.out + (row * p.heads + h) * kHd + c) =
+              finish_pair(p, tk.pos, h, c, kHd, acc[m4][i][2 * half], acc[m4][i][2 * half + 1], Ms[hl], Ls[hl]);
+        }
+      }
+    return;
+  }
+  const int64_t part = (row * p.splits + z) * p.heads;  // (row, range) partials, head-major
+#pragma unroll
+  for (int m4 = 0; m4 < 4; ++m4)
+#pragma unroll
+    for (int i = 0; i < kNTw; ++i) {
+      const int c = nbase + 8 * i + 2 * t;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t h = h0 + 16 * m4 + g + 8 * half;
+        if (h >= p.heads) continue;
+        __stcg(reinterpret_cast<float2*>(p.ws_acc + (part + h) * kHd + c),
+               make_float2(acc[m4][i][2 * half], acc[m4][i][2 * half + 1]));
+      }
+    }
+  if (tid < kHeads && h0 + tid < p.heads) {
+    p.ws_m[part + h0 + tid] = Ms[tid];
+    p.ws_l[part + h0 + tid] = Ls[tid];
+  }
+}
+
+// Grid (heads, rows), kHd / 4 threads of 4 channels: the ranges' partials added in range order.
+template <int kHd>
+__global__ void __launch_bounds__(kHd / 4) sparse_attention_merge_kernel(DecodeParams p) {
+  const int64_t h = blockIdx.x, row = blockIdx.y;
+  const int c = 4 * threadIdx.x;
+  const int64_t base = row * p.splits * p.heads + h;  // + z·heads
+  float mx = -INFINITY;
+  for (int z = 0; z < p.splits; ++z) {
+    const float v = __ldcg(p.ws_m + base + z * p.heads);
+    mx = mx < v ? v : mx;
+  }
+  float den = 0.0f, x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+  for (int z = 0; z < p.splits; ++z) {
+    const float mz = __ldcg(p.ws_m + base + z * p.heads);
+    if (mz == -INFINITY) continue;  // a range without keys (its partials are zero)
+    const float w = expf(__fsub_rn(mz, mx));
+    den = __fadd_rn(den, __fmul_rn(w, __ldcg(p.ws_l + base + z * p.heads)));
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(p.ws_acc + (base + z * p.heads) * kHd + c));
+    x0 = __fadd_rn(x0, __fmul_rn(w, a.x));
+    x1 = __fadd_rn(x1, __fmul_rn(w, a.y));
+    x2 = __fadd_rn(x2, __fmul_rn(w, a.z));
+    x3 = __fadd_rn(x3, __fmul_rn(w, a.w));
+  }
+  const int64_t pos = p.tokens[row].pos;
+  const float2 e = finish_pair(p, pos, h, c, kHd, x0, x1, mx, den);
+  const float2 o = finish_pair(p, pos, h, c + 2, kHd, x2, x3, mx, den);
+  *reinterpret_cast<float4*>(p.out + (row * p.heads + h) * kHd + c) = make_float4(e.x, e.y, o.x, o.y);
+}
+
+// Key ranges: as many as fill ~one wave of blocks, at most 16 tiles each (shared memory).
+struct DecodePlan {
+  int splits = 1, keys_per_split = kTile;
+};
+DecodePlan decode_plan(int64_t n, int64_t heads, int64_t max_keys) {
+  const int64_t tiles = std::max<int64_t>(1, (max_keys + kTile - 1) / kTile);
+  const int64_t groups = (heads + kHeads - 1) / kHeads;
+  const int64_t target = std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(1, n * groups));
+  const int64_t tps = std::min<int64_t>(kMaxTilesPerSplit, (tiles + target - 1) / target);
+  DecodePlan d;
+  d.keys_per_split = static_cast<int>(tps * kTile);
+  d.splits = static_cast<int>((tiles + tps - 1) / tps);
+  return d;
+}
+
+// Workspace floats of a split launch: m and l ([n, splits, heads] each, padded to an even count so the
+// partial sums that follow are 16-byte aligned for the merge's float4 reads), then the partial sums.
+int64_t decode_ws_floats(int64_t n, int splits, int64_t heads, int64_t hd) {
+  const int64_t nh = n * splits * heads;
+  return 2 * (nh + (nh & 1)) + nh * hd;
+}
+
+size_t decode_smem_bytes(int64_t hd, int keys_per_split) {
+  return static_cast<size_t>(kTile * (hd + 8) * 2 + 4 * kHeads * kSpLd * 4 + kHeads * (keys_per_split + 8) * 4);
+}
+
+template <int kHd>
+Status launch_decode(const DecodeParams& p, int64_t n, cudaStream_t stream) {
+  auto* fn = &sparse_attention_decode_kernel<kHd>;
+  const size_t smem = decode_smem_bytes(kHd, p.keys_per_split);
+  // Above the default 48 KiB the kernel must opt in (a function attribute, not a stream operation).
+  if (smem > 48 * 1024)
+    CEDAR_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(n),
+                  static_cast<unsigned>((p.heads + kHeads - 1) / kHeads));
+  fn<<<grid, kThreads, smem, stream>>>(p);
+  CEDAR_RETURN_IF_ERROR(launch_status("sparse_attention_decode_kernel"));
+  if (p.splits == 1) return Status::Ok();
+  sparse_attention_merge_kernel<kHd>
+      <<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(n)), kHd / 4, 0, stream>>>(p);
+  return launch_status("sparse_attention_merge_kernel");
+}
+
+}  // namespace
+
+bool sparse_attention_decode_supported(int64_t n, int64_t head_dim) {
+  return n >= 1 && n <= kSparseDecodeMaxRows && (head_dim == 128 || head_dim == 256 || head_dim == 512);
+}
+
+SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_t heads, int64_t head_dim,
+                                                               int64_t window, int64_t topk_width) {
+  if (!sparse_attention_decode_supported(n, head_dim) || heads <= 0 || window <= 0) return {};
+  const DecodePlan d = decode_plan(n, heads, window + std::max<int64_t>(0, topk_width));
+  if (d.splits <= 1) return {};
+  return SparseAttnWorkspaceSize{decode_ws_floats(n, d.splits, heads, head_dim), 0};
+}
+
+bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws) {
+  if (!sparse_attention_decode_supported(a.n, a.head_dim) || a.heads <= 0 || a.window <= 0) return false;
+  const SparseAttnWorkspaceSize need =
+      sparse_attention_decode_workspace_size(a.n, a.heads, a.head_dim, a.window, a.topk != nullptr ? a.topk_width : 0);
+  return need.floats == 0 ||
+         (ws.floats != nullptr && ws.float_count >= need.floats && (reinterpret_cast<uintptr_t>(ws.floats) & 15u) == 0);
+}
+
+Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
+  const std::string who = "cuda::sparse_attention_decode: ";
+  const int64_t hd = a.head_dim;
+  if (hd != 128 && hd != 256 && hd != 512) return make_error(who + "head_dim " + str(hd) + " (128, 256 or 512)");
+  if (a.heads <= 0 || a.window <= 0) return make_error(who + "heads " + str(a.heads) + ", window " + str(a.window));
+  if (a.n < 0 || a.n > kSparseDecodeMaxRows)
+    return make_error(who + "n=" + str(a.n) + " rows (at most " + str(kSparseDecodeMaxRows) +
+                      "; more: sparse_attention)");
+  if (a.heads > 64 * 65535) return make_error(who + str(a.heads) + " heads");
+  if (a.rope.cos_sin == nullptr || a.rope.rope_dim <= 0 || a.rope.rope_dim % 2 != 0 || a.rope.rope_dim > hd)
+    return make_error(who + "RoPE table with rope_dim " + str(a.rope.rope_dim) + " does not fit head_dim " + str(hd));
+  if (a.topk != nullptr && (a.topk_width <= 0 || a.kv_seqs == nullptr))
+    return make_error(who + "top-k without a width or KV source");
+  if (a.n == 0) return Status::Ok();
+  if (a.q == nullptr || a.sink == nullptr || a.tokens == nullptr || a.chunk_records == nullptr || a.rings == nullptr ||
+      a.out == nullptr)
+    return make_error(who + "null query, sink, tokens, records, rings or output");
+  const int64_t topk_width = a.topk != nullptr ? a.topk_width : 0;
+  const DecodePlan d = decode_plan(a.n, a.heads, a.window + topk_width);
+  const SparseAttnWorkspaceSize need = sparse_attention_decode_workspace_size(a.n, a.heads, hd, a.window, topk_width);
+  if (need.floats > 0 && (ws.floats == nullptr || ws.float_count < need.floats))
+    return make_error(who + str(d.splits) + " key ranges need " + str(need.floats) + " workspace floats, got " +
+                      str(ws.floats ? ws.float_count : 0));
+  DecodeParams p{};
+  p.q = a.q;
+  p.sink = a.sink;
+  p.scale = a.scale;
+  p.bf16_p = a.bf16_probabilities;
+  p.heads = a.heads;
+  p.window = a.window;
+  p.tokens = a.tokens;
+  p.chunk_records = a.chunk_records;
+  p.rings = a.rings;
+  p.topk = a.topk;
+  p.topk_width = topk_width;
+  p.kv_seqs = a.kv_seqs;
+  p.rope = a.rope;
+  p.out = a.out;
+  p.splits = d.splits;
+  p.keys_per_split = d.keys_per_split;
+  p.ld_s = d.keys_per_split + 8;
+  if (d.splits > 1) {
+    const int64_t nh = a.n * d.splits * a.heads, nh2 = nh + (nh & 1);
+    if ((reinterpret_cast<uintptr_t>(ws.floats) & 15u) != 0) return make_error(who + "workspace not 16-byte aligned");
+    p.ws_m = ws.floats;
+    p.ws_l = ws.floats + nh2;
+    p.ws_acc = ws.floats + 2 * nh2;
+  }
+  switch (hd) {
+    case 128:
+      return launch_decode<128>(p, a.n, stream);
+    case 256:
+      return launch_decode<256>(p, a.n, stream);
+    default:
+      return launch_decode<512>(p, a.n, stream);
+  }
+}
+
+// For the catalog's loadability check.
+const void* sparse_attention_decode_kernel_ptr() {
+  return reinterpret_cast<const void*>(&sparse_attention_decode_kernel<512>);
+}
+
+}  // namespace cedar::cuda
