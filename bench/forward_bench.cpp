@@ -8,24 +8,20 @@
 // (model_stats.h; attention over the context is not counted). BM_MemoryCopy measures this machine's
 // copy bandwidth in the same run (bytes read + written), the roofline to compare weight_GBps against.
 #include <benchmark/benchmark.h>
-#include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bench_model.h"
 #include "model/deepseek_v41.h"
 #include "model/layer_plan.h"
 #include "model/model_stats.h"
-#include "model/tiny_checkpoint.h"
 #include "model/weights.h"
 
 namespace {
-
-namespace fs = std::filesystem;
 
 struct BenchModel {
   std::unique_ptr<cedar::DeepseekV41Model> model;
@@ -39,34 +35,20 @@ const BenchModel* bench_model(const std::string& profile) {
   auto it = models.find(profile);
   if (it != models.end()) return it->second.get();
   auto bm = std::make_unique<BenchModel>();
-  const fs::path dir = fs::temp_directory_path() / ("cedar-forward-bench-" + profile + "-" + std::to_string(::getpid()));
-  cedar::TinyCheckpointOptions options;
-  options.profile = profile;
-  options.tokenizer_files = false;
-  if (cedar::make_tiny_checkpoint(options, dir, true).ok()) {
-    auto loaded = cedar::DeepseekV41Model::load(dir);
-    if (loaded.ok()) {
-      bm->model = std::make_unique<cedar::DeepseekV41Model>(std::move(*loaded));
-      auto weights = cedar::expected_weights(bm->model->config(), bm->model->plan());
-      if (weights.ok()) {
-        const cedar::ModelStats stats = cedar::compute_model_stats(bm->model->config(), bm->model->plan(), *weights);
-        bm->bytes_active_decode = static_cast<double>(stats.bytes_active_decode);
-        bm->params_active_decode = static_cast<double>(stats.params_active_decode);
-      }
+  bm->model = cedar::bench::load_tiny_profile(profile, "cedar-forward-bench");
+  if (bm->model) {
+    auto weights = cedar::expected_weights(bm->model->config(), bm->model->plan());
+    if (weights.ok()) {
+      const cedar::ModelStats stats = cedar::compute_model_stats(bm->model->config(), bm->model->plan(), *weights);
+      bm->bytes_active_decode = static_cast<double>(stats.bytes_active_decode);
+      bm->params_active_decode = static_cast<double>(stats.params_active_decode);
     }
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);  // the model keeps its files mapped
   return (models[profile] = std::move(bm)).get();
 }
 
-const char* profile_of(int64_t arg) { return arg == 0 ? "tiny" : "small"; }
-
-std::vector<int64_t> ids(int64_t n) {
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < n; ++i) v.push_back((i * 7919 + 13) % 120000);
-  return v;
-}
+using cedar::bench::ids;
+using cedar::bench::profile_of;
 
 void set_roofline_counters(benchmark::State& state, const BenchModel& bm, double tokens) {
   using benchmark::Counter;

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_model.h"
 #include "core/threads.h"
 #include "io/config.h"
 #include "io/model_fingerprint.h"
@@ -56,30 +57,16 @@ const BenchModel* bench_model(const std::string& profile) {
   auto it = models.find(profile);
   if (it != models.end()) return it->second.get();
   auto bm = std::make_unique<BenchModel>();
-  const fs::path dir = fs::temp_directory_path() / ("cedar-prefix-bench-" + profile + "-" + std::to_string(::getpid()));
-  TinyCheckpointOptions options;
-  options.profile = profile;
-  options.tokenizer_files = false;
-  if (make_tiny_checkpoint(options, dir, true).ok()) {
+  bm->model = bench::load_tiny_profile(profile, "cedar-prefix-bench", [&](const fs::path& dir) {
     auto fp = model_fingerprint(dir);
-    auto loaded = DeepseekV41Model::load(dir);
-    if (fp.ok() && loaded.ok()) {
-      bm->model = std::make_unique<DeepseekV41Model>(std::move(*loaded));
-      bm->fingerprint = *fp;
-    }
-  }
-  std::error_code ec;
-  fs::remove_all(dir, ec);  // the model keeps its files mapped
+    if (fp.ok()) bm->fingerprint = *fp;
+    return fp.ok();
+  });
   return (models[profile] = std::move(bm)).get();
 }
 
-const char* profile_of(int64_t arg) { return arg == 0 ? "tiny" : "small"; }
-
-std::vector<int64_t> ids(int64_t n) {
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < n; ++i) v.push_back((i * 7919 + 13) % 120000);
-  return v;
-}
+using bench::ids;
+using bench::profile_of;
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

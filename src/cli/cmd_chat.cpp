@@ -119,24 +119,12 @@ int cmd_chat(const Args& args) {
   ThreadPool pool(static_cast<int>(*threads));
   auto loaded = load_for_generation(LoadRequest{a.positional(0), &pool, true, "chat"});
   if (!loaded.ok()) return fail(loaded.error().message);
-  // Each turn re-sends the conversation: the prefix cache resumes it from the previous turn's KV.
-  auto prefix = prefix_cache_from_args(a, *loaded->model);
-  if (!prefix.ok()) return std::fprintf(stderr, "cedar chat: %s\n", prefix.error().message.c_str()), 2;
-  auto cache = kv_cache_from_args(a, *loaded->model, swa_history_of(*prefix));
-  if (!cache.ok()) return std::fprintf(stderr, "cedar chat: %s\n", cache.error().message.c_str()), 2;
-  // The SSD tier: conversations resume from disk after a restart.
-  auto disk = kv_disk_store_from_args(a, *loaded->model, loaded->path, cache->kv.tokens_per_block);
-  if (!disk.ok()) return fail(disk.error().message);
-  engine::DeepseekRunner runner(*loaded->model, &pool, cache->kv,
-                                *disk ? (*disk)->options().model_fingerprint : "");
-  engine::EngineOptions eo;
-  eo.mode = *mode;
-  eo.tokenizer = loaded->tokenizer.get();
-  eo.prefix_cache = *prefix;
-  eo.prefix_cache.store = disk->get();
-  engine::Engine eng(runner, *cache->budget, eo);
-  if (*disk && eng.prefix_cache() == nullptr)
-    std::fprintf(stderr, "cedar chat: --kv-cache-dir is not used: %s\n", eng.prefix_cache_status().c_str());
+  // Each turn re-sends the conversation: the prefix cache resumes it from the previous turn's KV (with
+  // the SSD tier, from disk after a restart).
+  int exit_code = 0;
+  auto gen = generation_engine_from_args({&a, &*loaded, &pool, *mode, "chat"}, exit_code);
+  if (!gen) return exit_code;
+  engine::Engine& eng = *gen->engine;
   if (interactive) std::fprintf(stderr, "cedar chat: %s (/reset, /exit)\n", loaded->path.string().c_str());
 
   std::vector<text::Message> history;

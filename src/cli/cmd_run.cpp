@@ -78,22 +78,10 @@ int cmd_run(const Args& args) {
   if (!a.flag("no-bos")) prompt.push_back(model.config().bos_token_id);
   prompt.insert(prompt.end(), ids->begin(), ids->end());
 
-  auto prefix = prefix_cache_from_args(a, model);
-  if (!prefix.ok()) return std::fprintf(stderr, "cedar run: %s\n", prefix.error().message.c_str()), 2;
-  auto cache = kv_cache_from_args(a, model, swa_history_of(*prefix));
-  if (!cache.ok()) return std::fprintf(stderr, "cedar run: %s\n", cache.error().message.c_str()), 2;
-  auto disk = kv_disk_store_from_args(a, model, loaded->path, cache->kv.tokens_per_block);
-  if (!disk.ok()) return fail(disk.error().message);
-  // With an SSD tier, the index keys are rooted in the fingerprint its files carry.
-  engine::DeepseekRunner runner(model, &pool, cache->kv, *disk ? (*disk)->options().model_fingerprint : "");
-  engine::EngineOptions eo;
-  eo.mode = *mode;
-  eo.tokenizer = loaded->tokenizer.get();
-  eo.prefix_cache = *prefix;
-  eo.prefix_cache.store = disk->get();
-  engine::Engine eng(runner, *cache->budget, eo);
-  if (*disk && eng.prefix_cache() == nullptr)
-    std::fprintf(stderr, "cedar run: --kv-cache-dir is not used: %s\n", eng.prefix_cache_status().c_str());
+  int exit_code = 0;
+  auto gen = generation_engine_from_args({&a, &*loaded, &pool, *mode, "run"}, exit_code);
+  if (!gen) return exit_code;
+  engine::Engine& eng = *gen->engine;
   engine::GenerationRequest req;
   req.prompt = prompt;
   req.params = *params;
@@ -136,8 +124,8 @@ int cmd_run(const Args& args) {
         {"kv_bytes_allocated", r.stats.kv_bytes_allocated},
         {"kv_padding_bytes", r.stats.kv_bytes_allocated - r.stats.kv_bytes_packed},
         {"kv_tokens", r.stats.kv_tokens},
-        {"kv_cache_capacity_bytes", cache->budget->capacity_bytes()},
-        {"kv_pool_peak_used_bytes", cache->budget->pool()->stats().peak_used_bytes},
+        {"kv_cache_capacity_bytes", gen->cache.budget->capacity_bytes()},
+        {"kv_pool_peak_used_bytes", gen->cache.budget->pool()->stats().peak_used_bytes},
         {"preemptions", es.preemptions},
         {"cached_tokens", r.stats.cached_tokens},
         {"replayed_tokens", r.stats.replayed_tokens},
@@ -147,8 +135,8 @@ int cmd_run(const Args& args) {
         {"token_ids", r.tokens},
         {"text", r.text},
     };
-    if (*disk) {
-      const KvDiskStoreStats ds = (*disk)->stats();
+    if (gen->disk) {
+      const KvDiskStoreStats ds = gen->disk->stats();
       j["kv_disk"] = {{"files", ds.files},          {"bytes", ds.bytes},     {"budget_bytes", ds.budget_bytes},
                       {"puts", ds.puts},            {"puts_skipped", ds.puts_skipped},            {"gets", ds.gets},       {"hits", ds.hits},
                       {"misses", ds.misses},        {"corrupt", ds.corrupt}, {"evictions", ds.evictions},

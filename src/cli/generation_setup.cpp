@@ -228,4 +228,37 @@ Result<engine::PrefixCacheOptions> prefix_cache_from_args(const ParsedArgs& a, c
 
 int64_t swa_history_of(const engine::PrefixCacheOptions& o) { return o.enabled ? std::max<int64_t>(0, o.swa_history) : 0; }
 
+std::unique_ptr<GenerationEngine> generation_engine_from_args(const GenerationEngineRequest& request, int& exit_code) {
+  const ParsedArgs& a = *request.args;
+  const LoadedModel& loaded = *request.loaded;
+  const DeepseekV41Model& model = *loaded.model;
+  const char* cmd = request.command.c_str();
+  auto fail = [&](int code, const std::string& message) -> std::unique_ptr<GenerationEngine> {
+    std::fprintf(stderr, "cedar %s: %s\n", cmd, message.c_str());
+    exit_code = code;
+    return nullptr;
+  };
+  auto prefix = prefix_cache_from_args(a, model);
+  if (!prefix.ok()) return fail(2, prefix.error().message);
+  auto cache = kv_cache_from_args(a, model, swa_history_of(*prefix));
+  if (!cache.ok()) return fail(2, cache.error().message);
+  auto disk = kv_disk_store_from_args(a, model, loaded.path, cache->kv.tokens_per_block);
+  if (!disk.ok()) return fail(1, disk.error().message);
+  auto g = std::make_unique<GenerationEngine>();
+  g->cache = std::move(*cache);
+  g->disk = std::move(*disk);
+  // With an SSD tier, the index keys are rooted in the fingerprint its files carry.
+  g->runner = std::make_unique<engine::DeepseekRunner>(model, request.pool, g->cache.kv,
+                                                       g->disk ? g->disk->options().model_fingerprint : "");
+  engine::EngineOptions eo;
+  eo.mode = request.mode;
+  eo.tokenizer = loaded.tokenizer.get();
+  eo.prefix_cache = *prefix;
+  eo.prefix_cache.store = g->disk.get();
+  g->engine = std::make_unique<engine::Engine>(*g->runner, *g->cache.budget, eo);
+  if (g->disk && g->engine->prefix_cache() == nullptr)
+    std::fprintf(stderr, "cedar %s: --kv-cache-dir is not used: %s\n", cmd, g->engine->prefix_cache_status().c_str());
+  return g;
+}
+
 }  // namespace cedar::cli

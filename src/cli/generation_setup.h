@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "cli/args.h"
 #include "core/threads.h"
+#include "engine/engine.h"
 #include "engine/pool_cache_budget.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
@@ -77,5 +78,25 @@ Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& a
                                                              const std::filesystem::path& model_path,
                                                              int64_t tokens_per_block,
                                                              std::function<void(const std::string&)> log = nullptr);
+
+// The engine `cedar run` and `cedar chat` generate with, over a loaded model, and what it refers to:
+// the KV cache budget, the SSD tier (null without --kv-cache-dir) and the runner.
+struct GenerationEngine {
+  KvCacheSetup cache;
+  std::unique_ptr<KvDiskStore> disk;
+  std::unique_ptr<engine::DeepseekRunner> runner;
+  std::unique_ptr<engine::Engine> engine;
+};
+struct GenerationEngineRequest {
+  const ParsedArgs* args = nullptr;
+  const LoadedModel* loaded = nullptr;
+  ThreadPool* pool = nullptr;
+  ForwardMode mode = ForwardMode::Ced;
+  std::string command;  // for messages
+};
+// Builds it from the prefix cache, KV cache and SSD tier options. Null after printing
+// "cedar <command>: <why>" to stderr; `exit_code` is then 2 for a bad option, 1 when the SSD tier fails.
+// Warns (and goes on) when the SSD tier is given but the prefix cache is off.
+std::unique_ptr<GenerationEngine> generation_engine_from_args(const GenerationEngineRequest& request, int& exit_code);
 
 }  // namespace cedar::cli

@@ -7,6 +7,7 @@
 
 #include "core/numeric.h"
 #include "model/compressor.h"
+#include "model/forward_common.h"
 #include "model/indexer.h"
 #include "model/sparse_attention.h"
 
@@ -15,21 +16,7 @@ namespace {
 
 constexpr size_t kKvFp8Block = 64;  // V4 main KV: FP8 blocks of 64 on the nope channels
 
-std::string str(int64_t v) { return std::to_string(v); }
-
-Status check_linear(const cpu::LinearWeight& w, const std::string& name, int64_t out, int64_t in) {
-  if (w.data == nullptr) return make_error(name + " is missing");
-  if (w.out != out || w.in != in)
-    return make_error(name + " is [" + str(w.out) + ", " + str(w.in) + "], expected [" + str(out) + ", " + str(in) +
-                      "]");
-  return Status::Ok();
-}
-
-Status check_vector(std::span<const float> v, const std::string& name, int64_t size) {
-  if (static_cast<int64_t>(v.size()) != size)
-    return make_error(name + " has " + str(static_cast<int64_t>(v.size())) + " values, expected " + str(size));
-  return Status::Ok();
-}
+using namespace model_detail;  // the helpers the CPU forwards share (forward_common.h)
 
 Status check_weights(const AttentionWeights& w, const AttentionParams& p, const LayerRole& role) {
   const int64_t hq = p.n_heads * p.head_dim;

@@ -5,30 +5,13 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "core/numeric.h"
 #include "model/attention_v4.h"
+#include "model/forward_common.h"
 
 namespace cedar {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
-void for_rows(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  if (pool && n > 1)
-    pool->parallel_for(n, fn);
-  else
-    fn(0, n);
-}
-
-template <typename T>
-std::span<T> row(std::vector<T>& v, int64_t t, int64_t width) {
-  return std::span<T>(v).subspan(static_cast<size_t>(t * width), static_cast<size_t>(width));
-}
-
-void emit(const ForwardOptions& o, const std::string& name, int64_t pos0, int64_t rows, int64_t width,
-          std::span<const float> data) {
-  if (o.sink) o.sink(TensorRecord{name, pos0, rows, width, data.first(static_cast<size_t>(rows * width))});
-}
+using namespace model_detail;  // the helpers the CPU forwards share (forward_common.h)
 
 // Activations of one chunk.
 struct Buffers {
@@ -40,31 +23,19 @@ struct Buffers {
 }  // namespace
 
 Result<DeepseekV4Model> DeepseekV4Model::load(const std::filesystem::path& path, const LoadOptions& options) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return make_error(path.string() + ": no such model directory or file");
-  const std::filesystem::path dir = std::filesystem::is_directory(path) ? path : path.parent_path();
+  CEDAR_ASSIGN_OR_RETURN(
+      model_detail::LoadedModel loaded,
+      model_detail::load_model(path, Arch::DeepseekV4, "DeepseekV4Model loads deepseek_v4 checkpoints", options.pool));
   DeepseekV4Model m;
-  CEDAR_ASSIGN_OR_RETURN(m.config_, load_model_config(dir));
-  const ModelConfig& c = m.config_;
-  if (c.arch != Arch::DeepseekV4)
-    return make_error(c.source + ": DeepseekV4Model loads deepseek_v4 checkpoints (config is " +
-                      std::string(arch_name(c.arch)) + ")");
-  CEDAR_ASSIGN_OR_RETURN(m.plan_, build_layer_plan(c));
-  CEDAR_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(path));
-  CEDAR_ASSIGN_OR_RETURN(m.weights_, BoundWeights::bind(std::move(ckpt), c, m.plan_, options.pool));
-
-  m.hc_ = HcParams{c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps};
-  CEDAR_ASSIGN_OR_RETURN(m.attn_, attention_params_from_config(c));
-  m.moe_ = moe_params_from_config(c);
+  m.config_ = std::move(loaded.config);
+  m.plan_ = std::move(loaded.plan);
+  m.weights_ = std::move(loaded.weights);
+  m.hc_ = loaded.hc;
+  m.attn_ = loaded.attn;
+  m.moe_ = loaded.moe;
 
   if (Status st = check_hc_head_weights(m.weights_.tensors().hc_head, m.hc_); !st.ok()) return st.error();
-  for (const LayerRole& role : m.plan_.layers) {
-    const LayerWeights& w = m.weights_.tensors().layers[static_cast<size_t>(role.layer)];
-    for (const HcWeights* hc : {&w.hc_attn, &w.hc_ffn}) {
-      Status st = check_hc_weights(*hc, m.hc_);
-      if (!st.ok()) return st.error().with_context("layer " + str(role.layer) + " mHC");
-    }
-  }
+  CEDAR_RETURN_IF_ERROR(model_detail::check_layer_hc_weights(m.plan_, m.weights_, m.hc_));
   return m;
 }
 
@@ -82,11 +53,7 @@ Result<ForwardOutput> DeepseekV4Model::forward(std::span<const int64_t> tokens, 
                                                const ForwardOptions& options) const {
   if (state.failed_) return make_error("forward: the sequence state is unusable after an earlier error");
   if (state.options_.mode != ForwardMode::Exact) return make_error("forward: deepseek_v4 runs exact mode only");
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
-      return make_error("forward: token " + str(tokens[i]) + " at position " +
-                        str(state.length_ + static_cast<int64_t>(i)) + " is outside the vocabulary [0, " +
-                        str(config_.vocab_size) + ")");
+  CEDAR_RETURN_IF_ERROR(model_detail::check_token_ids(tokens, state.length_, config_.vocab_size));
   ForwardOutput out;
   out.vocab = config_.vocab_size;
   const int64_t n = static_cast<int64_t>(tokens.size()), d = config_.hidden_size, hc = config_.hc_mult;
@@ -107,15 +74,7 @@ Result<ForwardOutput> DeepseekV4Model::forward(std::span<const int64_t> tokens, 
   b.y.resize(b.x.size());
   b.mix.resize(static_cast<size_t>(n));
 
-  const cpu::LinearWeight& embed = weights_.tensors().embed;
-  for_rows(pool, n, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* e = embed.data + 2 * tokens[static_cast<size_t>(t)] * d;
-      std::span<float> x = row(b.x, t, d);
-      for (int64_t c = 0; c < d; ++c) x[c] = bf16_to_f32(static_cast<uint16_t>(e[2 * c] | (e[2 * c + 1] << 8)));
-      for (int64_t k = 0; k < hc; ++k) std::copy(x.begin(), x.end(), row(b.X, t, hc * d).begin() + k * d);
-    }
-  });
+  model_detail::embed_rows(config_, weights_.tensors().embed, tokens, b.x, b.X, pool);
   emit(options, "embed", pos0, n, d, b.x);
 
   // One mHC site: mix on `in`, collapse with its own pre, norm; `sublayer` fills b.y; expand into `out`.
@@ -173,17 +132,11 @@ Result<ForwardOutput> DeepseekV4Model::forward(std::span<const int64_t> tokens, 
   cpu::rms_norm(b.x, d, weights_.tensors().final_norm, config_.rms_norm_eps, b.xn);
   emit(options, "final_norm", pos0, n, d, b.xn);
   if (options.logits == LogitRows::None) return out;
-  const int64_t first = options.logits == LogitRows::Last ? n - 1 : 0;
-  const int64_t m = n - first, vocab = config_.vocab_size;
-  out.logits.resize(static_cast<size_t>(m * vocab));
-  Status st = cpu::linear(weights_.tensors().head, std::span<const float>(b.xn).subspan(static_cast<size_t>(first * d)),
-                          m, out.logits, cpu::LinearOptions{.bf16_output = false}, pool);
+  Status st = model_detail::head_rows(config_, weights_.tensors().head, b.xn, n, pos0, options, out);
   if (!st.ok()) {
     state.failed_ = true;
     return st.error().with_context("head");
   }
-  for (int64_t t = first; t < n; ++t) out.positions.push_back(pos0 + t);
-  emit(options, "logits", pos0 + first, m, vocab, out.logits);
   return out;
 }
 

@@ -4,31 +4,13 @@
 #include <string>
 
 #include "backend/cpu/ops.h"
-#include "core/numeric.h"
+#include "model/forward_common.h"
 #include "text/engram_norm.h"
 
 namespace cedar {
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
-void for_rows(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  if (pool && n > 1) pool->parallel_for(n, fn);
-  else fn(0, n);
-}
-
-template <typename T>
-std::span<T> row(std::vector<T>& v, int64_t t, int64_t width) {
-  return std::span<T>(v).subspan(static_cast<size_t>(t * width), static_cast<size_t>(width));
-}
-template <typename T>
-std::span<const T> row(const std::vector<T>& v, int64_t t, int64_t width) {
-  return std::span<const T>(v).subspan(static_cast<size_t>(t * width), static_cast<size_t>(width));
-}
-
-std::filesystem::path model_dir(const std::filesystem::path& path) {
-  return std::filesystem::is_directory(path) ? path : path.parent_path();
-}
+using namespace model_detail;  // the helpers the CPU forwards share (forward_common.h)
 
 // The Engram token map named by the options, else one next to the model, else the frozen asset.
 std::filesystem::path engram_map_path(const std::filesystem::path& dir, const LoadOptions& o) {
@@ -72,22 +54,18 @@ struct DeepseekV41Model::Buffers {
 };
 
 Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& path, const LoadOptions& options) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return make_error(path.string() + ": no such model directory or file");
-  const std::filesystem::path dir = model_dir(path);
+  CEDAR_ASSIGN_OR_RETURN(
+      model_detail::LoadedModel loaded,
+      model_detail::load_model(path, Arch::DeepseekV41, "the CPU forward supports deepseek_v41 only", options.pool));
+  const std::filesystem::path& dir = loaded.dir;
   DeepseekV41Model m;
-  CEDAR_ASSIGN_OR_RETURN(m.config_, load_model_config(dir));
+  m.config_ = std::move(loaded.config);
+  m.plan_ = std::move(loaded.plan);
+  m.weights_ = std::move(loaded.weights);
+  m.hc_ = loaded.hc;
+  m.attn_ = loaded.attn;
+  m.moe_ = loaded.moe;
   const ModelConfig& c = m.config_;
-  if (c.arch != Arch::DeepseekV41)
-    return make_error(c.source + ": the CPU forward supports deepseek_v41 only (config is " +
-                      std::string(arch_name(c.arch)) + ")");
-  CEDAR_ASSIGN_OR_RETURN(m.plan_, build_layer_plan(c));
-  CEDAR_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(path));
-  CEDAR_ASSIGN_OR_RETURN(m.weights_, BoundWeights::bind(std::move(ckpt), c, m.plan_, options.pool));
-
-  m.hc_ = HcParams{c.hc_mult, c.hidden_size, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps};
-  CEDAR_ASSIGN_OR_RETURN(m.attn_, attention_params_from_config(c));
-  m.moe_ = moe_params_from_config(c);
 
   if (!c.engram_layer_ids.empty()) {
     const std::filesystem::path map_path = engram_map_path(dir, options);
@@ -102,14 +80,10 @@ Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& pat
     m.engram_params_ = EngramParams{c.hc_mult, c.hidden_size, m.hasher_->layout().cols(), c.rms_norm_eps};
   }
 
+  CEDAR_RETURN_IF_ERROR(model_detail::check_layer_hc_weights(m.plan_, m.weights_, m.hc_));
   for (const LayerRole& role : m.plan_.layers) {
     const LayerWeights& w = m.weights_.tensors().layers[static_cast<size_t>(role.layer)];
-    for (const HcWeights* hc : {&w.hc_attn, &w.hc_ffn}) {
-      Status st = check_hc_weights(*hc, m.hc_);
-      if (!st.ok()) return st.error().with_context("layer " + str(role.layer) + " mHC");
-    }
-    const int64_t slot = w.engram ? m.hasher_->layout().slot_of_layer(role.layer) : -1;
-    m.engram_slot_.push_back(slot);
+    m.engram_slot_.push_back(w.engram ? m.hasher_->layout().slot_of_layer(role.layer) : -1);
   }
   return m;
 }
@@ -143,11 +117,7 @@ Result<SequenceState> DeepseekV41Model::new_sequence(const SequenceOptions& opti
 Result<ForwardOutput> DeepseekV41Model::forward(std::span<const int64_t> tokens, SequenceState& state,
                                                 const ForwardOptions& options) const {
   if (state.failed_) return make_error("forward: the sequence state is unusable after an earlier error");
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
-      return make_error("forward: token " + str(tokens[i]) + " at position " +
-                        str(state.length_ + static_cast<int64_t>(i)) + " is outside the vocabulary [0, " +
-                        str(config_.vocab_size) + ")");
+  CEDAR_RETURN_IF_ERROR(model_detail::check_token_ids(tokens, state.length_, config_.vocab_size));
   ForwardOutput out;
   out.vocab = config_.vocab_size;
   // Rows before the CED replay start run fewer layers than the rest, replay rows of a resumed sequence
@@ -175,15 +145,6 @@ Result<ForwardOutput> DeepseekV41Model::forward(std::span<const int64_t> tokens,
   return out;
 }
 
-namespace {
-
-void emit(const ForwardOptions& o, const std::string& name, int64_t pos0, int64_t rows, int64_t width,
-          std::span<const float> data) {
-  if (o.sink) o.sink(TensorRecord{name, pos0, rows, width, data.first(static_cast<size_t>(rows * width))});
-}
-
-}  // namespace
-
 Status DeepseekV41Model::run_rows(const Rows& rows, SequenceState& state, const ForwardOptions& options,
                                   ForwardOutput& out) const {
   const int64_t n = rows.n, d = config_.hidden_size, hc = config_.hc_mult;
@@ -198,16 +159,8 @@ Status DeepseekV41Model::run_rows(const Rows& rows, SequenceState& state, const 
   b.pre_prev.assign(static_cast<size_t>(n * hc), 0.0f);
 
   // §3.2: X_0 = [e, e, e, e], pre_prev = e_0.
-  const cpu::LinearWeight& embed = weights_.tensors().embed;
-  for_rows(options.pool, n, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* e = embed.data + 2 * rows.tokens[static_cast<size_t>(t)] * d;
-      std::span<float> x = row(b.x, t, d);
-      for (int64_t c = 0; c < d; ++c) x[c] = bf16_to_f32(static_cast<uint16_t>(e[2 * c] | (e[2 * c + 1] << 8)));
-      for (int64_t k = 0; k < hc; ++k) std::copy(x.begin(), x.end(), row(b.X, t, hc * d).begin() + k * d);
-      b.pre_prev[static_cast<size_t>(t * hc)] = 1.0f;
-    }
-  });
+  model_detail::embed_rows(config_, weights_.tensors().embed, rows.tokens, b.x, b.X, options.pool);
+  for (int64_t t = 0; t < n; ++t) b.pre_prev[static_cast<size_t>(t * hc)] = 1.0f;
   emit(options, "embed", rows.pos0, n, d, b.x);
 
   if (hasher_) {
@@ -308,7 +261,7 @@ Status DeepseekV41Model::run_layer(int64_t l, const Rows& rows, Buffers& b, Sequ
 
 Status DeepseekV41Model::finish_rows(const Rows& rows, Buffers& b, const ForwardOptions& options,
                                      ForwardOutput& out) const {
-  const int64_t n = rows.n, d = config_.hidden_size, hc = config_.hc_mult, vocab = config_.vocab_size;
+  const int64_t n = rows.n, d = config_.hidden_size, hc = config_.hc_mult;
   // Final collapse with the last ffn pre, final RMSNorm (§3.3).
   for_rows(options.pool, n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) hc_collapse(row(b.X, t, hc * d), row(b.pre_prev, t, hc), hc, d, row(b.x, t, d));
@@ -317,18 +270,7 @@ Status DeepseekV41Model::finish_rows(const Rows& rows, Buffers& b, const Forward
   emit(options, "final_norm", rows.pos0, n, d, b.xn);
   if (options.logits == LogitRows::None || (options.logits == LogitRows::Last && !rows.last)) return Status::Ok();
 
-  const int64_t first = options.logits == LogitRows::Last ? n - 1 : 0;
-  const int64_t m = n - first;
-  const auto h = std::span<const float>(b.xn).subspan(static_cast<size_t>(first * d));
-  const size_t offset = out.logits.size();
-  out.logits.resize(offset + static_cast<size_t>(m * vocab));
-  const auto logits = std::span<float>(out.logits).subspan(offset);
-  // Head in fp32 (§2.3): BF16 weights are multiplied and accumulated in fp32, output not rounded.
-  CEDAR_RETURN_IF_ERROR(cpu::linear(weights_.tensors().head, h, m, logits, cpu::LinearOptions{.bf16_output = false},
-                                    options.pool));
-  for (int64_t t = first; t < n; ++t) out.positions.push_back(rows.pos0 + t);
-  emit(options, "logits", rows.pos0 + first, m, vocab, logits);
-  return Status::Ok();
+  return model_detail::head_rows(config_, weights_.tensors().head, b.xn, n, rows.pos0, options, out);
 }
 
 }  // namespace cedar

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -62,6 +63,18 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
                                            : "invalid_request_error";
   send_json(res, status, error_body(message, type, code));
 }
+
+// A handler's error reply: the error body, counted in the metrics under the handler's endpoint.
+struct FailReply {
+  Metrics& metrics;
+  const std::string& endpoint;
+  httplib::Response& res;
+  void operator()(int status, const std::string& message, const std::string& code = "") const {
+    metrics.count_request(endpoint, status);
+    send_error(res, status, message, code);
+  }
+  void operator()(const std::string& message) const { (*this)(400, message); }
+};
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -154,6 +167,15 @@ struct Server::Impl {
   void handle_messages(const httplib::Request& req, httplib::Response& res);
   // Encodes a mapped chat request into prompt ids with the clamped completion budget.
   Result<BackendRequest> build_chat_backend_request(const ChatJob& job, const httplib::Request& req, const Json& body);
+  // The shared middle of the chat-shaped endpoints: an OpenAI chat request (`chat_body`; `body`, what the
+  // client sent, gives the cache key) → job, served model and backend request. On error: replied, nullopt.
+  struct ChatCall {
+    ChatJob job;
+    std::string model;
+    BackendRequest request;
+  };
+  std::optional<ChatCall> prepare_chat(const httplib::Request& req, const Json& body, const Json& chat_body,
+                                       const FailReply& fail);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
   void handle_models(httplib::Response& res);
@@ -282,51 +304,52 @@ void Server::Impl::run_generation(const std::string& endpoint, BackendRequest re
 
 void Server::Impl::handle_chat(const httplib::Request& req, httplib::Response& res) {
   const std::string ep = "/v1/chat/completions";
-  auto fail = [&](int status, const std::string& msg, const std::string& code = "") {
-    metrics.count_request(ep, status);
-    send_error(res, status, msg, code);
-  };
+  const FailReply fail{metrics, ep, res};
   auto body = parse_body(req);
   if (!body.ok()) return fail(400, body.error().message);
-  auto job = parse_chat_request(*body, opt.policy);
-  if (!job.ok()) return fail(400, job.error().message);
-  auto model = resolve_model(job->model);
-  if (!model.ok()) return fail(404, model.error().message, "model_not_found");
-  auto breq = build_chat_backend_request(*job, req, *body);
-  if (!breq.ok()) {
-    const bool overflow = is_context_overflow(breq.error().message);
-    return fail(400, breq.error().message, overflow ? "context_length_exceeded" : "");
-  }
-  ResponseMeta meta{new_id("chatcmpl-"), *model, unix_now(), static_cast<int64_t>(breq->prompt.size())};
+  auto call = prepare_chat(req, *body, *body, fail);
+  if (!call) return;
+  ResponseMeta meta{new_id("chatcmpl-"), call->model, unix_now(), static_cast<int64_t>(call->request.prompt.size())};
   res.set_header("x-request-id", meta.id);
-  ChatAssembler assembler(meta, job->parser, job->logprobs, backend.tokenizer(), new_seed());
-  run_generation(ep, std::move(*breq), std::move(assembler), job->stream, res);
+  ChatAssembler assembler(meta, call->job.parser, call->job.logprobs, backend.tokenizer(), new_seed());
+  run_generation(ep, std::move(call->request), std::move(assembler), call->job.stream, res);
 }
 
 void Server::Impl::handle_messages(const httplib::Request& req, httplib::Response& res) {
   const std::string ep = "/v1/messages";
-  auto fail = [&](int status, const std::string& msg, const std::string& code = "") {
-    metrics.count_request(ep, status);
-    send_error(res, status, msg, code);
-  };
+  const FailReply fail{metrics, ep, res};
   auto body = parse_body(req);
   if (!body.ok()) return fail(400, body.error().message);
   auto chat_body = messages_to_chat_request(*body);
   if (!chat_body.ok()) return fail(400, chat_body.error().message);
-  auto job = parse_chat_request(*chat_body, opt.policy);
-  if (!job.ok()) return fail(400, job.error().message);
-  auto model = resolve_model(job->model);
-  if (!model.ok()) return fail(404, model.error().message, "model_not_found");
-  auto breq = build_chat_backend_request(*job, req, *body);
-  if (!breq.ok()) {
-    const bool overflow = is_context_overflow(breq.error().message);
-    return fail(400, breq.error().message, overflow ? "context_length_exceeded" : "");
-  }
-  ResponseMeta meta{new_id("chatcmpl-"), *model, unix_now(), static_cast<int64_t>(breq->prompt.size())};
+  auto call = prepare_chat(req, *body, *chat_body, fail);
+  if (!call) return;
+  ResponseMeta meta{new_id("chatcmpl-"), call->model, unix_now(), static_cast<int64_t>(call->request.prompt.size())};
   const std::string msg_id = new_id("msg_");
   res.set_header("x-request-id", msg_id);
-  MessagesAssembler assembler(ChatAssembler(meta, job->parser, false, backend.tokenizer(), new_seed()), msg_id);
-  run_generation(ep, std::move(*breq), std::move(assembler), job->stream, res);
+  MessagesAssembler assembler(ChatAssembler(meta, call->job.parser, false, backend.tokenizer(), new_seed()), msg_id);
+  run_generation(ep, std::move(call->request), std::move(assembler), call->job.stream, res);
+}
+
+std::optional<Server::Impl::ChatCall> Server::Impl::prepare_chat(const httplib::Request& req, const Json& body,
+                                                                 const Json& chat_body, const FailReply& fail) {
+  auto job = parse_chat_request(chat_body, opt.policy);
+  if (!job.ok()) {
+    fail(400, job.error().message);
+    return std::nullopt;
+  }
+  auto model = resolve_model(job->model);
+  if (!model.ok()) {
+    fail(404, model.error().message, "model_not_found");
+    return std::nullopt;
+  }
+  auto breq = build_chat_backend_request(*job, req, body);
+  if (!breq.ok()) {
+    const bool overflow = is_context_overflow(breq.error().message);
+    fail(400, breq.error().message, overflow ? "context_length_exceeded" : "");
+    return std::nullopt;
+  }
+  return ChatCall{std::move(*job), std::move(*model), std::move(*breq)};
 }
 
 Result<BackendRequest> Server::Impl::build_chat_backend_request(const ChatJob& job, const httplib::Request& req,
@@ -346,10 +369,7 @@ Result<BackendRequest> Server::Impl::build_chat_backend_request(const ChatJob& j
 
 void Server::Impl::handle_completions(const httplib::Request& req, httplib::Response& res) {
   const std::string ep = "/v1/completions";
-  auto fail = [&](int status, const std::string& msg, const std::string& code = "") {
-    metrics.count_request(ep, status);
-    send_error(res, status, msg, code);
-  };
+  const FailReply fail{metrics, ep, res};
   auto body = parse_body(req);
   if (!body.ok()) return fail(400, body.error().message);
   auto job = parse_completion_request(*body);
@@ -390,10 +410,7 @@ void Server::Impl::handle_completions(const httplib::Request& req, httplib::Resp
 
 void Server::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
   const std::string ep = "/tokenize";
-  auto fail = [&](const std::string& msg) {
-    metrics.count_request(ep, 400);
-    send_error(res, 400, msg);
-  };
+  const FailReply fail{metrics, ep, res};
   auto body = parse_body(req);
   if (!body.ok()) return fail(body.error().message);
   if (!body->is_object()) return fail("request body: must be a JSON object");
@@ -431,10 +448,7 @@ void Server::Impl::handle_tokenize(const httplib::Request& req, httplib::Respons
 
 void Server::Impl::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
   const std::string ep = "/detokenize";
-  auto fail = [&](const std::string& msg) {
-    metrics.count_request(ep, 400);
-    send_error(res, 400, msg);
-  };
+  const FailReply fail{metrics, ep, res};
   auto body = parse_body(req);
   if (!body.ok()) return fail(body.error().message);
   if (!body->is_object() || !body->contains("tokens") || !(*body)["tokens"].is_array())

@@ -55,6 +55,28 @@ Json token_json(const text::Tokenizer& tok, int64_t id) {
   return e;
 }
 
+// The one choice of a response or chunk: index 0, `key` ("delta", "message" or "text"), logprobs,
+// finish_reason.
+Json single_choice(const char* key, Json value, Json logprobs, Json finish) {
+  Json choice = Json::object();
+  choice["index"] = 0;
+  choice[key] = std::move(value);
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = std::move(finish);
+  return choice;
+}
+
+// What every response object and chunk opens with, then `choices` (empty: the usage chunk).
+Json envelope(const ResponseMeta& meta, const char* object, Json choices) {
+  Json out = Json::object();
+  out["id"] = meta.id;
+  out["object"] = object;
+  out["created"] = meta.created;
+  out["model"] = meta.model;
+  out["choices"] = std::move(choices);
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------- chat
@@ -73,18 +95,8 @@ ChatAssembler::ChatAssembler(ResponseMeta meta, text::ParserOptions parser, bool
 }
 
 Json ChatAssembler::chunk(Json delta, const Json& logprobs, const Json& finish) const {
-  Json choice = Json::object();
-  choice["index"] = 0;
-  choice["delta"] = std::move(delta);
-  choice["logprobs"] = logprobs;
-  choice["finish_reason"] = finish;
-  Json c = Json::object();
-  c["id"] = meta_.id;
-  c["object"] = "chat.completion.chunk";
-  c["created"] = meta_.created;
-  c["model"] = meta_.model;
-  c["choices"] = Json::array({choice});
-  return c;
+  return envelope(meta_, "chat.completion.chunk",
+                  Json::array({single_choice("delta", std::move(delta), logprobs, finish)}));
 }
 
 Json ChatAssembler::first_chunk() const {
@@ -214,28 +226,16 @@ Json ChatAssembler::response() const {
     }
     msg["tool_calls"] = std::move(calls);
   }
-  Json choice = Json::object();
-  choice["index"] = 0;
-  choice["message"] = std::move(msg);
-  choice["logprobs"] = logprobs_ ? Json{{"content", logprob_content_}} : Json(nullptr);
-  choice["finish_reason"] = std::string(finish_reason());
-  Json out = Json::object();
-  out["id"] = meta_.id;
-  out["object"] = "chat.completion";
-  out["created"] = meta_.created;
-  out["model"] = meta_.model;
-  out["choices"] = Json::array({choice});
+  Json logprobs = logprobs_ ? Json{{"content", logprob_content_}} : Json(nullptr);
+  Json out = envelope(
+      meta_, "chat.completion",
+      Json::array({single_choice("message", std::move(msg), std::move(logprobs), std::string(finish_reason()))}));
   out["usage"] = usage_.to_json();
   return out;
 }
 
 Json ChatAssembler::usage_chunk() const {
-  Json c = Json::object();
-  c["id"] = meta_.id;
-  c["object"] = "chat.completion.chunk";
-  c["created"] = meta_.created;
-  c["model"] = meta_.model;
-  c["choices"] = Json::array();
+  Json c = envelope(meta_, "chat.completion.chunk", Json::array());
   c["usage"] = usage_.to_json();
   return c;
 }
@@ -249,18 +249,7 @@ CompletionAssembler::CompletionAssembler(ResponseMeta meta, int logprobs, const 
 }
 
 Json CompletionAssembler::chunk(const std::string& text, const Json& logprobs, const Json& finish) const {
-  Json choice = Json::object();
-  choice["index"] = 0;
-  choice["text"] = text;
-  choice["logprobs"] = logprobs;
-  choice["finish_reason"] = finish;
-  Json c = Json::object();
-  c["id"] = meta_.id;
-  c["object"] = "text_completion";
-  c["created"] = meta_.created;
-  c["model"] = meta_.model;
-  c["choices"] = Json::array({choice});
-  return c;
+  return envelope(meta_, "text_completion", Json::array({single_choice("text", text, logprobs, finish)}));
 }
 
 Status CompletionAssembler::on_event(const BackendEvent& ev, std::vector<Json>& chunks) {
@@ -294,30 +283,17 @@ Status CompletionAssembler::on_event(const BackendEvent& ev, std::vector<Json>& 
 }
 
 Json CompletionAssembler::response() const {
-  Json choice = Json::object();
-  choice["index"] = 0;
-  choice["text"] = text_;
-  choice["logprobs"] = logprobs_ >= 0 ? Json{{"tokens", lp_tokens_}, {"token_logprobs", lp_values_},
-                                              {"top_logprobs", lp_top_}, {"text_offset", lp_offsets_}}
-                                      : Json(nullptr);
-  choice["finish_reason"] = finish_reason_;
-  Json out = Json::object();
-  out["id"] = meta_.id;
-  out["object"] = "text_completion";
-  out["created"] = meta_.created;
-  out["model"] = meta_.model;
-  out["choices"] = Json::array({choice});
+  Json logprobs = logprobs_ >= 0 ? Json{{"tokens", lp_tokens_}, {"token_logprobs", lp_values_},
+                                         {"top_logprobs", lp_top_}, {"text_offset", lp_offsets_}}
+                                 : Json(nullptr);
+  Json out = envelope(meta_, "text_completion",
+                      Json::array({single_choice("text", text_, std::move(logprobs), finish_reason_)}));
   out["usage"] = usage_.to_json();
   return out;
 }
 
 Json CompletionAssembler::usage_chunk() const {
-  Json c = Json::object();
-  c["id"] = meta_.id;
-  c["object"] = "text_completion";
-  c["created"] = meta_.created;
-  c["model"] = meta_.model;
-  c["choices"] = Json::array();
+  Json c = envelope(meta_, "text_completion", Json::array());
   c["usage"] = usage_.to_json();
   return c;
 }

@@ -17,11 +17,9 @@
 // Under ASan the trace is cut to its first turns (the full one takes minutes there) and the window
 // replay, whose bounds need the full trace, is left out.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -31,8 +29,10 @@
 #include "engine/pool_cache_budget.h"
 #include "model/deepseek_v41.h"
 #include "model/model_stats.h"
-#include "model/tiny_checkpoint.h"
 #include "model/tokenizer_source.h"
+#include "test_support/forwarding_runner.h"
+#include "test_support/greedy.h"
+#include "test_support/tiny_model.h"
 #include "text/prompt_tokens.h"
 #include "text/request_mapping.h"
 
@@ -46,8 +46,6 @@
 
 namespace cedar::engine {
 namespace {
-
-namespace fs = std::filesystem;
 
 #ifdef CEDAR_AGENT_TRACE_SHORT
 constexpr size_t kTurns = 2;  // ASan: the first re-sent turn only
@@ -113,26 +111,19 @@ Result<std::vector<Turn>> load_turns(const text::Tokenizer& tok) {
 }
 
 // Records the logits of every sampled row, per sequence in creation order (turns run one at a time).
-class LogitsRunner final : public ModelRunner {
+class LogitsRunner final : public test_support::ForwardingRunner {
  public:
-  explicit LogitsRunner(DeepseekRunner& inner) : inner_(&inner) {}
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t eos_token() const override { return inner_->eos_token(); }
-  CacheFootprint cache_footprint() const override { return inner_->cache_footprint(); }
-  std::optional<PrefixCacheSupport> prefix_cache() const override { return inner_->prefix_cache(); }
+  using ForwardingRunner::ForwardingRunner;
   Result<std::unique_ptr<ModelSequence>> create_sequence(const SequenceSpec& spec) override {
     rows.emplace_back();
-    return inner_->create_sequence(spec);
+    return ForwardingRunner::create_sequence(spec);
   }
   void run_batch(std::span<BatchItem> items) override {
-    inner_->run_batch(items);
+    ForwardingRunner::run_batch(items);
     for (const BatchItem& item : items)
       if (item.status.ok() && item.want_logits) rows.back().push_back(item.logits);
   }
   std::vector<std::vector<std::vector<float>>> rows;  // [sequence][sampled row][vocab]
-
- private:
-  DeepseekRunner* inner_;
 };
 
 struct TraceRun {
@@ -161,19 +152,11 @@ Similarity compare(const std::vector<float>& a, const std::vector<float>& ref) {
   return {dot / std::sqrt(na * nr), std::sqrt(diff / nr), top_a == top_r, above < 5};
 }
 
-class AgentTraceTest : public ::testing::Test {
+class AgentTraceTest : public test_support::TinyV41Suite {
  protected:
   static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-agent-trace-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    TinyCheckpointOptions o;
-    o.tokenizer_files = false;
-    const Status st = make_tiny_checkpoint(o, *root_ / "tiny", false);
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    auto m = DeepseekV41Model::load(*root_ / "tiny");
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = new DeepseekV41Model(std::move(*m));
+    TinyV41Suite::SetUpTestSuite();
+    if (HasFatalFailure()) return;
     auto tok = v41_tokenizer();
     ASSERT_TRUE(tok.ok()) << tok.error().message;
     auto turns = load_turns(**tok);
@@ -187,10 +170,7 @@ class AgentTraceTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete ced_prompts_;
     delete turns_;
-    delete model_;
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
-    delete root_;
+    TinyV41Suite::TearDownTestSuite();
   }
 
   // The turns through one engine with the prefix cache (swa_pool_bytes 0: every hit replays).
@@ -220,9 +200,7 @@ class AgentTraceTest : public ::testing::Test {
     for (const Turn& t : *turns_) {
       GenerationRequest g;
       g.prompt = t.prompt;
-      g.params.temperature = 0;
-      g.params.max_tokens = kOutputTokens;
-      g.params.ignore_eos = true;
+      g.params = test_support::greedy(kOutputTokens);
       EXPECT_TRUE(engine.submit(g).ok());
       EXPECT_TRUE(engine.run_until_idle().ok());
       auto done = engine.take_finished();
@@ -317,8 +295,6 @@ class AgentTraceTest : public ::testing::Test {
 
   void SetUp() override { ASSERT_TRUE(model_ != nullptr && turns_ != nullptr) << "the suite's set-up failed"; }
 
-  static inline fs::path* root_ = nullptr;
-  static inline DeepseekV41Model* model_ = nullptr;
   static inline std::vector<Turn>* turns_ = nullptr;
   static inline ThreadPool* pool_ = nullptr;  // single-threaded (ctest runs tests in parallel)
 };

@@ -11,7 +11,6 @@
 //     the agent-trace test (agent_trace_test.cpp) against the uncached ced run;
 //   * a damaged file between runs: a log line, the blocks before it hit, the output is the uncached one.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -26,7 +25,9 @@
 #include "kv/kv_disk_store.h"
 #include "model/deepseek_v41.h"
 #include "model/model_stats.h"
-#include "model/tiny_checkpoint.h"
+#include "test_support/forwarding_runner.h"
+#include "test_support/greedy.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar::engine {
 namespace {
@@ -38,55 +39,35 @@ constexpr int64_t kTokensPerBlock = 8;
 constexpr double kMinCosine = 0.85, kMaxRelL2 = 0.55;
 
 // Keeps the logits of every sampled row.
-class LogitsRunner final : public ModelRunner {
+class LogitsRunner final : public test_support::ForwardingRunner {
  public:
-  explicit LogitsRunner(DeepseekRunner& inner) : inner_(&inner) {}
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t eos_token() const override { return inner_->eos_token(); }
-  CacheFootprint cache_footprint() const override { return inner_->cache_footprint(); }
-  std::optional<PrefixCacheSupport> prefix_cache() const override { return inner_->prefix_cache(); }
-  Result<std::unique_ptr<ModelSequence>> create_sequence(const SequenceSpec& spec) override {
-    return inner_->create_sequence(spec);
-  }
+  using ForwardingRunner::ForwardingRunner;
   void run_batch(std::span<BatchItem> items) override {
-    inner_->run_batch(items);
+    ForwardingRunner::run_batch(items);
     for (const BatchItem& item : items) {
       EXPECT_TRUE(item.status.ok()) << item.status.error().message;
       if (item.status.ok() && item.want_logits) rows.push_back(item.logits);
     }
   }
   std::vector<std::vector<float>> rows;
-
- private:
-  DeepseekRunner* inner_;
 };
 
-class DiskCacheModelTest : public ::testing::Test {
+class DiskCacheModelTest : public test_support::TinyV41Suite {
  protected:
   static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-disk-model-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    TinyCheckpointOptions o;
-    o.tokenizer_files = false;
-    const Status st = make_tiny_checkpoint(o, *root_ / "tiny", false);
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    auto m = DeepseekV41Model::load(*root_ / "tiny");
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = new DeepseekV41Model(std::move(*m));
-    auto fp = model_fingerprint(*root_ / "tiny");
+    TinyV41Suite::SetUpTestSuite();
+    if (HasFatalFailure()) return;
+    auto fp = model_fingerprint(checkpoint());
     ASSERT_TRUE(fp.ok()) << fp.error().message;
     fingerprint_ = new std::string(*fp);
   }
   static void TearDownTestSuite() {
-    delete model_;
     delete fingerprint_;
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
-    delete root_;
+    fingerprint_ = nullptr;
+    TinyV41Suite::TearDownTestSuite();
   }
   void SetUp() override {
-    dir_ = *root_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = root() / ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::remove_all(dir_);
   }
 
@@ -148,9 +129,7 @@ class DiskCacheModelTest : public ::testing::Test {
   static RequestResult run(Server& s, const std::vector<int64_t>& prompt) {
     GenerationRequest g;
     g.prompt = prompt;
-    g.params.temperature = 0;
-    g.params.max_tokens = 2;
-    g.params.ignore_eos = true;
+    g.params = test_support::greedy(2);
     EXPECT_TRUE(g.params.max_tokens > 0);
     EXPECT_TRUE(s.engine->submit(g).ok());
     EXPECT_TRUE(s.engine->run_until_idle().ok());
@@ -167,8 +146,6 @@ class DiskCacheModelTest : public ::testing::Test {
   }
 
   fs::path dir_;
-  static inline fs::path* root_ = nullptr;
-  static inline DeepseekV41Model* model_ = nullptr;
   static inline std::string* fingerprint_ = nullptr;
 };
 

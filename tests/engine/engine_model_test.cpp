@@ -2,10 +2,7 @@
 // alone == in a batch of four == a plain forward/argmax loop written here), seed determinism, CED ==
 // exact for a prompt within the replay tail (architecture.md §3.11: replay_start = 0), and exact
 // output after preemption and recompute on the real model.
-#include <unistd.h>
-
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <vector>
 
@@ -13,46 +10,16 @@
 
 #include "engine/engine.h"
 #include "model/deepseek_v41.h"
-#include "model/tiny_checkpoint.h"
+#include "test_support/greedy.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar::engine {
 namespace {
 
-namespace fs = std::filesystem;
+std::vector<int64_t> prompt(int64_t n, uint64_t seed) { return test_support::xorshift_prompt(n, seed, 99); }
 
-std::vector<int64_t> prompt(int64_t n, uint64_t seed) {
-  std::vector<int64_t> ids;
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 99;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    ids.push_back(static_cast<int64_t>(x % 128000));
-  }
-  return ids;
-}
-
-class EngineModelTest : public ::testing::Test {
+class EngineModelTest : public test_support::TinyV41Suite {
  protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-engine-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    TinyCheckpointOptions o;
-    o.tokenizer_files = false;
-    const Status st = make_tiny_checkpoint(o, *root_ / "tiny", false);
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    auto m = DeepseekV41Model::load(*root_ / "tiny");
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = new DeepseekV41Model(std::move(*m));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
-    delete root_;
-  }
-
   // Runs `requests` through one engine; returns the generated tokens per request, in order.
   static std::vector<RequestResult> generate(const std::vector<GenerationRequest>& requests, EngineOptions eo,
                                              int64_t capacity = int64_t{1} << 40) {
@@ -75,18 +42,10 @@ class EngineModelTest : public ::testing::Test {
     return out;
   }
 
-  static inline fs::path* root_ = nullptr;
-  static inline DeepseekV41Model* model_ = nullptr;
   static inline int64_t last_preemptions_ = 0;
 };
 
-SamplingParams greedy(int64_t n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  p.ignore_eos = true;
-  return p;
-}
+using test_support::greedy;
 
 TEST_F(EngineModelTest, GreedyOutputDoesNotDependOnTheBatch) {
   const auto target = prompt(13, 1);

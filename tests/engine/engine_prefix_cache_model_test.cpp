@@ -5,10 +5,8 @@
 // within the budget, fails nothing, releases everything, and gives every request the policy promises
 // bitwise equality for exactly its solo uncached tokens.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -18,37 +16,16 @@
 #include "engine/pool_cache_budget.h"
 #include "model/deepseek_v41.h"
 #include "model/model_stats.h"
-#include "model/tiny_checkpoint.h"
+#include "test_support/forwarding_runner.h"
+#include "test_support/greedy.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar::engine {
 namespace {
 
-namespace fs = std::filesystem;
 constexpr int64_t kTokensPerBlock = 8;
 
-class PrefixCacheModelTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-prefix-model-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    TinyCheckpointOptions o;
-    o.tokenizer_files = false;
-    const Status st = make_tiny_checkpoint(o, *root_ / "tiny", false);
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    auto m = DeepseekV41Model::load(*root_ / "tiny");
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = new DeepseekV41Model(std::move(*m));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
-    delete root_;
-  }
-  static inline fs::path* root_ = nullptr;
-  static inline DeepseekV41Model* model_ = nullptr;
-};
+class PrefixCacheModelTest : public test_support::TinyV41Suite {};
 
 PoolCacheLayout layout_for(const DeepseekV41Model& model, int64_t swa_history) {
   const KvBudget kv = compute_kv_budget(model.config(), model.plan());
@@ -60,15 +37,11 @@ PoolCacheLayout layout_for(const DeepseekV41Model& model, int64_t swa_history) {
 }
 
 // Checks the pool against the budget after every batch; counts failures.
-class CheckingRunner final : public ModelRunner {
+class CheckingRunner final : public test_support::ForwardingRunner {
  public:
-  CheckingRunner(DeepseekRunner& inner, const PoolCacheBudget& budget) : inner_(&inner), budget_(&budget) {}
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t eos_token() const override { return inner_->eos_token(); }
-  CacheFootprint cache_footprint() const override { return inner_->cache_footprint(); }
-  std::optional<PrefixCacheSupport> prefix_cache() const override { return inner_->prefix_cache(); }
+  CheckingRunner(DeepseekRunner& inner, const PoolCacheBudget& budget) : ForwardingRunner(inner), budget_(&budget) {}
   Result<std::unique_ptr<ModelSequence>> create_sequence(const SequenceSpec& spec) override {
-    auto s = inner_->create_sequence(spec);
+    auto s = ForwardingRunner::create_sequence(spec);
     if (!s.ok()) {
       ++failures;
       ADD_FAILURE() << "create_sequence: " << s.error().message;
@@ -76,7 +49,7 @@ class CheckingRunner final : public ModelRunner {
     return s;
   }
   void run_batch(std::span<BatchItem> items) override {
-    inner_->run_batch(items);
+    ForwardingRunner::run_batch(items);
     EXPECT_LE(budget_->pool()->stats().used_bytes, budget_->global_used_bytes());
     for (const BatchItem& item : items)
       if (!item.status.ok()) {
@@ -87,7 +60,6 @@ class CheckingRunner final : public ModelRunner {
   int64_t failures = 0;
 
  private:
-  DeepseekRunner* inner_;
   const PoolCacheBudget* budget_;
 };
 
@@ -118,9 +90,7 @@ TEST_F(PrefixCacheModelTest, RepeatedPromptLogitsEqualAnUncachedRunBitForBit) {
     for (int run = 0; run < 2; ++run) {
       GenerationRequest g;
       g.prompt = prompt;
-      g.params.temperature = 0;
-      g.params.max_tokens = 3;
-      g.params.ignore_eos = true;
+      g.params = test_support::greedy(3);
       g.params.logprobs = true;
       g.params.top_logprobs = 5;
       ASSERT_TRUE(engine.submit(g).ok());
@@ -158,9 +128,7 @@ TEST_F(PrefixCacheModelTest, RandomWorkloadWithSharedPrefixesMatchesSoloRunsWith
       r.prompt = families[rng() % families.size()];
       const std::vector<int64_t> extra = random_tokens(rng, static_cast<int64_t>(rng() % 14));
       r.prompt.insert(r.prompt.end(), extra.begin(), extra.end());
-      r.params.temperature = 0;
-      r.params.max_tokens = 2 + static_cast<int64_t>(rng() % 5);
-      r.params.ignore_eos = true;
+      r.params = test_support::greedy(2 + static_cast<int64_t>(rng() % 5));
       reqs.push_back(std::move(r));
     }
     EngineOptions eo;

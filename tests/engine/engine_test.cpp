@@ -18,6 +18,7 @@
 
 #include "engine/fake_model.h"
 #include "model/tokenizer_source.h"
+#include "test_support/greedy.h"
 
 namespace cedar::engine {
 namespace {
@@ -134,10 +135,7 @@ TEST(EngineTest, DecodeTokensComeFirstAndPrefillIsChunkedUnderTheBudget) {
   EngineOptions eo;
   eo.step_token_budget = 8;
   Engine engine(model, budget, eo);
-  SamplingParams p;
-  p.temperature = 0;
-  p.ignore_eos = true;
-  p.max_tokens = 30;
+  const SamplingParams p = test_support::greedy(30);
   ASSERT_TRUE(engine.submit({{5, 6, 7}, p, nullptr}).ok());
   ASSERT_TRUE(engine.step().ok());  // the 3-token prompt
   ASSERT_TRUE(engine.submit({std::vector<int64_t>(50, 9), p, nullptr}).ok());
@@ -160,10 +158,7 @@ TEST(EngineTest, CancelWaitingAndRunningRequests) {
   EngineOptions eo;
   eo.max_running = 1;
   Engine engine(model, budget, eo);
-  SamplingParams p;
-  p.temperature = 0;
-  p.ignore_eos = true;
-  p.max_tokens = 100;
+  const SamplingParams p = test_support::greedy(100);
   std::vector<FinishReason> last_events;
   auto cb = [&](const StreamEvent& ev) {
     if (ev.finish != FinishReason::kNone) last_events.push_back(ev.finish);
@@ -190,10 +185,7 @@ TEST(EngineTest, RequestsThatCanNeverFitAreRefusedOrFinishWithAnError) {
   const CacheFootprint f = model.cache_footprint();
   ByteCacheBudget budget(f, f.bytes_for(20));
   Engine engine(model, budget, EngineOptions{});
-  SamplingParams p;
-  p.temperature = 0;
-  p.ignore_eos = true;
-  p.max_tokens = 50;
+  const SamplingParams p = test_support::greedy(50);
   auto too_long = engine.submit({std::vector<int64_t>(20, 3), p, nullptr});
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.error().message.find("cache"), std::string::npos);
@@ -214,10 +206,7 @@ TEST(EngineTest, ModelFailureFinishesOnlyThatRequest) {
   FakeModelRunner model(fo);
   ByteCacheBudget budget(model.cache_footprint(), 1 << 30);
   Engine engine(model, budget, EngineOptions{});
-  SamplingParams p;
-  p.temperature = 0;
-  p.ignore_eos = true;
-  p.max_tokens = 5;
+  const SamplingParams p = test_support::greedy(5);
   const RequestId bad = *engine.submit({std::vector<int64_t>(40, 3), p, nullptr});
   const RequestId good = *engine.submit({std::vector<int64_t>(4, 3), p, nullptr});
   ASSERT_TRUE(engine.run_until_idle().ok());
@@ -318,10 +307,7 @@ TEST(EngineTest, SubmitAndCancelFromAnotherThreadWhileStepping) {
   EngineOptions eo;
   eo.step_token_budget = 16;
   Engine engine(model, budget, eo);
-  SamplingParams p;
-  p.temperature = 0;
-  p.ignore_eos = true;
-  p.max_tokens = 20;
+  const SamplingParams p = test_support::greedy(20);
   std::atomic<bool> submitted_all{false};
   std::thread client([&] {
     for (int i = 0; i < 30; ++i) {

@@ -6,9 +6,6 @@
 // every completed request's tokens equal its solo run.
 #include "engine/pool_cache_budget.h"
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <map>
 #include <cstdio>
 #include <random>
@@ -20,12 +17,12 @@
 #include "kv/kv_layout.h"
 #include "model/deepseek_v41.h"
 #include "model/model_stats.h"
-#include "model/tiny_checkpoint.h"
+#include "test_support/forwarding_runner.h"
+#include "test_support/greedy.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar::engine {
 namespace {
-
-namespace fs = std::filesystem;
 
 TEST(PoolCacheLayoutTest, HandComputedPageRounding) {
   PoolCacheLayout l;
@@ -64,29 +61,7 @@ TEST(PoolCacheBudgetTest, ReservesGrowsAndReleases) {
   EXPECT_FALSE(PoolCacheBudget::create(l, 0).ok());
 }
 
-class PoolEngineTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-pool-engine-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    TinyCheckpointOptions o;
-    o.tokenizer_files = false;
-    const Status st = make_tiny_checkpoint(o, *root_ / "tiny", false);
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    auto m = DeepseekV41Model::load(*root_ / "tiny");
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = new DeepseekV41Model(std::move(*m));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
-    delete root_;
-  }
-  static inline fs::path* root_ = nullptr;
-  static inline DeepseekV41Model* model_ = nullptr;
-};
+class PoolEngineTest : public test_support::TinyV41Suite {};
 
 TEST_F(PoolEngineTest, LayoutMatchesTheKvDryRunMeasurement) {
   for (int64_t tpb : {8, 64}) {
@@ -101,17 +76,13 @@ TEST_F(PoolEngineTest, LayoutMatchesTheKvDryRunMeasurement) {
 }
 
 // A runner that forwards to DeepseekRunner and checks the pool against the budget around every batch.
-class CheckingRunner final : public ModelRunner {
+class CheckingRunner final : public test_support::ForwardingRunner {
  public:
-  CheckingRunner(DeepseekRunner& inner, const PoolCacheBudget& budget) : inner_(&inner), budget_(&budget) {}
-  int64_t vocab_size() const override { return inner_->vocab_size(); }
-  int64_t eos_token() const override { return inner_->eos_token(); }
-  CacheFootprint cache_footprint() const override { return inner_->cache_footprint(); }
-  Result<std::unique_ptr<ModelSequence>> create_sequence(const SequenceSpec& spec) override {
-    return inner_->create_sequence(spec);
-  }
+  CheckingRunner(DeepseekRunner& inner, const PoolCacheBudget& budget) : ForwardingRunner(inner), budget_(&budget) {}
+  // Without the prefix cache: the workload checks the budget's accounting alone.
+  std::optional<PrefixCacheSupport> prefix_cache() const override { return std::nullopt; }
   void run_batch(std::span<BatchItem> items) override {
-    inner_->run_batch(items);
+    ForwardingRunner::run_batch(items);
     const BlockPoolStats st = budget_->pool()->stats();
     EXPECT_LE(st.used_bytes, budget_->global_used_bytes());
     max_used = std::max(max_used, st.used_bytes);
@@ -123,7 +94,6 @@ class CheckingRunner final : public ModelRunner {
   int64_t failures = 0, max_used = 0;
 
  private:
-  DeepseekRunner* inner_;
   const PoolCacheBudget* budget_;
 };
 
@@ -193,9 +163,7 @@ TEST_F(PoolEngineTest, RandomWorkloadStaysWithinThePoolAndRecomputesExactly) {
     for (int i = 0; i < 8; ++i) {
       GenerationRequest r;
       r.prompt = random_prompt(rng, 6 + static_cast<int64_t>(rng() % 24));
-      r.params.temperature = 0;
-      r.params.max_tokens = 2 + static_cast<int64_t>(rng() % 6);
-      r.params.ignore_eos = true;
+      r.params = test_support::greedy(2 + static_cast<int64_t>(rng() % 6));
       reqs.push_back(std::move(r));
     }
     EngineOptions eo;

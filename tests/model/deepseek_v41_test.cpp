@@ -7,11 +7,8 @@
 // against a NumPy re-implementation in tests/python/test_forward_cli.py.
 #include "model/deepseek_v41.h"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <filesystem>
 #include <fstream>
@@ -22,103 +19,27 @@
 
 #include "io/safetensors.h"
 #include "model/tiny_checkpoint.h"
+#include "test_support/forward_trace.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar {
 namespace {
 
 namespace fs = std::filesystem;
 
+using test_support::expect_bitwise_equal;
+using test_support::Trace;
+
 // A fixed pseudo-random prompt of real token ids (< 128000, so no special tokens).
-std::vector<int64_t> prompt(int64_t n, uint64_t seed = 1) {
-  std::vector<int64_t> ids;
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 12345;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    ids.push_back(static_cast<int64_t>(x % 128000));
-  }
-  return ids;
-}
+std::vector<int64_t> prompt(int64_t n, uint64_t seed = 1) { return test_support::xorshift_prompt(n, seed, 12345); }
 
-struct Trace {
-  std::vector<float> hidden;         // [positions, d]
-  std::vector<int64_t> positions;
-  std::vector<float> last_logits;    // [vocab]
-};
-
-class DeepseekV41Test : public ::testing::Test {
+class DeepseekV41Test : public test_support::TinyV41Suite {
  protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-forward-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
-    TinyCheckpointOptions o;
-    o.seed = 0;
-    o.tokenizer_files = false;  // the forward needs tensors and config.json only
-    const Status st = make_tiny_checkpoint(o, *root_ / "tiny", false);
-    ASSERT_TRUE(st.ok()) << st.error().message;
-    auto m = DeepseekV41Model::load(*root_ / "tiny");
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = new DeepseekV41Model(std::move(*m));
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
-    delete root_;
-  }
-
-  // Final hidden states (the head's input, "final_norm") of every computed position for `ids`, fed in
-  // chunks of `chunk` (0 = one call), and the logits of the last position. Comparing the hidden states
-  // instead of every logit row keeps the tests fast (the 129 280-row head dominates the tiny model).
   static Trace run(const std::vector<int64_t>& ids, int64_t chunk, const SequenceOptions& so = {},
                    ThreadPool* pool = nullptr) {
-    Trace trace;
-    auto state = model_->new_sequence(so);
-    EXPECT_TRUE(state.ok()) << state.error().message;
-    if (!state.ok()) return trace;
-    ForwardOptions fo;
-    fo.pool = pool;
-    fo.sink = [&trace](const TensorRecord& r) {
-      if (r.name != "final_norm") return;
-      trace.hidden.insert(trace.hidden.end(), r.data.begin(), r.data.end());
-      for (int64_t i = 0; i < r.rows; ++i) trace.positions.push_back(r.pos0 + i);
-    };
-    const int64_t n = static_cast<int64_t>(ids.size());
-    const int64_t step = chunk > 0 ? chunk : n;
-    for (int64_t p = 0; p < n; p += step) {
-      const int64_t len = std::min(step, n - p);
-      fo.logits = p + len == n ? LogitRows::Last : LogitRows::None;
-      auto out = model_->forward(std::span<const int64_t>(ids).subspan(static_cast<size_t>(p), static_cast<size_t>(len)),
-                                 *state, fo);
-      EXPECT_TRUE(out.ok()) << out.error().message;
-      if (!out.ok()) return trace;
-      if (!out->logits.empty()) trace.last_logits = out->logits;
-    }
-    return trace;
+    return test_support::run_trace(*model_, ids, chunk, so, pool);
   }
-
-  static fs::path* root_;
-  static DeepseekV41Model* model_;
 };
-fs::path* DeepseekV41Test::root_ = nullptr;
-DeepseekV41Model* DeepseekV41Test::model_ = nullptr;
-
-size_t count_bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
-  size_t diffs = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diffs += std::memcmp(&a[i], &b[i], 4) != 0;
-  return diffs;
-}
-
-void expect_bitwise_equal(const Trace& a, const Trace& b, const std::string& what) {
-  ASSERT_EQ(a.positions, b.positions) << what;
-  ASSERT_EQ(a.hidden.size(), b.hidden.size()) << what;
-  ASSERT_EQ(a.last_logits.size(), b.last_logits.size()) << what;
-  EXPECT_EQ(count_bit_differences(a.hidden, b.hidden), 0u) << what << ": final hidden states differ";
-  EXPECT_EQ(count_bit_differences(a.last_logits, b.last_logits), 0u) << what << ": last logits differ";
-}
 
 TEST_F(DeepseekV41Test, ProducesFiniteLogitsOfTheVocabulary) {
   const auto ids = prompt(12);
@@ -332,7 +253,7 @@ TEST_F(DeepseekV41Test, RejectsBadTokensAndUnusableStates) {
 
 TEST_F(DeepseekV41Test, LoadNamesTheMissingTensor) {
   // Copy the checkpoint without one tensor (config.json alongside).
-  auto src = io::Checkpoint::open(*root_ / "tiny");
+  auto src = io::Checkpoint::open(checkpoint());
   ASSERT_TRUE(src.ok()) << src.error().message;
   io::SafetensorsWriter w;
   for (const io::TensorEntry& t : src->tensors()) {
@@ -341,22 +262,22 @@ TEST_F(DeepseekV41Test, LoadNamesTheMissingTensor) {
     ASSERT_TRUE(v.ok());
     ASSERT_TRUE(w.add(t.name, t.dtype, t.shape, {v->bytes.begin(), v->bytes.end()}).ok());
   }
-  const fs::path dir = *root_ / "missing";
+  const fs::path dir = root() / "missing";
   fs::create_directories(dir);
   ASSERT_TRUE(w.write_sharded(dir, 2).ok());
-  fs::copy_file(*root_ / "tiny" / "config.json", dir / "config.json");
+  fs::copy_file(checkpoint() / "config.json", dir / "config.json");
   auto m = DeepseekV41Model::load(dir);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("missing tensor 'layers.5.attn.wkv.scale'"), std::string::npos)
       << m.error().message;
 
-  auto none = DeepseekV41Model::load(*root_ / "does-not-exist");
+  auto none = DeepseekV41Model::load(root() / "does-not-exist");
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.error().message.find("does-not-exist"), std::string::npos) << none.error().message;
 }
 
 TEST_F(DeepseekV41Test, LoadChecksTheEngramMap) {
-  const fs::path map = *root_ / "short_map.npy";
+  const fs::path map = root() / "short_map.npy";
   {
     std::ofstream f(map, std::ios::binary);
     const std::string header = "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }";
@@ -368,7 +289,7 @@ TEST_F(DeepseekV41Test, LoadChecksTheEngramMap) {
     const int32_t v[3] = {0, 1, 2};
     f.write(reinterpret_cast<const char*>(v), sizeof(v));
   }
-  auto m = DeepseekV41Model::load(*root_ / "tiny", LoadOptions{map, nullptr});
+  auto m = DeepseekV41Model::load(checkpoint(), LoadOptions{map, nullptr});
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("has 3 entries, the model's vocabulary 129280"), std::string::npos)
       << m.error().message;

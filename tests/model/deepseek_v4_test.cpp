@@ -7,10 +7,7 @@
 // query norm against NumPy-style scalar references below.
 #include "model/deepseek_v4.h"
 
-#include <unistd.h>
-
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -23,46 +20,27 @@
 #include "model/compressor.h"
 #include "model/mhc.h"
 #include "model/tiny_checkpoint.h"
+#include "test_support/forward_trace.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar {
 namespace {
 
-namespace fs = std::filesystem;
+using test_support::bit_differences;
+using test_support::expect_bitwise_equal;
+using test_support::Trace;
 
-std::vector<int64_t> prompt(int64_t n, uint64_t seed = 1) {
-  std::vector<int64_t> ids;
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 12345;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    ids.push_back(static_cast<int64_t>(x % 128000));
-  }
-  return ids;
-}
-
-struct Trace {
-  std::vector<float> hidden;  // "final_norm" rows
-  std::vector<int64_t> positions;
-  std::vector<float> last_logits;
-};
+std::vector<int64_t> prompt(int64_t n, uint64_t seed = 1) { return test_support::xorshift_prompt(n, seed, 12345); }
 
 class DeepseekV4Test : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-v4-forward-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
+    root_ = new test_support::ScratchDir("cedar-v4-forward-test");
     for (bool bf16 : {false, true}) {
-      TinyCheckpointOptions o;
-      o.arch = Arch::DeepseekV4;
+      TinyCheckpointOptions o = test_support::tensors_only(Arch::DeepseekV4);
       o.seed = bf16 ? 3 : 0;
       o.bf16 = bf16;
-      o.tokenizer_files = false;
-      const fs::path dir = *root_ / (bf16 ? "bf16" : "fp8");
-      const Status st = make_tiny_checkpoint(o, dir, false);
-      ASSERT_TRUE(st.ok()) << st.error().message;
-      auto m = DeepseekV4Model::load(dir);
+      auto m = test_support::write_and_load<DeepseekV4Model>(o, root_->path() / (bf16 ? "bf16" : "fp8"));
       ASSERT_TRUE(m.ok()) << m.error().message;
       (bf16 ? bf16_ : fp8_) = new DeepseekV4Model(std::move(*m));
     }
@@ -71,58 +49,19 @@ class DeepseekV4Test : public ::testing::Test {
     delete fp8_;
     delete bf16_;
     fp8_ = bf16_ = nullptr;
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
     delete root_;
+    root_ = nullptr;
   }
 
   static Trace run(const DeepseekV4Model& model, const std::vector<int64_t>& ids, int64_t chunk,
                    ThreadPool* pool = nullptr) {
-    Trace trace;
-    auto state = model.new_sequence();
-    EXPECT_TRUE(state.ok()) << state.error().message;
-    if (!state.ok()) return trace;
-    ForwardOptions fo;
-    fo.pool = pool;
-    fo.sink = [&trace](const TensorRecord& r) {
-      if (r.name != "final_norm") return;
-      trace.hidden.insert(trace.hidden.end(), r.data.begin(), r.data.end());
-      for (int64_t i = 0; i < r.rows; ++i) trace.positions.push_back(r.pos0 + i);
-    };
-    const int64_t n = static_cast<int64_t>(ids.size());
-    const int64_t step = chunk > 0 ? chunk : n;
-    for (int64_t p = 0; p < n; p += step) {
-      const int64_t len = std::min(step, n - p);
-      fo.logits = p + len == n ? LogitRows::Last : LogitRows::None;
-      auto out = model.forward(std::span<const int64_t>(ids).subspan(static_cast<size_t>(p), static_cast<size_t>(len)),
-                               *state, fo);
-      EXPECT_TRUE(out.ok()) << out.error().message;
-      if (!out.ok()) return trace;
-      if (!out->logits.empty()) trace.last_logits = out->logits;
-    }
-    return trace;
+    return test_support::run_trace(model, ids, chunk, {}, pool);
   }
 
-  static fs::path* root_;
-  static DeepseekV4Model* fp8_;
-  static DeepseekV4Model* bf16_;
+  static inline test_support::ScratchDir* root_ = nullptr;
+  static inline DeepseekV4Model* fp8_ = nullptr;
+  static inline DeepseekV4Model* bf16_ = nullptr;
 };
-fs::path* DeepseekV4Test::root_ = nullptr;
-DeepseekV4Model* DeepseekV4Test::fp8_ = nullptr;
-DeepseekV4Model* DeepseekV4Test::bf16_ = nullptr;
-
-size_t bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
-  size_t diffs = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diffs += std::memcmp(&a[i], &b[i], 4) != 0;
-  return diffs;
-}
-
-void expect_bitwise_equal(const Trace& a, const Trace& b, const std::string& what) {
-  ASSERT_EQ(a.positions, b.positions) << what;
-  ASSERT_FALSE(a.last_logits.empty()) << what;
-  EXPECT_EQ(bit_differences(a.hidden, b.hidden), 0u) << what << ": final hidden states differ";
-  EXPECT_EQ(bit_differences(a.last_logits, b.last_logits), 0u) << what << ": last logits differ";
-}
 
 TEST_F(DeepseekV4Test, PlanHasCsaHcaAndHashLayers) {
   const LayerPlan& plan = fp8_->plan();
@@ -255,8 +194,8 @@ TEST_F(DeepseekV4Test, RejectsBadTokensCedAndV41Checkpoints) {
 
   TinyCheckpointOptions o;
   o.tokenizer_files = false;
-  ASSERT_TRUE(make_tiny_checkpoint(o, *root_ / "v41", false).ok());
-  auto wrong = DeepseekV4Model::load(*root_ / "v41");
+  ASSERT_TRUE(make_tiny_checkpoint(o, root_->path() / "v41", false).ok());
+  auto wrong = DeepseekV4Model::load(root_->path() / "v41");
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.error().message.find("deepseek_v4"), std::string::npos) << wrong.error().message;
 }
