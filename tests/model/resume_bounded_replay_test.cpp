@@ -8,12 +8,10 @@
 // at every layer and row (layer l's output may differ from the reference only at rows
 // < R + (l + 1)·(W − 1), whatever R), and the bound's tightness is measured one row short of it.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,6 +21,7 @@
 #include "io/config.h"
 #include "model/deepseek_v41.h"
 #include "model/tiny_checkpoint.h"
+#include "test_support/tiny_model.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CEDAR_BOUNDED_REPLAY_SHORT 1
@@ -35,8 +34,6 @@
 namespace cedar {
 namespace {
 
-namespace fs = std::filesystem;
-
 #ifdef CEDAR_BOUNDED_REPLAY_SHORT
 constexpr uint64_t kSeeds[] = {0};  // ASan: one seed (every mode and case still runs)
 #else
@@ -46,17 +43,7 @@ constexpr int64_t kWindow = 8;  // the tiny profile's sliding_window
 constexpr int64_t kTail = kWindow;
 constexpr int64_t kDecode = 3;
 
-std::vector<int64_t> tokens(int64_t n, uint64_t seed) {
-  std::vector<int64_t> ids;
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 4242;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    ids.push_back(static_cast<int64_t>(x % 128000));
-  }
-  return ids;
-}
+std::vector<int64_t> tokens(int64_t n, uint64_t seed) { return test_support::xorshift_prompt(n, seed, 4242); }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -100,17 +87,11 @@ TEST(ExactReplayRows, FormulaOnTheReleasedAndTinyConfigs) {
 class BoundedReplayTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / ("cedar-bounded-replay-test-" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    fs::create_directories(*root_);
+    scratch_ = new test_support::ScratchDir("cedar-bounded-replay-test");
     for (uint64_t seed : kSeeds) {
-      TinyCheckpointOptions o;
+      TinyCheckpointOptions o = test_support::tensors_only();
       o.seed = seed;
-      o.tokenizer_files = false;
-      const fs::path dir = *root_ / ("seed" + std::to_string(seed));
-      const Status st = make_tiny_checkpoint(o, dir, false);
-      ASSERT_TRUE(st.ok()) << st.error().message;
-      auto m = DeepseekV41Model::load(dir);
+      auto m = test_support::write_and_load<DeepseekV41Model>(o, scratch_->path() / ("seed" + std::to_string(seed)));
       ASSERT_TRUE(m.ok()) << m.error().message;
       models_.push_back(new DeepseekV41Model(std::move(*m)));
     }
@@ -118,9 +99,8 @@ class BoundedReplayTest : public ::testing::Test {
   static void TearDownTestSuite() {
     for (auto* m : models_) delete m;
     models_.clear();
-    std::error_code ec;
-    fs::remove_all(*root_, ec);
-    delete root_;
+    delete scratch_;
+    scratch_ = nullptr;
   }
 
   struct Case {
@@ -315,12 +295,9 @@ class BoundedReplayTest : public ::testing::Test {
     // clang-format on
   }
 
-  static std::vector<DeepseekV41Model*> models_;
-  static fs::path* root_;
+  static inline std::vector<DeepseekV41Model*> models_;
+  static inline test_support::ScratchDir* scratch_ = nullptr;
 };
-
-std::vector<DeepseekV41Model*> BoundedReplayTest::models_;
-fs::path* BoundedReplayTest::root_ = nullptr;
 
 // The tiny profile's numbers: 10 layers, the boundary (last KV source) at 6, window 8.
 TEST_F(BoundedReplayTest, TinyModelNumbers) {
