@@ -57,10 +57,14 @@ const CommandSpec kSpec{
         {"json", "write the JSON here instead of stdout", true, "", "FILE"},
         // prefix_cache_option_specs() (generation_setup.h), spelled out for this static spec:
         {"no-prefix-cache", "do not reuse the global KV of earlier requests' prefixes", false, "", ""},
-        {"swa-pool-mb", "host memory for SWA snapshots of cached prefixes, MiB (0: hits replay the window)", true,
+        {"swa-pool-mb", "host memory for SWA snapshots of cached prefixes, MiB (0: hits replay: --swa-replay)", true,
          "1024", "N"},
         {"swa-ttl-s", "seconds an SWA snapshot stays after its last use", true, "600", "S"},
         {"swa-history", "extra SWA ring slots per sequence (default: sliding window + 64)", true, "", "N"},
+        {"swa-replay",
+         "hits without an SWA snapshot: 'exact' replays the rows that make the result bitwise exact (ced: "
+         "(encoder + boundary layers) x (window - 1)), 'window' (ced mode) only the last window, approximate",
+         true, "exact", "exact|window"},
         {"device", "cpu (the engine on the CPU backend) or cuda (the GPU benchmark)", true, "cpu", "DEVICE"},
         {"batches", "--device cuda: decode batch sizes", true, "1,8,64", "LIST"},
         {"prefill-lens", "--device cuda: prompt lengths of the prefill runs", true, "1024,8192,32768", "LIST"},

@@ -129,6 +129,7 @@ int cmd_run(const Args& args) {
         {"preemptions", es.preemptions},
         {"cached_tokens", r.stats.cached_tokens},
         {"replayed_tokens", r.stats.replayed_tokens},
+        {"cache_approximate", r.stats.cache_approximate},
         {"prefix_cache", eng.prefix_cache() != nullptr ? "on" : eng.prefix_cache_status().empty() ? "off" : eng.prefix_cache_status()},
         {"swa_bytes_per_sequence", kv.swa_bytes_per_sequence},
         {"token_ids", r.tokens},

@@ -159,6 +159,7 @@ int cmd_serve(const Args& args) {
     eo.kv_capacity_bytes = *kv_bytes;
     eo.budget = kv_cache->budget.get();
     eo.prefix_cache = *prefix;
+    eo.kv_disk = kv_disk.get();
     eo.max_running = std::max<int64_t>(1, *max_running);
     eo.mode = *mode;
     eo.context_length = model->model->config().max_position_embeddings;

@@ -192,10 +192,14 @@ Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& a, const DeepseekV41Mo
 std::vector<OptionSpec> prefix_cache_option_specs() {
   return {
       {"no-prefix-cache", "do not reuse the global KV of earlier requests' prefixes", false, "", ""},
-      {"swa-pool-mb", "host memory for SWA snapshots of cached prefixes, MiB (0: hits replay the window)", true,
+      {"swa-pool-mb", "host memory for SWA snapshots of cached prefixes, MiB (0: hits replay: --swa-replay)", true,
        "1024", "N"},
       {"swa-ttl-s", "seconds an SWA snapshot stays after its last use", true, "600", "S"},
       {"swa-history", "extra SWA ring slots per sequence (default: sliding window + 64)", true, "", "N"},
+      {"swa-replay",
+       "hits without an SWA snapshot: 'exact' replays the rows that make the result bitwise exact (ced: "
+       "(encoder + boundary layers) x (window - 1)), 'window' (ced mode) only the last window, approximate",
+       true, "exact", "exact|window"},
   };
 }
 
@@ -207,6 +211,9 @@ Result<engine::PrefixCacheOptions> prefix_cache_from_args(const ParsedArgs& a, c
     return make_error("--swa-pool-mb must be a number of MiB >= 0, got '" + a.get("swa-pool-mb") + "'");
   o.swa_pool_bytes = *mb << 20;
   CEDAR_ASSIGN_OR_RETURN(o.swa_ttl_seconds, get_double(a, "swa-ttl-s"));
+  auto replay = engine::parse_swa_replay(a.get("swa-replay"));
+  if (!replay.ok()) return make_error("--swa-replay: " + replay.error().message);
+  o.swa_replay = *replay;
   if (!(o.swa_ttl_seconds >= 0)) return make_error("--swa-ttl-s must be >= 0");
   if (a.has("swa-history")) {
     auto h = a.get_int("swa-history");

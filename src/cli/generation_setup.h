@@ -58,8 +58,8 @@ Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& args, const DeepseekV4
 Result<KvCacheSetup> kv_cache_setup(const DeepseekV41Model& model, int64_t capacity_bytes, int64_t swa_history);
 
 // Prefix cache options (docs/prefix_cache.md): --no-prefix-cache, --swa-pool-mb N, --swa-ttl-s S,
-// --swa-history N. The SSD tier's --kv-cache-dir DIR / --kv-cache-dir-gb N (engineer "disk") plug in here
-// as PrefixCacheOptions::store.
+// --swa-history N, --swa-replay exact|window. The SSD tier's --kv-cache-dir DIR / --kv-cache-dir-gb N
+// (engineer "disk") plug in here as PrefixCacheOptions::store.
 std::vector<OptionSpec> prefix_cache_option_specs();
 // Options with swa_history resolved (sliding_window + tokens_per_block unless given; 0 when off).
 Result<engine::PrefixCacheOptions> prefix_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model);

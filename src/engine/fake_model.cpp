@@ -1,5 +1,6 @@
 #include "engine/fake_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -83,8 +84,16 @@ class FakeSequence final : public ModelSequence {
       const int64_t tail = spec_.ced_tail > 0 ? spec_.ced_tail : options_->sliding_window;
       if (spec_.mode == ForwardMode::Ced && r.restart > spec_.prompt_length - tail) approximate_ = true;
     } else if (r.restart > 0) {
-      if (spec_.mode == ForwardMode::Exact) return make_error("fake model: exact mode refuses SWA replay");
-      approximate_ = true;
+      const bool exact = spec_.mode == ForwardMode::Exact;
+      const int64_t tail = spec_.ced_tail > 0 ? spec_.ced_tail : options_->sliding_window;
+      const int64_t t = exact ? r.cached_tokens : std::min(r.cached_tokens, spec_.prompt_length - tail);
+      const int64_t rows = exact ? options_->exact_mode_replay_rows : options_->ced_replay_rows;
+      if (r.restart > t - rows) {
+        if (exact) return make_error("fake model: exact mode refuses an inexact SWA replay");
+        approximate_ = true;
+      } else {
+        rings_exact_from_ = r.restart + rows + 1;
+      }
     }
     recent_.assign(1, hash_);  // the rings are rebuilt from R on
     return Status::Ok();
@@ -139,9 +148,12 @@ class FakeSequence final : public ModelSequence {
   Result<std::shared_ptr<const SequenceSnapshot>> snapshot() const override {
     auto s = std::make_shared<FakeSnapshot>();
     s->length = length_;
-    s->earliest_restore = length_ - static_cast<int64_t>(recent_.size()) + 1;
-    s->hashes.assign(recent_.begin(), recent_.end());
-    s->exact_layers = approximate_ ? 0 : spec_.mode == ForwardMode::Exact ? kExactModeLayers : kCedLayers;
+    const int64_t held = length_ - static_cast<int64_t>(recent_.size()) + 1;
+    s->earliest_restore = std::min(length_, std::max(held, rings_exact_from_));
+    s->hashes.assign(recent_.begin() + (s->earliest_restore - held), recent_.end());
+    s->exact_layers = approximate_ || rings_exact_from_ > length_ ? 0
+                      : spec_.mode == ForwardMode::Exact      ? kExactModeLayers
+                                                              : kCedLayers;
     s->bytes = static_cast<int64_t>(8 * s->hashes.size()) + 64;
     return std::shared_ptr<const SequenceSnapshot>(std::move(s));
   }
@@ -155,6 +167,7 @@ class FakeSequence final : public ModelSequence {
   uint64_t hash_ = FakeModelRunner::kInitialHash;
   int64_t length_ = 0;
   int64_t cached_ = 0;  // P of a resume
+  int64_t rings_exact_from_ = 0;  // after an exact replay: snapshots restore from here on
   bool approximate_ = false;
   std::deque<uint64_t> recent_{FakeModelRunner::kInitialHash};  // hashes at the last lengths, up to length_
 };
@@ -190,6 +203,8 @@ std::optional<PrefixCacheSupport> FakeModelRunner::prefix_cache() const {
   s.sliding_window = options_.sliding_window;
   s.exact_mode_layers = kExactModeLayers;
   s.ced_layers = kCedLayers;
+  s.exact_mode_replay_rows = options_.exact_mode_replay_rows;
+  s.ced_replay_rows = options_.ced_replay_rows;
   return s;
 }
 

@@ -9,9 +9,11 @@
 // an "approximate" bit), export them, snapshot their recent hashes, and resume from both. A resume
 // verifies what the engine hands it — blocks whose records do not continue the history, or a snapshot
 // of another history, fail the batch item — and behaves like the real model where the result is not
-// bitwise equal to an uncached run: after an SWA replay from R > 0, from approximate blocks, or (ced
-// mode) from a snapshot at R > N − tail, its logits come from a perturbed hash (outputs differ from the
-// solo run), and its blocks are marked approximate. Exact mode refuses a replay, as the model does.
+// bitwise equal to an uncached run: after an SWA replay shorter than the exact replay rows (R > 0 and
+// R > t − rows, t = P; ced: min(P, N − tail)), from approximate blocks, or (ced mode) from a snapshot at
+// R > N − tail, its logits come from a perturbed hash (outputs differ from the solo run), and its blocks
+// are marked approximate. Exact mode refuses a short replay, as the model does. After an exact replay
+// its snapshots restore from R + rows + 1 on, as the model's do (earlier ring keys are not exact).
 #pragma once
 
 #include <memory>
@@ -31,6 +33,9 @@ struct FakeModelOptions {
   std::shared_ptr<BlockPool> pool;
   PoolCacheLayout layout;
   int64_t sliding_window = 4;
+  // Replay rows that make a resume without a snapshot exact (the model's exact_replay_rows).
+  int64_t exact_mode_replay_rows = 10;
+  int64_t ced_replay_rows = 6;
 };
 
 class FakeModelRunner final : public ModelRunner {

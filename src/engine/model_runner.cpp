@@ -92,6 +92,8 @@ std::optional<PrefixCacheSupport> deepseek_prefix_support(const DeepseekV41Model
   s.exact_mode_layers = model.plan().num_layers();
   // ced snapshots hold the encoder and the (ExactSource) boundary layer, as SequenceState reports.
   s.ced_layers = model.plan().last_kv_source + 1;
+  s.exact_mode_replay_rows = model.exact_replay_rows(ForwardMode::Exact);
+  s.ced_replay_rows = model.exact_replay_rows(ForwardMode::Ced, CedBoundary::ExactSource);
   return s;
 }
 

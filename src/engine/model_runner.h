@@ -8,7 +8,8 @@
 // block pool its sequences allocate global KV from, the pool size class of every global-KV stream, the
 // block span, a fingerprint of model + layout. A sequence exports the block ids covering a prefix
 // (prefix_blocks) and snapshots of its SWA rings (snapshot); create_sequence resumes a sequence from
-// cached blocks (SequenceSpec::resume) at a restart point R, from a snapshot or by SWA bounded replay.
+// cached blocks (SequenceSpec::resume) at a restart point R, from a snapshot or by SWA bounded replay
+// (exact when it replays the runner's exact_*_replay_rows).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,7 @@ struct SequenceResume {
   std::vector<std::vector<BlockId>> blocks;  // per global-KV stream: the P / B blocks; the sequence retains them
   int64_t restart = 0;                       // R <= P: the sequence starts at length R; the engine feeds tokens[R..]
   std::shared_ptr<const SequenceSnapshot> snapshot;  // rings at R; null: SWA bounded replay from R
+                                                     // (exact when R <= t − exact replay rows, or R == 0)
   std::span<const int64_t> history;          // tokens [0, R)
   bool prefix_exact = true;                  // every cached block is exact (ResumeSpec::prefix_exact)
 };
@@ -70,6 +72,10 @@ struct PrefixCacheSupport {
   int64_t sliding_window = 0;
   int64_t exact_mode_layers = 0;  // snapshot layers an exact-mode restore needs (every layer)
   int64_t ced_layers = 0;         // snapshot layers a ced-mode restore needs (encoder + boundary)
+  // Rows of SWA bounded replay before t (P; ced: min(P, N − tail)) that make a resume without a
+  // snapshot bitwise exact (DeepseekV41Model::exact_replay_rows): R <= t − rows, or R == 0.
+  int64_t exact_mode_replay_rows = 0;
+  int64_t ced_replay_rows = 0;
 };
 
 struct BatchItem {

@@ -4,6 +4,14 @@
 
 namespace cedar::engine {
 
+std::string_view swa_replay_name(SwaReplay r) { return r == SwaReplay::kExact ? "exact" : "window"; }
+
+Result<SwaReplay> parse_swa_replay(std::string_view text) {
+  if (text == "exact") return SwaReplay::kExact;
+  if (text == "window") return SwaReplay::kWindow;
+  return make_error("unknown SWA replay '" + std::string(text) + "' (known: exact, window)");
+}
+
 std::string prefix_layout_descriptor(const PrefixCacheSupport& s) {
   std::string d = "tokens_per_block=" + std::to_string(s.tokens_per_block) + ";streams=";
   for (int32_t c : s.stream_classes) d += std::to_string(s.pool ? s.pool->class_bytes(c) : 0) + ",";
@@ -18,6 +26,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const PrefixCacheSuppor
   std::unique_ptr<PrefixCache> cache(new PrefixCache(support, budget));
   cache->swa_history_ =
       options.swa_history >= 0 ? options.swa_history : support.sliding_window + support.tokens_per_block;
+  cache->replay_ = options.swa_replay;
   if (options.swa_pool_bytes > 0)
     cache->swa_ =
         std::make_unique<SwaPool>(SwaPoolOptions{options.swa_pool_bytes, options.swa_ttl_seconds, options.clock});
@@ -50,22 +59,29 @@ CacheAdmission PrefixCache::admit(const AdmitRequest& req) {
   if (!m.ok() || m->tokens == 0) return a;
   const int64_t P = m->tokens, B = support_.tokens_per_block, window = support_.sliding_window;
   const int64_t tail = req.ced_tail > 0 ? req.ced_tail : window;
-  const int64_t t = exact ? P : std::min(P, req.prompt_length - tail);
+  const int64_t t = std::max<int64_t>(0, exact ? P : std::min(P, req.prompt_length - tail));
+  // The exact bounded replay: D rows before t, plus one so that the rings end up holding a full window
+  // of exact keys below t (a snapshot restores at held_from + window, held_from = R + D − (W − 1)).
+  const int64_t replay_rows = exact ? support_.exact_mode_replay_rows : support_.ced_replay_rows;
+  const int64_t bounded = std::max<int64_t>(0, t - replay_rows - 1);
   std::optional<SwaRestore> restore;
   if (swa_ && t > 0)
     restore = swa_->find(req.tokens, m->nodes, B, t, exact ? support_.exact_mode_layers : support_.ced_layers);
-  if (restore) {
+  // The opt-in window replay (ced mode, never for a recompute) stands in for the bounded replay; a
+  // snapshot, exact, is still preferred to it.
+  const bool window_replay = replay_ == SwaReplay::kWindow && !exact && !req.recompute;
+  if (restore && (window_replay || restore->restart >= bounded)) {
     a.restart = restore->restart;
     a.from_snapshot = true;
     a.approximate = !m->exact;
     a.resume.snapshot = std::move(restore->snapshot);
-  } else if (exact || req.recompute) {
-    index_->unpin(m->nodes);
-    ++stats_.policy_misses;
-    return a;
-  } else {
+  } else if (window_replay) {
     a.restart = std::max<int64_t>(0, P - window);
     a.approximate = a.restart > 0 || !m->exact;
+    a.window_replay = true;
+  } else {
+    a.restart = bounded;
+    a.approximate = !m->exact;
   }
   a.cached_tokens = P;
   a.resume.cached_tokens = P;
@@ -91,6 +107,7 @@ void PrefixCache::started(const AdmitRequest& req, const CacheAdmission& a) {
   stats_.hit_tokens += P;
   stats_.replayed_tokens += P - a.restart;
   ++(a.from_snapshot ? stats_.snapshot_restores : stats_.replay_restores);
+  stats_.window_replay_restores += a.window_replay ? 1 : 0;
   stats_.approximate_restores += a.approximate ? 1 : 0;
 }
 

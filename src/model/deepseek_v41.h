@@ -27,9 +27,10 @@
 // Prefix caching (docs/prefix_cache.md): resume_sequence starts a sequence at length R from cached
 // global-KV blocks covering [0, P) (shared through the block pool, not copied) and either a snapshot of
 // the SWA rings restorable at R (exact continuation) or nothing (SWA bounded replay from R, §3.11 use
-// 2: every layer's SWA keys start at R; approximate). Rows [R, P) are replay rows: KV source layers run
-// AttentionPass::SwaReplay (no global writes), everything else as usual; rows from P on are normal. The
-// forward splits chunks at P as it does at the CED replay start, which becomes max(N − tail, R).
+// 2: every layer's SWA keys start at R; exact when R <= t − exact_replay_rows, else approximate). Rows
+// [R, P) are replay rows: KV source layers run AttentionPass::SwaReplay (no global writes), everything
+// else as usual; rows from P on are normal. The forward splits chunks at P as it does at the CED replay
+// start, which becomes max(N − tail, R).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,16 @@
 
 namespace cedar {
 
+// SWA bounded replay that is exact (docs/prefix_cache.md "Exact bounded replay"): with the window
+// truncated at R, layer l's outputs can differ from the uncached run only at rows [R, R + (l+1)·(W−1))
+// (each window reads W − 1 rows back; compressed entries, the indexer, candidate blocks, Engram, mHC
+// and MoE add no reach). A resume without a ring snapshot is therefore bitwise equal to the uncached run
+// of the same mode when R == 0 or R <= t − exact_replay_rows, t = P in exact mode and min(P, N − tail)
+// in ced mode. The rows: (layers that run the window on replay rows)·(W − 1) — exact mode every layer,
+// ced mode the encoder + an ExactSource boundary (last_kv_source + 1), or the encoder alone with a
+// GlobalKvOnly boundary (encoder_layers): the same layers SequenceState::exact_swa_layers() names.
+int64_t exact_replay_rows(const LayerPlan& plan, int64_t sliding_window, ForwardMode mode, CedBoundary boundary);
+
 class DeepseekV41Model {
  public:
   // `path`: a checkpoint directory with config.json (or any path io::Checkpoint::open accepts whose
@@ -74,8 +85,15 @@ class DeepseekV41Model {
   // options.kv.pool (or no pool) or of the wrong size, history not of R valid tokens; with a snapshot:
   // slot count != window + swa_history, fewer layers than the mode needs (exact: all; ced: encoder +
   // ExactSource boundary), R outside [earliest_restore, length], rings of another format; exact mode
-  // without a snapshot and R > 0, or from a prefix that is not exact.
+  // without a snapshot and 0 < R, R > P − exact_replay_rows (a replay too short to be exact), or from
+  // a prefix that is not exact. Without a snapshot the state is exact (global_kv_exact(), exact_swa_layers()
+  // as an uncached run) when R == 0 or R <= t − exact_replay_rows (t = P; ced: min(P, N − tail)), else
+  // approximate (ced mode only).
   Result<SequenceState> resume_sequence(const SequenceOptions& options, const ResumeSpec& resume) const;
+  // Replay rows that make a resume without a snapshot exact (the free function above, for this model).
+  int64_t exact_replay_rows(ForwardMode mode, CedBoundary boundary = CedBoundary::ExactSource) const {
+    return cedar::exact_replay_rows(plan_, config_.sliding_window, mode, boundary);
+  }
   // Copies the rings of layers [0, state.exact_swa_layers()) at state.length().
   Result<SwaSnapshot> snapshot_swa(const SequenceState& state) const;
   // Block ids of every global-KV stream (global_kv_streams order) covering [0, tokens): tokens a

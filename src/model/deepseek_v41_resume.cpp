@@ -51,6 +51,15 @@ Status check_prefix_length(const char* what, int64_t tokens, int64_t tokens_per_
 
 }  // namespace
 
+// Layers that run their window on the replay rows: exact mode all; ced mode the encoder, plus the
+// boundary when its attention runs on every row (ExactSource). Each adds W − 1 rows of reach.
+int64_t exact_replay_rows(const LayerPlan& plan, int64_t sliding_window, ForwardMode mode, CedBoundary boundary) {
+  int64_t layers = plan.num_layers();
+  if (mode == ForwardMode::Ced)
+    layers = boundary == CedBoundary::ExactSource ? plan.last_kv_source + 1 : plan.encoder_layers;
+  return layers * std::max<int64_t>(0, sliding_window - 1);
+}
+
 Result<SequenceState> DeepseekV41Model::resume_sequence(const SequenceOptions& options,
                                                         const ResumeSpec& resume) const {
   auto fail = [](const std::string& what) { return make_error("resume: " + what); };
@@ -59,12 +68,18 @@ Result<SequenceState> DeepseekV41Model::resume_sequence(const SequenceOptions& o
   if (Status st = check_prefix_length("cached_tokens", P, options.kv.tokens_per_block, plan_); !st.ok())
     return st.error().with_context("resume");
   if (R < 0 || R > P) return fail("restart " + str(R) + " is outside [0, cached_tokens " + str(P) + "]");
+  // A replay without a snapshot is exact when the window truncation at R cannot reach t: the cached
+  // end P, and in ced mode also the uncached run's replay start (decoder rows from there on).
+  const int64_t replay_rows = exact_replay_rows(options.mode, options.ced_boundary);
+  const int64_t t = options.mode == ForwardMode::Ced ? std::min(P, s.replay_start_) : P;
+  const bool exact_replay = R == 0 || R <= t - replay_rows;
   if (options.mode == ForwardMode::Exact) {
     if (!resume.prefix_exact)
       return fail("exact mode cannot resume from a prefix whose global KV is not exact (recompute instead)");
-    if (resume.swa == nullptr && R > 0)
-      return fail("exact mode refuses SWA bounded replay: restart " + str(R) +
-                  " needs a ring snapshot (or restart 0: recompute)");
+    if (resume.swa == nullptr && !exact_replay)
+      return fail("exact mode refuses an inexact SWA bounded replay: restart " + str(R) + " replays " + str(P - R) +
+                  " rows, exactness needs " + str(replay_rows) + " (restart <= " +
+                  str(std::max<int64_t>(0, P - replay_rows)) + ", or a ring snapshot)");
   }
   if (static_cast<int64_t>(resume.history.size()) != R)
     return fail("history holds " + str(static_cast<int64_t>(resume.history.size())) +
@@ -131,9 +146,11 @@ Result<SequenceState> DeepseekV41Model::resume_sequence(const SequenceOptions& o
     s.swa_held_from_ = snap.held_from;
   } else {
     s.swa_floor_ = R;  // SWA bounded replay (§3.11 use 2): no layer sees SWA keys before R
-    s.swa_held_from_ = R;
+    // Layer l's ring keys are exact from R + l·(W − 1) on; the last exact layer's bound them all.
+    const int64_t reach = std::max<int64_t>(0, needed - 1) * std::max<int64_t>(0, window - 1);
+    s.swa_held_from_ = R == 0 || !exact_replay ? R : R + reach;
   }
-  s.global_kv_exact_ = resume.prefix_exact && (resume.swa != nullptr || R == 0);
+  s.global_kv_exact_ = resume.prefix_exact && (resume.swa != nullptr || exact_replay);
 
   if (hasher_) {
     auto h = hasher_->history_at(R, resume.history);

@@ -88,7 +88,8 @@ struct ResumeSpec {
   std::vector<std::vector<BlockId>> blocks;
   int64_t restart = 0;  // R <= P: the state starts at length R; the caller feeds tokens[R..]
   // Restore rings at R (R in [earliest_restore, length]); null: SWA bounded replay, every layer's SWA
-  // keys start at R (approximate unless R == 0; refused in exact mode).
+  // keys start at R — exact when R == 0 or R <= t − exact_replay_rows (t = P; ced: min(P, N − tail)),
+  // else approximate (refused in exact mode).
   const SwaSnapshot* swa = nullptr;
   std::span<const int64_t> history;  // the sequence's tokens [0, R) (Engram history needs the last few)
   // Whether the cached global KV equals the reference's (false: it came from a sequence that went
@@ -107,12 +108,13 @@ class SequenceState {
   // Rows below this position are replay rows of a resumed sequence (the global caches already cover
   // them); 0 for a new sequence.
   int64_t cached_end() const { return cached_end_; }
-  // False once the sequence — or the prefix it resumed from — went through an approximate SWA replay:
-  // its later global KV differs from the reference's.
+  // False once the sequence — or the prefix it resumed from — went through an approximate SWA replay
+  // (one shorter than exact_replay_rows): its later global KV differs from the reference's.
   bool global_kv_exact() const { return global_kv_exact_; }
   // Rings [0, exact_swa_layers()) equal those of an uncached run of the same mode: exact mode every
   // layer; ced mode the encoder layers + the boundary layer when CedBoundary::ExactSource; 0 after an
-  // approximate replay.
+  // approximate replay. After an exact bounded replay from R their keys are exact from
+  // R + (exact_swa_layers − 1)·(W − 1) on (what snapshot_swa's held_from says).
   int64_t exact_swa_layers() const { return global_kv_exact_ ? exact_swa_layers_ : 0; }
 
  private:

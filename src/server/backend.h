@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kv/kv_disk_store.h"
 #include "text/tokenizer.h"
 
 namespace cedar::server {
@@ -76,10 +77,15 @@ struct BackendStats {
   // The engine's prefix cache (docs/prefix_cache.md); all zero when it is off.
   bool prefix_cache_enabled = false;
   int64_t prefix_cache_replayed_tokens = 0;  // cached tokens re-run to rebuild SWA state
+  // Hits by how the SWA state was rebuilt: from a snapshot, by replay (exact bounded or window), of the
+  // replays the window replay (--swa-replay window), and hits not promised bitwise equal.
+  int64_t prefix_cache_snapshot_restores = 0, prefix_cache_replay_restores = 0;
+  int64_t prefix_cache_window_replay_restores = 0, prefix_cache_approximate_restores = 0;
   int64_t prefix_cache_index_bytes = 0, prefix_cache_index_blocks = 0;
   int64_t prefix_cache_evicted_blocks = 0;
   int64_t prefix_cache_store_loaded_blocks = 0;  // second tier (SSD)
   int64_t swa_pool_bytes = 0, swa_pool_entries = 0;
+  std::optional<KvDiskStoreStats> kv_disk;  // the SSD tier (--kv-cache-dir); absent without one
 };
 
 class GenerationBackend {

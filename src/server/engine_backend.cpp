@@ -57,7 +57,8 @@ EngineBackend::EngineBackend(engine::ModelRunner& runner, const text::Tokenizer&
       bos_(options.bos_token),
       own_budget_(own_budget(options, runner)),
       budget_(options.budget != nullptr ? options.budget : own_budget_.get()),
-      engine_(runner, *budget_, engine_options(options, tokenizer)) {
+      engine_(runner, *budget_, engine_options(options, tokenizer)),
+      kv_disk_(options.kv_disk) {
   if (!engine_.prefix_cache_status().empty())
     std::fprintf(stderr, "cedar serve: %s\n", engine_.prefix_cache_status().c_str());
   thread_ = std::thread([this] { loop(); });
@@ -113,12 +114,17 @@ BackendStats EngineBackend::stats() const {
   s.prefix_cache_queries = c.lookup_tokens;
   s.prefix_cache_hits = c.hit_tokens;
   s.prefix_cache_replayed_tokens = c.replayed_tokens;
+  s.prefix_cache_snapshot_restores = c.snapshot_restores;
+  s.prefix_cache_replay_restores = c.replay_restores;
+  s.prefix_cache_window_replay_restores = c.window_replay_restores;
+  s.prefix_cache_approximate_restores = c.approximate_restores;
   s.prefix_cache_index_bytes = c.index.bytes;
   s.prefix_cache_index_blocks = c.index.nodes;
   s.prefix_cache_evicted_blocks = c.index.evicted_blocks;
   s.prefix_cache_store_loaded_blocks = c.index.store_loaded_blocks;
   s.swa_pool_bytes = c.swa.bytes;
   s.swa_pool_entries = c.swa.entries;
+  if (kv_disk_ != nullptr) s.kv_disk = kv_disk_->stats();  // thread-safe
   return s;
 }
 

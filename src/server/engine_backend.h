@@ -20,6 +20,9 @@ struct EngineBackendOptions {
   // prefix caching); it must outlive the backend. Null: a ByteCacheBudget of kv_capacity_bytes.
   engine::CacheBudget* budget = nullptr;
   engine::PrefixCacheOptions prefix_cache;
+  // The SSD tier behind prefix_cache.store, when it is a KvDiskStore: its stats go to /metrics
+  // (cedar_kv_disk_*). It must outlive the backend.
+  const KvDiskStore* kv_disk = nullptr;
   int64_t max_running = 16;
   int64_t step_token_budget = 512;
   ForwardMode mode = ForwardMode::Ced;
@@ -59,6 +62,7 @@ class EngineBackend final : public GenerationBackend {
   // finishes before submit() records it stays here harmlessly: the engine ignores unknown ids.
   std::set<engine::RequestId> live_;
   engine::PrefixCacheStats cache_stats_;  // copied after every step (guarded by mu_)
+  const KvDiskStore* kv_disk_ = nullptr;
   std::thread thread_;
 };
 

@@ -91,6 +91,15 @@ std::string Metrics::render(const BackendStats& b) const {
         b.prefix_cache_queries ? d(b.prefix_cache_hits) / d(b.prefix_cache_queries) : 0.0);
   gauge("cedar_prefix_cache_replayed_tokens_total", "Cached tokens re-run to rebuild sliding-window state.", "counter",
         d(b.prefix_cache_replayed_tokens));
+  gauge("cedar_prefix_cache_snapshot_restores_total", "Hits whose SWA state came from a snapshot.", "counter",
+        d(b.prefix_cache_snapshot_restores));
+  gauge("cedar_prefix_cache_replay_restores_total", "Hits whose SWA state was rebuilt by replay (no snapshot).",
+        "counter", d(b.prefix_cache_replay_restores));
+  gauge("cedar_prefix_cache_window_replay_restores_total",
+        "Replays of the window only (--swa-replay window): approximate.", "counter",
+        d(b.prefix_cache_window_replay_restores));
+  gauge("cedar_prefix_cache_approximate_restores_total", "Hits not bitwise equal to an uncached run.", "counter",
+        d(b.prefix_cache_approximate_restores));
   gauge("cedar_prefix_cache_index_bytes", "Global-KV bytes the prefix index holds.", "gauge", d(b.prefix_cache_index_bytes));
   gauge("cedar_prefix_cache_index_blocks", "Cache blocks the prefix index holds.", "gauge", d(b.prefix_cache_index_blocks));
   gauge("cedar_prefix_cache_evicted_blocks_total", "Cache blocks evicted from memory.", "counter",
@@ -99,6 +108,28 @@ std::string Metrics::render(const BackendStats& b) const {
         d(b.prefix_cache_store_loaded_blocks));
   gauge("cedar_swa_pool_bytes", "Host bytes of the SWA snapshot pool.", "gauge", d(b.swa_pool_bytes));
   gauge("cedar_swa_pool_entries", "Snapshots in the SWA pool.", "gauge", d(b.swa_pool_entries));
+  // The SSD tier (KvDiskStoreStats), only with --kv-cache-dir.
+  gauge("cedar_kv_disk_enabled", "1 when the prefix cache has an SSD tier (--kv-cache-dir).", "gauge",
+        b.kv_disk ? 1 : 0);
+  if (b.kv_disk) {
+    const KvDiskStoreStats& k = *b.kv_disk;
+    gauge("cedar_kv_disk_files", "Cache block files in the SSD tier.", "gauge", d(k.files));
+    gauge("cedar_kv_disk_bytes", "Bytes of the SSD tier's block files.", "gauge", d(k.bytes));
+    gauge("cedar_kv_disk_budget_bytes", "The SSD tier's size budget.", "gauge", d(k.budget_bytes));
+    gauge("cedar_kv_disk_puts_total", "Blocks written to the SSD tier.", "counter", d(k.puts));
+    gauge("cedar_kv_disk_put_errors_total", "Failed SSD tier writes.", "counter", d(k.put_errors));
+    gauge("cedar_kv_disk_puts_skipped_total", "Writes of blocks the SSD tier already held (not rewritten).", "counter",
+          d(k.puts_skipped));
+    gauge("cedar_kv_disk_gets_total", "SSD tier reads.", "counter", d(k.gets));
+    gauge("cedar_kv_disk_hits_total", "SSD tier reads that returned a block.", "counter", d(k.hits));
+    gauge("cedar_kv_disk_misses_total", "SSD tier reads without a usable block (damaged files included).", "counter",
+          d(k.misses));
+    gauge("cedar_kv_disk_corrupt_total", "Damaged or foreign block files dropped (the prefix was recomputed).",
+          "counter", d(k.corrupt));
+    gauge("cedar_kv_disk_evictions_total", "Block files deleted for the size budget.", "counter", d(k.evictions));
+    gauge("cedar_kv_disk_read_bytes_total", "Bytes read from the SSD tier.", "counter", d(k.bytes_read));
+    gauge("cedar_kv_disk_written_bytes_total", "Bytes written to the SSD tier.", "counter", d(k.bytes_written));
+  }
   out += "# HELP cedar_requests_inflight Generation requests being served.\n# TYPE cedar_requests_inflight gauge\n";
   out += "cedar_requests_inflight " + std::to_string(inflight_) + "\n";
   out += "# TYPE cedar_requests_running gauge\ncedar_requests_running " + std::to_string(b.running) + "\n";

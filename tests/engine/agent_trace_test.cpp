@@ -10,9 +10,12 @@
 //     the turns' prompts chunk by chunk (turn k's prompt extends turn k−1's; a chunk boundary anywhere
 //     gives the same result), forked per turn to decode;
 //   * ced mode with SWA snapshots — bit for bit against separate uncached ced runs of sampled turns;
-//   * ced mode with the SWA pool disabled (forced SWA bounded replay) — within the tolerance stated
-//     below (cosine, relative L2, top-1 agreement of the logits), measured and printed.
-// Under ASan the trace is cut to its first turns (the full one takes minutes there).
+//   * both modes with the SWA pool disabled (no snapshot: the exact bounded replay) — bit for bit as
+//     well, against the runs with snapshots;
+//   * ced mode with the opt-in window replay (--swa-replay window, SWA pool disabled) — within the
+//     tolerance stated below (cosine, relative L2, top-1 agreement of the logits), measured and printed.
+// Under ASan the trace is cut to its first turns (the full one takes minutes there) and the window
+// replay, whose bounds need the full trace, is left out.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -170,8 +173,8 @@ class AgentTraceTest : public test_support::TinyV41Suite {
     TinyV41Suite::TearDownTestSuite();
   }
 
-  // The turns through one engine with the prefix cache (swa_pool_bytes 0: forced replay).
-  static TraceRun run_cached(ForwardMode mode, int64_t swa_pool_bytes) {
+  // The turns through one engine with the prefix cache (swa_pool_bytes 0: every hit replays).
+  static TraceRun run_cached(ForwardMode mode, int64_t swa_pool_bytes, SwaReplay replay = SwaReplay::kExact) {
     TraceRun out;
     const int64_t history = model_->config().sliding_window + kTokensPerBlock;
     const KvBudget kb = compute_kv_budget(model_->config(), model_->plan());
@@ -190,6 +193,7 @@ class AgentTraceTest : public test_support::TinyV41Suite {
     eo.mode = mode;
     eo.step_token_budget = 1 << 14;
     eo.prefix_cache.swa_pool_bytes = swa_pool_bytes;
+    eo.prefix_cache.swa_replay = replay;
     eo.prefix_cache.swa_history = history;
     Engine engine(runner, **budget, eo);
     EXPECT_NE(engine.prefix_cache(), nullptr) << engine.prefix_cache_status();
@@ -262,6 +266,27 @@ class AgentTraceTest : public test_support::TinyV41Suite {
     return ks;
   }
 
+  // A run without snapshots: every turn after the first resumed by the exact bounded replay from
+  // R = t − rows − 1 (t = P; ced: min(P, N − tail)), flagged exact, logits bit for bit `with`'s.
+  static void check_replays_exact(const TraceRun& run, const TraceRun& with, ForwardMode mode, const std::string& label) {
+    const int64_t rows = model_->exact_replay_rows(mode), tail = model_->config().sliding_window;
+    int64_t replayed = 0, bitwise = 0;
+    for (size_t k = 1; k < turns_->size(); ++k) {
+      const RequestStats& st = run.results[k].stats;
+      const int64_t P = st.cached_tokens, N = static_cast<int64_t>((*turns_)[k].prompt.size());
+      const int64_t t = mode == ForwardMode::Exact ? P : std::min(P, N - tail);
+      EXPECT_EQ(st.replayed_tokens, P - std::max<int64_t>(0, t - rows - 1)) << label << " turn " << k;
+      EXPECT_FALSE(st.cache_approximate) << label << " turn " << k;
+      replayed += st.replayed_tokens;
+      ASSERT_EQ(run.logits[k].size(), with.logits[k].size()) << label << " turn " << k;
+      for (size_t r = 0; r < with.logits[k].size(); ++r, ++bitwise)
+        EXPECT_EQ(run.logits[k][r], with.logits[k][r]) << label << " replay turn " << k << " row " << r;
+    }
+    std::printf("agent trace %s replay: %lld logit rows bitwise equal with %lld rows replayed (%lld per turn)\n",
+                label.c_str(), static_cast<long long>(bitwise), static_cast<long long>(replayed),
+                static_cast<long long>(turns_->size() > 1 ? replayed / static_cast<int64_t>(turns_->size() - 1) : 0));
+  }
+
   struct CedPrompt {
     SequenceState state;
     std::vector<float> logits;
@@ -322,12 +347,19 @@ TEST_F(AgentTraceTest, ExactModeHitsTheResentPrefixAndMatchesAnUncachedRunBitFor
   std::printf("agent trace exact: %lld logit rows bitwise equal to the uncached run; %lld snapshot restores\n",
               static_cast<long long>(bitwise_rows), static_cast<long long>(run.stats.snapshot_restores));
   EXPECT_EQ(run.stats.snapshot_restores, static_cast<int64_t>(turns_->size()) - 1);
+
+  // Without snapshots (after a restart, or past the SWA pool's TTL): every hit replays the exact bound.
+  const TraceRun replay = run_cached(ForwardMode::Exact, /*swa_pool_bytes=*/0);
+  check_hits(replay, "agent trace exact replay");
+  EXPECT_EQ(replay.stats.snapshot_restores, 0);
+  check_replays_exact(replay, run, ForwardMode::Exact, "exact");
 }
 
-// One test for both ced runs (ctest runs every test in its own process): with snapshots, bit for bit
-// against uncached ced runs of sampled turns; with forced replay, within the tolerance against the run
-// with snapshots at every turn (which equals the uncached ced run bit for bit, checked at the samples).
-TEST_F(AgentTraceTest, CedModeMatchesUncachedRunsWithSnapshotsAndStaysWithinToleranceOnForcedReplay) {
+// One test for the ced runs (ctest runs every test in its own process): with snapshots, bit for bit
+// against uncached ced runs of sampled turns; without snapshots (the exact bounded replay), bit for bit
+// against the run with snapshots at every turn (which equals the uncached ced run, checked at the
+// samples); with the opt-in window replay, within the tolerance against it.
+TEST_F(AgentTraceTest, CedModeMatchesUncachedRunsWithSnapshotsAndWithoutAndWindowReplayStaysWithinTolerance) {
   const TraceRun swa = run_cached(ForwardMode::Ced, int64_t{1} << 30);
   check_hits(swa, "agent trace ced");
   for (size_t k = 1; k < turns_->size(); ++k) {
@@ -344,8 +376,18 @@ TEST_F(AgentTraceTest, CedModeMatchesUncachedRunsWithSnapshotsAndStaysWithinTole
   std::printf("agent trace ced: %lld logit rows of %zu sampled turns bitwise equal to uncached ced runs\n",
               static_cast<long long>(rows), sampled_turns().size());
 
-  const TraceRun run = run_cached(ForwardMode::Ced, /*swa_pool_bytes=*/0);
-  check_hits(run, "agent trace ced replay");
+  const TraceRun exact_replay = run_cached(ForwardMode::Ced, /*swa_pool_bytes=*/0);
+  check_hits(exact_replay, "agent trace ced replay");
+  EXPECT_EQ(exact_replay.stats.snapshot_restores, 0);
+  check_replays_exact(exact_replay, swa, ForwardMode::Ced, "ced");
+
+  if (kTurns < 20) {
+    std::printf("agent trace ced window replay: not run on %zu turns (ASan; its bounds need the full trace)\n",
+                turns_->size());
+    return;
+  }
+  const TraceRun run = run_cached(ForwardMode::Ced, /*swa_pool_bytes=*/0, SwaReplay::kWindow);
+  check_hits(run, "agent trace ced window replay");
   EXPECT_EQ(run.stats.snapshot_restores, 0);
   double min_cos = 1, max_rel = 0, sum_cos = 0;
   int64_t same_top1 = 0, top1_in_top5 = 0, compared = 0;
@@ -353,7 +395,8 @@ TEST_F(AgentTraceTest, CedModeMatchesUncachedRunsWithSnapshotsAndStaysWithinTole
     EXPECT_TRUE(run.results[k].stats.cache_approximate) << "turn " << k;
     EXPECT_EQ(run.results[k].stats.replayed_tokens, model_->config().sliding_window) << "turn " << k;
     const Similarity s = compare(run.logits[k][0], swa.logits[k][0]);  // the first token's logits
-    std::printf("agent trace ced replay: turn %2zu  cosine %.6f  rel-L2 %.4f  top-1 %s%s\n", k, s.cosine, s.rel_l2,
+    std::printf("agent trace ced window replay: turn %2zu  cosine %.6f  rel-L2 %.4f  top-1 %s%s\n", k, s.cosine,
+                s.rel_l2,
                 s.same_top1 ? "same" : "differs", s.top1_in_top5 ? "" : " (not in the top 5)");
     min_cos = std::min(min_cos, s.cosine);
     max_rel = std::max(max_rel, s.rel_l2);
@@ -365,8 +408,8 @@ TEST_F(AgentTraceTest, CedModeMatchesUncachedRunsWithSnapshotsAndStaysWithinTole
   const double n = static_cast<double>(compared);
   const double mean_cos = sum_cos / n, agreement = same_top1 / n, in_top5 = top1_in_top5 / n;
   std::printf(
-      "agent trace ced replay: cosine min %.4f mean %.4f, rel-L2 max %.4f, top-1 agreement %.2f, reference "
-      "top-1 in the replay's top 5 %.2f, over %lld turns\n",
+      "agent trace ced window replay: cosine min %.4f mean %.4f, rel-L2 max %.4f, top-1 agreement %.2f, "
+      "reference top-1 in the replay's top 5 %.2f, over %lld turns\n",
       min_cos, mean_cos, max_rel, agreement, in_top5, static_cast<long long>(compared));
   EXPECT_GE(min_cos, kMinCosine);
   EXPECT_GE(mean_cos, kMinMeanCosine);
@@ -375,7 +418,7 @@ TEST_F(AgentTraceTest, CedModeMatchesUncachedRunsWithSnapshotsAndStaysWithinTole
     EXPECT_GE(agreement, kMinTop1Agreement);
     EXPECT_GE(in_top5, kMinTop1InTop5);
   } else {
-    std::printf("agent trace ced replay: top-1 bounds not checked over %lld turns (they need the full trace)\n",
+    std::printf("agent trace ced window replay: top-1 bounds not checked over %lld turns (they need the full trace)\n",
                 static_cast<long long>(compared));
   }
 }

@@ -1,13 +1,14 @@
 // The SSD tier under the prefix cache on the tiny DeepSeek-V4.1 checkpoint (DeepseekRunner, the real
 // resume path): a "server" (pool, budget, runner, engine, KvDiskStore) runs a prompt, a new one on the
 // same directory runs it again.
-//   * exact mode: no SWA snapshot survives a restart and exact mode refuses replay, so the blocks read
-//     from disk are not used: the logits equal the first run's bit for bit (recompute);
+//   * exact mode: no SWA snapshot survives a restart; the exact bounded replay (R = P − 71 on this
+//     model) hits the blocks on disk, and the logits equal the first run's bit for bit;
 //   * ced mode, P <= window: the SWA replay starts at R = 0, the continuation is the uncached one bit
 //     for bit although its global KV came from disk;
-//   * ced mode, P > window: SWA bounded replay from R = P − window (approximate): bit for bit what the
-//     same replay gives from in-memory blocks (the SSD tier loses nothing), and within the replay
-//     tolerance of the agent-trace test (agent_trace_test.cpp) against the uncached ced run;
+//   * ced mode, P past the bound: the exact bounded replay (R = min(P, N − tail) − 50), bit for bit the
+//     uncached run; the opt-in window replay (R = P − window, approximate): bit for bit what the same
+//     replay gives from in-memory blocks (the SSD tier loses nothing), and within the replay tolerance of
+//     the agent-trace test (agent_trace_test.cpp) against the uncached ced run;
 //   * a damaged file between runs: a log line, the blocks before it hit, the output is the uncached one.
 #include <gtest/gtest.h>
 
@@ -33,7 +34,7 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr int64_t kTokensPerBlock = 8;
-// SWA bounded replay against the uncached ced run, logits of the first generated token: the per-turn
+// The window replay against the uncached ced run, logits of the first generated token: the per-turn
 // bounds of agent_trace_test.cpp (measured there on this model).
 constexpr double kMinCosine = 0.85, kMaxRelL2 = 0.55;
 
@@ -81,7 +82,8 @@ class DiskCacheModelTest : public test_support::TinyV41Suite {
     std::mutex log_mu;
   };
   // store = false: memory only; swa_pool_bytes 0 forces SWA replay.
-  std::unique_ptr<Server> start(ForwardMode mode, bool store = true, int64_t swa_pool_bytes = int64_t{1} << 30) {
+  std::unique_ptr<Server> start(ForwardMode mode, bool store = true, int64_t swa_pool_bytes = int64_t{1} << 30,
+                                SwaReplay replay = SwaReplay::kExact) {
     auto s = std::make_unique<Server>();
     const int64_t window = model_->config().sliding_window;
     const int64_t history = window + kTokensPerBlock;
@@ -119,6 +121,7 @@ class DiskCacheModelTest : public test_support::TinyV41Suite {
     eo.prefix_cache.swa_history = history;
     eo.prefix_cache.store = s->store.get();
     eo.prefix_cache.swa_pool_bytes = swa_pool_bytes;
+    eo.prefix_cache.swa_replay = replay;
     s->engine = std::make_unique<Engine>(*s->logits, *s->budget, eo);
     EXPECT_NE(s->engine->prefix_cache(), nullptr) << s->engine->prefix_cache_status();
     return s;
@@ -146,21 +149,25 @@ class DiskCacheModelTest : public test_support::TinyV41Suite {
   static inline std::string* fingerprint_ = nullptr;
 };
 
-TEST_F(DiskCacheModelTest, ExactModeRecomputesAfterARestart) {
-  const std::vector<int64_t> p = prompt(43, 1);
+TEST_F(DiskCacheModelTest, ExactModeHitsFromDiskAfterARestart) {
+  const int64_t bound = model_->exact_replay_rows(ForwardMode::Exact);
+  ASSERT_EQ(bound, 70);
+  const std::vector<int64_t> p = prompt(90, 1);  // P = 88
   std::vector<std::vector<float>> reference;
   {
     auto first = start(ForwardMode::Exact);
     run(*first, p);
     reference = first->logits->rows;
-    EXPECT_EQ(first->store->stats().files, 5);  // blocks [0, 40) of the prompt; 44 tokens at the end: the same
+    EXPECT_EQ(first->store->stats().files, 11);  // blocks [0, 88) of the prompt; 91 tokens at the end: the same
   }
   auto second = start(ForwardMode::Exact);
   const RequestResult r = run(*second, p);
-  EXPECT_EQ(r.stats.cached_tokens, 0);
+  EXPECT_EQ(r.stats.cached_tokens, 88);
+  EXPECT_EQ(r.stats.replayed_tokens, bound + 1);  // no snapshot survives a restart: R = P − bound − 1
+  EXPECT_FALSE(r.stats.cache_approximate);
   const PrefixCacheStats st = second->engine->prefix_cache_stats();
-  EXPECT_EQ(st.index.store_loaded_blocks, 5);  // found on disk ...
-  EXPECT_EQ(st.policy_misses, 1);              // ... but exact mode has no snapshot to restore: recompute
+  EXPECT_EQ(st.index.store_loaded_blocks, 11);
+  EXPECT_EQ(st.replay_restores, 1);
   EXPECT_EQ(second->logits->rows, reference);  // bit for bit
 }
 
@@ -184,8 +191,10 @@ TEST_F(DiskCacheModelTest, CedReplayFromZeroIsBitwiseEqualWithKvFromDisk) {
   EXPECT_EQ(second->logits->rows, reference);
 }
 
-TEST_F(DiskCacheModelTest, CedReplayAfterARestartIsWithinTheTolerance) {
-  const std::vector<int64_t> p = prompt(43, 3);
+TEST_F(DiskCacheModelTest, CedExactReplayAfterARestartIsBitwiseEqual) {
+  const int64_t bound = model_->exact_replay_rows(ForwardMode::Ced);
+  ASSERT_EQ(bound, 49);
+  const std::vector<int64_t> p = prompt(90, 5);  // P = 88, N − tail = 82: R = 82 − 50
   std::vector<std::vector<float>> reference;
   {
     auto first = start(ForwardMode::Ced);
@@ -193,6 +202,23 @@ TEST_F(DiskCacheModelTest, CedReplayAfterARestartIsWithinTheTolerance) {
     reference = first->logits->rows;
   }
   auto second = start(ForwardMode::Ced);
+  const RequestResult b = run(*second, p);
+  EXPECT_EQ(b.stats.cached_tokens, 88);
+  EXPECT_EQ(b.stats.replayed_tokens, 88 - (82 - bound - 1));
+  EXPECT_FALSE(b.stats.cache_approximate);
+  EXPECT_EQ(second->engine->prefix_cache_stats().index.store_loaded_blocks, 11);
+  EXPECT_EQ(second->logits->rows, reference);  // bit for bit
+}
+
+TEST_F(DiskCacheModelTest, CedWindowReplayAfterARestartIsWithinTheTolerance) {
+  const std::vector<int64_t> p = prompt(43, 3);
+  std::vector<std::vector<float>> reference;
+  {
+    auto first = start(ForwardMode::Ced);
+    run(*first, p);
+    reference = first->logits->rows;
+  }
+  auto second = start(ForwardMode::Ced, true, int64_t{1} << 30, SwaReplay::kWindow);
   const RequestResult b = run(*second, p);
   const int64_t window = model_->config().sliding_window;
   EXPECT_EQ(b.stats.cached_tokens, 40);
@@ -212,12 +238,12 @@ TEST_F(DiskCacheModelTest, CedReplayAfterARestartIsWithinTheTolerance) {
     diff += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
   }
   const double cosine = dot / std::sqrt(na * nr), rel_l2 = std::sqrt(diff / nr);
-  std::printf("ced replay after a restart (KV from disk): cosine %.6f, rel-L2 %.4f\n", cosine, rel_l2);
+  std::printf("ced window replay after a restart (KV from disk): cosine %.6f, rel-L2 %.4f\n", cosine, rel_l2);
   EXPECT_GE(cosine, kMinCosine);
   EXPECT_LE(rel_l2, kMaxRelL2);
 
   // The same replay from blocks held in memory (no snapshots): identical logits.
-  auto memory = start(ForwardMode::Ced, /*store=*/false, /*swa_pool_bytes=*/0);
+  auto memory = start(ForwardMode::Ced, /*store=*/false, /*swa_pool_bytes=*/0, SwaReplay::kWindow);
   run(*memory, p);
   EXPECT_EQ(memory->logits->rows, reference);  // the first run is the uncached one
   memory->logits->rows.clear();

@@ -2,8 +2,8 @@
 // (engine/fake_model.h), whose resumes fail unless every record of every handed-back block continues the
 // request's own token history, so a block that came back from disk with one wrong byte fails the request.
 //   * restart persistence: a new pool, index, engine and store on the same directory find the blocks
-//     of the previous run; an SWA replay from R = 0 is bitwise equal to an uncached run, one from R > 0
-//     is flagged approximate; exact mode (no snapshot survives a restart) recomputes, bitwise equal;
+//     of the previous run; no snapshot survives a restart, and the exact bounded replay (both modes) is
+//     bitwise equal to an uncached run; the opt-in window replay (ced) is flagged approximate;
 //   * a damaged file between runs: a log line, the prefix before it still hits, the rest recomputes,
 //     the output is the uncached one, and the next run hits everything again;
 //   * in one engine, blocks evicted from memory come back from disk.
@@ -50,7 +50,8 @@ struct Server {
   std::vector<std::string> log;
   std::mutex log_mu;
 
-  Server(const fs::path& dir, ForwardMode mode, int64_t window, int64_t capacity = 1 << 20) {
+  Server(const fs::path& dir, ForwardMode mode, int64_t window, int64_t capacity = 1 << 20,
+         SwaReplay replay = SwaReplay::kExact) {
     auto b = PoolCacheBudget::create(fake_layout(), capacity);
     EXPECT_TRUE(b.ok());
     budget = std::move(*b);
@@ -74,6 +75,7 @@ struct Server {
     EngineOptions eo;
     eo.mode = mode;
     eo.prefix_cache.store = store.get();
+    eo.prefix_cache.swa_replay = replay;
     engine = std::make_unique<Engine>(*fake, *budget, eo);
     EXPECT_NE(engine->prefix_cache(), nullptr) << engine->prefix_cache_status();
   }
@@ -154,14 +156,16 @@ TEST_F(EngineDiskCacheTest, BlocksSurviveARestart) {
     EXPECT_EQ(first.store->stats().files, 4);
     EXPECT_EQ(first.engine->prefix_cache_stats().index.store_written_blocks, 4);
   }
-  // ced, window 4: without a snapshot the SWA state is rebuilt from R = P − window (approximate).
+  // ced: without a snapshot the SWA state is rebuilt by the exact bounded replay, R = t − 6 − 1 = 17 (the
+  // fake model's ced replay rows), over KV from disk: the uncached output.
   {
     Server second(dir_, ForwardMode::Ced, 4);
     EXPECT_EQ(second.store->stats().files, 4);
     const RequestResult b = second.run(prompt, 4, 2);
     EXPECT_EQ(b.stats.cached_tokens, 24);
-    EXPECT_EQ(b.stats.replayed_tokens, 4);
-    EXPECT_TRUE(b.stats.cache_approximate);
+    EXPECT_EQ(b.stats.replayed_tokens, 7);
+    EXPECT_FALSE(b.stats.cache_approximate);
+    EXPECT_EQ(b.tokens, solo(*second.fake, prompt, 4, 2));
     const PrefixCacheStats st = second.engine->prefix_cache_stats();
     EXPECT_EQ(st.index.store_loaded_blocks, 3);
     EXPECT_EQ(st.replay_restores, 1);
@@ -169,7 +173,16 @@ TEST_F(EngineDiskCacheTest, BlocksSurviveARestart) {
     EXPECT_EQ(second.store->stats().hits, 3);
     EXPECT_EQ(second.store->stats().corrupt, 0);
   }
-  // ced, window 32 >= P: the replay starts at R = 0, so the continuation is the uncached one, bit for bit.
+  // ced with the opt-in window replay (window 4): R = P − window, flagged approximate.
+  {
+    Server window(dir_, ForwardMode::Ced, 4, 1 << 20, SwaReplay::kWindow);
+    const RequestResult b = window.run(prompt, 4, 2);
+    EXPECT_EQ(b.stats.cached_tokens, 24);
+    EXPECT_EQ(b.stats.replayed_tokens, 4);
+    EXPECT_TRUE(b.stats.cache_approximate);
+    EXPECT_EQ(window.engine->prefix_cache_stats().window_replay_restores, 1);
+  }
+  // ced, window 32: the bounded replay starts at R = 0 (t − 7 < 0): the uncached continuation, too.
   {
     Server third(dir_, ForwardMode::Ced, 32);
     const RequestResult c = third.run(prompt, 5, 3);
@@ -179,13 +192,15 @@ TEST_F(EngineDiskCacheTest, BlocksSurviveARestart) {
     EXPECT_EQ(c.tokens, solo(*third.fake, prompt, 5, 3));
     EXPECT_EQ(third.engine->prefix_cache_stats().index.store_loaded_blocks, 3);
   }
-  // exact mode: no snapshot survives a restart and exact mode refuses replay, so it recomputes.
+  // exact mode: no snapshot survives a restart; the exact bounded replay (R = 24 − 10 − 1) hits from disk.
   {
     Server fourth(dir_, ForwardMode::Exact, 4);
     const RequestResult d = fourth.run(prompt, 5, 4);
-    EXPECT_EQ(d.stats.cached_tokens, 0);
+    EXPECT_EQ(d.stats.cached_tokens, 24);
+    EXPECT_EQ(d.stats.replayed_tokens, 11);
+    EXPECT_FALSE(d.stats.cache_approximate);
     EXPECT_EQ(d.tokens, solo(*fourth.fake, prompt, 5, 4));
-    EXPECT_EQ(fourth.engine->prefix_cache_stats().policy_misses, 1);
+    EXPECT_EQ(fourth.engine->prefix_cache_stats().index.store_loaded_blocks, 3);
   }
 }
 

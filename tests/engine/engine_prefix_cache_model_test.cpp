@@ -147,9 +147,11 @@ TEST_F(PrefixCacheModelTest, RandomWorkloadWithSharedPrefixesMatchesSoloRunsWith
       ASSERT_TRUE(engine.run_until_idle().ok());
       solo.push_back(engine.take_finished().at(0).tokens);
     }
-    for (bool snapshots : {true, false}) {
-      if (mode == ForwardMode::Exact && !snapshots) continue;  // exact mode would only miss
+    // With snapshots; without (the exact bounded replay); ced also with the opt-in window replay.
+    for (int variant = 0; variant < (mode == ForwardMode::Ced ? 3 : 2); ++variant) {
+      const bool snapshots = variant == 0, window = variant == 2;
       eo.prefix_cache.swa_pool_bytes = snapshots ? int64_t{1} << 20 : 0;
+      eo.prefix_cache.swa_replay = window ? SwaReplay::kWindow : SwaReplay::kExact;
       const int64_t history = model_->config().sliding_window + kTokensPerBlock;
       const PoolCacheLayout layout = layout_for(*model_, history);
       // Two sequences' fixed state and 96 tokens of global KV (a request holds at most 55): the index is
@@ -183,14 +185,15 @@ TEST_F(PrefixCacheModelTest, RandomWorkloadWithSharedPrefixesMatchesSoloRunsWith
       }
       std::map<RequestId, RequestResult> by_id;
       for (auto& r : engine.take_finished()) by_id[r.id] = std::move(r);
-      const std::string m = std::string(forward_mode_name(mode)) + (snapshots ? " +snapshots" : " replay");
+      const std::string m =
+          std::string(forward_mode_name(mode)) + (snapshots ? " +snapshots" : window ? " window replay" : " replay");
       int64_t compared = 0, compared_hits = 0, approximate = 0;
       for (size_t i = 0; i < ids.size(); ++i) {
         const RequestResult& r = by_id.at(ids[i]);
         if (cancelled.count(ids[i])) continue;
         ASSERT_EQ(r.finish, FinishReason::kLength) << m << " request " << i << ": " << r.error;
         if (r.stats.cache_approximate) {
-          EXPECT_EQ(mode, ForwardMode::Ced) << m;
+          EXPECT_TRUE(window) << m << ": only the window replay is approximate";
           ++approximate;
           continue;
         }
@@ -210,10 +213,13 @@ TEST_F(PrefixCacheModelTest, RandomWorkloadWithSharedPrefixesMatchesSoloRunsWith
       EXPECT_EQ(runner.failures, 0) << m;
       EXPECT_GT(engine.stats().preemptions, 0) << m;
       EXPECT_GT(st.index.evicted_blocks, 0) << m;
-      if (snapshots) {
-        EXPECT_GT(compared_hits, 0) << m << ": no cached request was checked against its solo run";
-      } else {
+      if (window) {
         EXPECT_GT(approximate, 0) << m << ": no request replayed";
+      } else {
+        EXPECT_GT(compared_hits, 0) << m << ": no cached request was checked against its solo run";
+      }
+      if (!snapshots) {
+        EXPECT_GT(st.replay_restores, 0) << m;
       }
       EXPECT_EQ((*budget)->pool()->stats().failed_allocations, 0) << m;
       EXPECT_EQ((*budget)->used_bytes(), (*budget)->index_bytes()) << m;

@@ -1,5 +1,6 @@
 // The engine's prefix cache on the fake model (engine/prefix_cache.h, engine/fake_model.h): the restart
-// policy (snapshot restores, exact-mode refusal of replay, ced replay, the ced tail bound), stats and
+// policy (snapshot restores, the exact bounded replay in both modes, the opt-in window replay, the ced
+// tail bound), stats and
 // streamed cached-token counts, and a random workload with shared prefixes, evictions, cancellations and
 // preemptions under tiny budgets: the pool never holds more than the budget accounts, nothing fails,
 // everything is released, and every request the policy promises bitwise equality for (all of them in
@@ -188,29 +189,83 @@ TEST(EnginePrefixCacheTest, RepeatedPromptsResumeFromASnapshotBitForBit) {
   }
 }
 
-TEST(EnginePrefixCacheTest, WithoutSnapshotsExactModeRecomputesAndCedModeReplays) {
+// Without a snapshot both modes resume by the exact bounded replay: R = t − rows − 1 (the fake model's
+// exact replay rows: 10 in exact mode, 6 in ced mode), bitwise equal to the uncached run. The window
+// replay (SwaReplay::kWindow) is the opt-in approximate path of ced mode; exact mode ignores it.
+TEST(EnginePrefixCacheTest, WithoutSnapshotsBothModesReplayExactly) {
+  for (SwaReplay replay : {SwaReplay::kExact, SwaReplay::kWindow})
+    for (ForwardMode mode : {ForwardMode::Exact, ForwardMode::Ced}) {
+      const std::string what = std::string(forward_mode_name(mode)) + ", --swa-replay " +
+                               std::string(swa_replay_name(replay));
+      EngineOptions eo;
+      eo.mode = mode;
+      eo.prefix_cache.swa_pool_bytes = 0;  // no snapshots
+      eo.prefix_cache.swa_replay = replay;
+      Harness s(1 << 20, eo);
+      const Spec first = make_spec(tokens(30, 2), 3, 1);
+      run_one(*s.engine, first);
+      const Spec again = make_spec(first.prompt, 6, 2);
+      RequestResult b = run_one(*s.engine, again);
+      EXPECT_EQ(b.stats.cached_tokens, 24) << what;  // t = P = 24 (ced: min(24, 30 − 4))
+      const PrefixCacheStats st = s.engine->prefix_cache_stats();
+      EXPECT_EQ(st.replay_restores, 1) << what;
+      if (mode == ForwardMode::Ced && replay == SwaReplay::kWindow) {
+        EXPECT_EQ(b.stats.replayed_tokens, kWindow) << what;  // R = P − window
+        EXPECT_TRUE(b.stats.cache_approximate) << what;
+        EXPECT_EQ(st.window_replay_restores, 1) << what;
+        EXPECT_NE(b.tokens, solo(*s.fake, again)) << what << ": the fake model perturbs an approximate resume";
+      } else {
+        EXPECT_EQ(b.stats.replayed_tokens, (mode == ForwardMode::Exact ? 10 : 6) + 1) << what;
+        EXPECT_FALSE(b.stats.cache_approximate) << what;
+        EXPECT_EQ(st.window_replay_restores, 0) << what;
+        EXPECT_EQ(b.tokens, solo(*s.fake, again)) << what;
+      }
+      EXPECT_EQ(s.runner->failures, 0) << what;
+    }
+}
+
+// A short prefix (t <= rows): the bounded replay starts at 0, exact; the stats count the whole prefix
+// as replayed.
+TEST(EnginePrefixCacheTest, AShortPrefixReplaysFromZero) {
+  EngineOptions eo;
+  eo.mode = ForwardMode::Exact;
+  eo.prefix_cache.swa_pool_bytes = 0;
+  Harness s(1 << 20, eo);
+  const Spec first = make_spec(tokens(12, 5), 2, 1);  // P = 8 < 10 + 1
+  run_one(*s.engine, first);
+  RequestResult b = run_one(*s.engine, make_spec(first.prompt, 3, 2));
+  EXPECT_EQ(b.stats.cached_tokens, 8);
+  EXPECT_EQ(b.stats.replayed_tokens, 8);
+  EXPECT_FALSE(b.stats.cache_approximate);
+  EXPECT_EQ(b.tokens, solo(*s.fake, make_spec(first.prompt, 3, 2)));
+  EXPECT_EQ(s.runner->failures, 0);
+}
+
+// After a bounded replay (the snapshot expired: TTL on a fake clock), the sequence's own snapshot
+// restores the next identical request at t: the replay's extra row leaves a full window of exact ring
+// keys below t (the fake model refuses a restore below R + rows + 1, as the real one's held_from does).
+TEST(EnginePrefixCacheTest, ABoundedReplaysSnapshotRestoresTheNextTurnAtT) {
   for (ForwardMode mode : {ForwardMode::Exact, ForwardMode::Ced}) {
+    double now = 0;
     EngineOptions eo;
     eo.mode = mode;
-    eo.prefix_cache.swa_pool_bytes = 0;  // forced replay
+    eo.prefix_cache.swa_ttl_seconds = 10;
+    eo.prefix_cache.clock = [&now] { return now; };
     Harness s(1 << 20, eo);
-    const Spec first = make_spec(tokens(30, 2), 3, 1);
+    const Spec first = make_spec(tokens(46, 6), 2, 1);  // P = 40 (ced: t = min(40, 42) = 40)
     run_one(*s.engine, first);
-    const Spec again = make_spec(first.prompt, 6, 2);
-    RequestResult b = run_one(*s.engine, again);
-    if (mode == ForwardMode::Exact) {
-      EXPECT_EQ(b.stats.cached_tokens, 0);  // exact mode refuses replay: a miss
-      EXPECT_EQ(s.engine->prefix_cache_stats().policy_misses, 1);
-      EXPECT_EQ(b.tokens, solo(*s.fake, again));
-    } else {
-      EXPECT_EQ(b.stats.cached_tokens, 24);
-      EXPECT_EQ(b.stats.replayed_tokens, kWindow);  // R = P − window
-      EXPECT_TRUE(b.stats.cache_approximate);
-      EXPECT_EQ(s.engine->prefix_cache_stats().replay_restores, 1);
-      // Its prompt's blocks were exact; without a snapshot the next ced request replays again.
-      RequestResult c = run_one(*s.engine, make_spec(first.prompt, 2, 3));
-      EXPECT_TRUE(c.stats.cache_approximate);
-    }
+    now = 100;  // every snapshot is gone
+    RequestResult b = run_one(*s.engine, make_spec(first.prompt, 2, 2));
+    EXPECT_EQ(b.stats.cached_tokens, 40);
+    EXPECT_EQ(b.stats.replayed_tokens, (mode == ForwardMode::Exact ? 10 : 6) + 1);
+    RequestResult c = run_one(*s.engine, make_spec(first.prompt, 2, 3));
+    EXPECT_EQ(c.stats.cached_tokens, 40);
+    EXPECT_EQ(c.stats.replayed_tokens, 0);  // restored from b's snapshot at R = t = 40
+    EXPECT_FALSE(c.stats.cache_approximate);
+    EXPECT_EQ(c.tokens, solo(*s.fake, make_spec(first.prompt, 2, 3)));
+    const PrefixCacheStats st = s.engine->prefix_cache_stats();
+    EXPECT_EQ(st.replay_restores, 1);
+    EXPECT_EQ(st.snapshot_restores, 1);
     EXPECT_EQ(s.runner->failures, 0);
   }
 }
@@ -270,6 +325,8 @@ TEST(EnginePrefixCacheTest, RandomWorkloadStaysWithinTheBudgetAndMatchesSoloRuns
     eo.max_running = 1 + static_cast<int64_t>(rng() % 5);
     eo.prefix_cache.swa_pool_bytes = trial % 6 == 5 ? 0 : 2000 + static_cast<int64_t>(rng() % 4000);
     eo.prefix_cache.swa_ttl_seconds = 1e9;
+    // Every fourth trial the approximate window replay (ced trials: approximate resumes and blocks).
+    if (trial % 4 == 3) eo.prefix_cache.swa_replay = SwaReplay::kWindow;
     const PoolCacheLayout layout = fake_layout();
     // Room for about two long requests: the index is squeezed and requests get preempted.
     const int64_t capacity =
@@ -335,7 +392,7 @@ TEST(EnginePrefixCacheTest, RandomWorkloadStaysWithinTheBudgetAndMatchesSoloRuns
   }
   std::printf(
       "random workload: %lld hits, %lld recompute hits, %lld evicted blocks, %lld preemptions, "
-      "%lld requests compared bitwise, %lld approximate (ced replay)\n",
+      "%lld requests compared bitwise, %lld approximate (ced window replay)\n",
       static_cast<long long>(hits), static_cast<long long>(recompute_hits), static_cast<long long>(evicted),
       static_cast<long long>(preemptions), static_cast<long long>(exact_checked), static_cast<long long>(approximate));
   EXPECT_GT(hits, 50);

@@ -122,7 +122,9 @@ def test_run_prefix_cache_flags(tmp_path):
     assert on["prefix_cache"] == "on" and off["prefix_cache"] == "off" and small["prefix_cache"] == "on"
     assert on["cached_tokens"] == 0 and on["replayed_tokens"] == 0
     assert on["token_ids"] == off["token_ids"] == small["token_ids"]
-    for bad in (["--swa-pool-mb", "-1"], ["--swa-ttl-s", "x"], ["--swa-history", "-2"]):
+    _, window = run_stats(tmp_path, "window", *args, "--swa-replay", "window")
+    assert window["token_ids"] == on["token_ids"] and window["cache_approximate"] is False
+    for bad in (["--swa-pool-mb", "-1"], ["--swa-ttl-s", "x"], ["--swa-history", "-2"], ["--swa-replay", "x"]):
         proc = cedar("run", *args, *bad, check=False)
         assert proc.returncode == 2 and bad[0] in proc.stderr, proc.stderr
 
@@ -163,9 +165,10 @@ def test_bench_json_has_every_point(tmp_path):
 
 def test_run_kv_cache_dir(default_model, tmp_path):
     """--kv-cache-dir: the SSD tier of the prefix cache (docs/prefix_cache.md). Two processes, one prompt,
-    one directory: the second takes the prompt's full 64-token blocks from disk. ced mode rebuilds the
-    SWA window by replay (approximate); exact mode keeps no SWA state across processes, so it recomputes
-    and must produce exactly the first run's tokens."""
+    one directory: the second takes the prompt's full 64-token blocks from disk. No SWA snapshot survives
+    the process: both modes rebuild the rings by the exact bounded replay and must produce exactly the
+    first run's tokens; ced mode's opt-in window replay (--swa-replay window) replays the window only and
+    says it is approximate."""
     cache = tmp_path / "kv"
     prompt = "In the beginning " * 40  # 122 tokens with BOS: one full cache block
     args = ("--prompt", prompt, "--max-tokens", "3", "--kv-cache-dir", str(cache), "--kv-cache-dir-gb", "0.05")
@@ -178,14 +181,18 @@ def test_run_kv_cache_dir(default_model, tmp_path):
     _, second = run_stats(tmp_path, "kv2", *args)
     assert second["cached_tokens"] == 64
     assert second["replayed_tokens"] > 0  # no snapshot survives the process: SWA bounded replay
+    assert second["cache_approximate"] is False and second["token_ids"] == first["token_ids"]
     assert second["kv_disk"]["hits"] == 1 and second["kv_disk"]["corrupt"] == 0
     assert second["kv_disk"]["puts"] == 0  # the block is not written again
+    _, window = run_stats(tmp_path, "kv2w", *args, "--swa-replay", "window")
+    assert window["cached_tokens"] == 64 and window["cache_approximate"] is True
+    assert 0 < window["replayed_tokens"] < second["replayed_tokens"]
 
     exact_dir = tmp_path / "kv-exact"
     exact_args = ("--exact", "--prompt", prompt, "--max-tokens", "3", "--kv-cache-dir", str(exact_dir))
     _, e1 = run_stats(tmp_path, "kv3", *exact_args)
     _, e2 = run_stats(tmp_path, "kv4", *exact_args)
-    assert e2["cached_tokens"] == 0
+    assert e2["cached_tokens"] == 64 and e2["replayed_tokens"] > 0 and e2["cache_approximate"] is False
     assert e2["token_ids"] == e1["token_ids"]
 
     # Bad values are usage errors that name the option.

@@ -4,6 +4,9 @@
 #include "server/engine_backend.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "engine/fake_model.h"
 #include "engine/pool_cache_budget.h"
@@ -185,11 +188,101 @@ TEST(EngineBackend, RepeatedPromptsReportCachedTokensInUsage) {
   EXPECT_EQ(metrics->body.find("cedar_prefix_cache_hit_tokens_total 0\n"), std::string::npos) << metrics->body;
   EXPECT_EQ(metrics->body.find("cedar_prefix_cache_index_blocks 0\n"), std::string::npos);
   EXPECT_EQ(metrics->body.find("cedar_swa_pool_entries 0\n"), std::string::npos);
+  // Hits restore from snapshots or replay exactly (the default --swa-replay exact): none approximate.
+  EXPECT_NE(metrics->body.find("# TYPE cedar_prefix_cache_snapshot_restores_total counter"), std::string::npos);
+  EXPECT_NE(metrics->body.find("cedar_prefix_cache_approximate_restores_total 0\n"), std::string::npos);
+  EXPECT_NE(metrics->body.find("cedar_prefix_cache_window_replay_restores_total 0\n"), std::string::npos);
+  EXPECT_NE(metrics->body.find("cedar_kv_disk_enabled 0\n"), std::string::npos);  // no SSD tier
+  EXPECT_EQ(metrics->body.find("cedar_kv_disk_files"), std::string::npos);
   server.stop();
   thread.join();
   backend.shutdown();
   EXPECT_EQ(backend.stats().kv_used_bytes, 0);  // the sequences are gone; the cached prefixes stay
   EXPECT_GT(backend.stats().prefix_cache_index_bytes, 0);
+}
+
+// With an SSD tier (--kv-cache-dir), /metrics exports its stats (cedar_kv_disk_*), equal to the store's;
+// without SWA snapshots the repeated prompt is a replay restore (the exact bounded replay).
+TEST(EngineBackend, MetricsExportTheSsdTierAndReplayCounters) {
+  CEDAR_REQUIRE_TOKENIZER();
+  engine::PoolCacheLayout layout;
+  layout.tokens_per_block = 8;
+  layout.streams = {{1, 8, 8 * 16}};
+  layout.bytes_per_sequence = 64;
+  auto budget = engine::PoolCacheBudget::create(layout, int64_t{1} << 24);
+  ASSERT_TRUE(budget.ok());
+  engine::FakeModelOptions fo = EngineServer::model_options();
+  fo.pool = (*budget)->pool();
+  fo.layout = layout;
+  engine::FakeModelRunner runner(fo);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("cedar-backend-kv-disk-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  KvDiskStoreOptions ko;
+  ko.dir = dir;
+  ko.budget_bytes = int64_t{1} << 24;
+  ko.model_fingerprint = "fake-model";
+  ko.layout.tokens_per_block = 8;
+  ko.layout.streams = {{16, 8}};
+  ko.log = [](const std::string&) {};
+  auto store = KvDiskStore::open(ko);
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  EngineBackendOptions eo;
+  eo.budget = budget->get();
+  eo.context_length = 4096;
+  eo.prefix_cache.store = store->get();
+  eo.prefix_cache.swa_pool_bytes = 0;  // no snapshots: hits replay
+  eo.kv_disk = store->get();
+  EngineBackend backend(runner, *testing::v41_tokenizer(), eo);
+  ServerOptions so;
+  so.port = 0;
+  Server server(backend, so);
+  const int port = *server.bind();
+  std::thread thread([&] { (void)server.serve(); });
+  httplib::Client c("127.0.0.1", port);
+  const Json body = {{"messages", Json::array({Json{{"role", "user"}, {"content", std::string(300, 'b')}}})},
+                     {"max_tokens", 2},
+                     {"thinking", Json{{"type", "disabled"}}}};
+  int64_t cached = 0;
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    cached = Json::parse(r->body)["usage"]["prompt_cache_hit_tokens"].get<int64_t>();
+    // The finish event goes out before the engine records the finished sequence: wait for it to settle.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (backend.stats().running > 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(cached, 0);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  const KvDiskStoreStats st = (*store)->stats();
+  ASSERT_GT(st.files, 0);
+  auto value = [&](const std::string& name) -> int64_t {
+    const size_t at = metrics->body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stoll(metrics->body.substr(at + name.size() + 2));
+  };
+  EXPECT_EQ(value("cedar_kv_disk_enabled"), 1) << metrics->body;
+  EXPECT_EQ(value("cedar_kv_disk_files"), st.files);
+  EXPECT_EQ(value("cedar_kv_disk_bytes"), st.bytes);
+  EXPECT_EQ(value("cedar_kv_disk_budget_bytes"), int64_t{1} << 24);
+  EXPECT_EQ(value("cedar_kv_disk_puts_total"), st.puts);
+  EXPECT_EQ(value("cedar_kv_disk_written_bytes_total"), st.bytes_written);
+  EXPECT_EQ(value("cedar_kv_disk_corrupt_total"), 0);
+  EXPECT_NE(metrics->body.find("# TYPE cedar_kv_disk_hits_total counter"), std::string::npos);
+  EXPECT_EQ(value("cedar_prefix_cache_replay_restores_total"), 1);
+  EXPECT_EQ(value("cedar_prefix_cache_snapshot_restores_total"), 0);
+  EXPECT_EQ(value("cedar_prefix_cache_window_replay_restores_total"), 0);
+  EXPECT_EQ(value("cedar_prefix_cache_approximate_restores_total"), 0);
+  EXPECT_GT(value("cedar_prefix_cache_replayed_tokens_total"), 0);
+  EXPECT_LT(value("cedar_prefix_cache_replayed_tokens_total"), cached);  // bounded: not the whole prefix
+  server.stop();
+  thread.join();
+  backend.shutdown();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
