@@ -272,6 +272,8 @@ struct MhcMode {
   bool expand = true;        // y given (expand)
   bool coefficients = true;  // fn given
   bool collapse = true;
+  bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
+  bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   const char* name = nullptr;  // row name override
 };
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
@@ -297,6 +299,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   auto scale = random_floats(3, 9, 1.0f);
   auto col = must(DeviceBuffer<float>::allocate(n * d));
   auto mix_out = must(DeviceBuffer<float>::allocate(n * mix));
+  auto norm_w = tiled_floats(d, 10, 1.0f);
+  auto normed = must(DeviceBuffer<float>::allocate(n * d));
   const int64_t ws_floats = mhc_workspace_floats(n, d), ws_counters = mhc_workspace_counters(n);
   auto part = must(DeviceBuffer<float>::allocate(ws_floats));
   auto counter = must(DeviceBuffer<unsigned>::allocate(ws_counters));
@@ -320,6 +324,11 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.mix_out = mix_out.get();
     a.sinkhorn_iters = sinkhorn_iters;
     a.programmatic_launch = mode.pdl && !mode.cluster;
+    a.legacy_decode = mode.legacy;
+    if (mode.norm) {
+      a.norm_weight = norm_w.get();
+      a.normed = normed.get();
+    }
     MhcWorkspace ws{part.get(), counter.get()};
     if (mode.sized_ws) {
       ws.partial_floats = ws_floats;
@@ -337,7 +346,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   }
   // fn + X read + y read + X_out written + collapsed written (+ tiny coefficient traffic).
   const double bytes = 4.0 * ((mode.coefficients ? static_cast<double>(fn_count) : 0.0) + n * width +
-                              (mode.expand ? n * d + n * width : 0.0) + (mode.collapse ? n * d : 0.0));
+                              (mode.expand ? n * d + n * width : 0.0) + (mode.collapse ? n * d : 0.0) +
+                              (mode.norm ? d + n * d : 0.0));
   std::string name = mode.name ? mode.name
                      : mode.cluster ? (mode.pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster")
                                     : "mhc_fused";
@@ -949,6 +959,24 @@ int run(int argc, char** argv) {
     MhcMode st = ws;
     st.name = "mhc_stream";
     for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
+  }
+  {  // p-mhc: the session-3 decode kernel (_legacy: one thread per token's coefficients) vs the current
+     // one (a warp per token, inline reciprocals), and a whole site with its RMSNorm: legacy kernel +
+     // rms_norm launch vs the norm fused into the last block; _pdl back to back as in the model.
+    for (const bool legacy : {true, false}) {
+      MhcMode m;
+      m.sized_ws = true;
+      m.legacy = legacy;
+      m.name = legacy ? "mhc_decode_legacy" : "mhc_decode";
+      for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+      bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, m);
+      m.norm = true;
+      m.name = legacy ? "mhc_norm_legacy" : "mhc_norm";
+      for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+      m.pdl = true;
+      m.name = legacy ? "mhc_norm_legacy_pdl" : "mhc_norm_pdl";
+      for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+    }
   }
   // cuda-ffn: the cluster mHC, the packed MXFP4 expert layout, the device-routed experts and the rest.
   MhcMode cl;
