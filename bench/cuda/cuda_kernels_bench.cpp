@@ -560,6 +560,20 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
     if (blas.ok())
       for (int64_t n : {1024, 8192}) route_rows(n, Mode::Blas, false);
   }
+  {  // p-mhc: moe_combine (6 routed rows + the shared one per token; model stage moe.combine ~10 us before)
+    for (int64_t n : {1, 8}) {
+      std::vector<int32_t> ids(n * K);
+      for (int64_t i = 0; i < n * K; ++i) ids[i] = static_cast<int32_t>((i * 37) % E);
+      auto experts = must(DeviceBuffer<int32_t>::from_host(ids));
+      auto routed = tiled_floats(n * K * d, 51, 1.0f);
+      auto shared = tiled_floats(n * d, 52, 1.0f);
+      auto y = must(DeviceBuffer<float>::allocate(n * d));
+      const double us = time_graph_us(stream, 8, [&](int) {
+        must(moe_combine(MoeCombineArgs{n, K, d, experts.get(), routed.get(), shared.get(), y.get()}, stream));
+      });
+      rows.push_back(make_row("moe_combine", "top6 x5120 + shared", n, us, 4.0 * n * d * (K + 2), copy_gbps));
+    }
+  }
   {  // Engram gather: 24 rows of 256 + 8 bytes per token from a 2 GiB table (device) or host-mapped
     constexpr int64_t cols = 24, hd = 256, table_rows = int64_t{1} << 23;  // 8 Mi rows
     auto table = must(DeviceBuffer<uint8_t>::allocate(table_rows * hd));
