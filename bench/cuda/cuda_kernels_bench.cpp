@@ -520,10 +520,11 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
     auto blas = BlasContext::create();
     if (!blas.ok()) std::printf("moe_route_blas not benchmarked: %s\n", blas.error().message.c_str());
     enum class Mode { Plain, Workspace, Blas };
-    auto route_rows = [&](int64_t n, Mode mode, bool logits_only) {
+    // select_only: router_select alone on given logits (the fused launch's selection tail, separately).
+    auto route_rows = [&](int64_t n, Mode mode, bool logits_only, bool select_only = false) {
       auto x = random_floats(n * d, 43, 1.0f);
       auto xb = must(DeviceBuffer<uint16_t>::allocate(n * d));
-      auto logits = must(DeviceBuffer<float>::allocate(n * E));
+      auto logits = random_floats(n * E, 44, 2.0f);
       auto ex = must(DeviceBuffer<int32_t>::allocate(n * K));
       auto wt = must(DeviceBuffer<float>::allocate(n * K));
       const int reps = n >= 1024 ? 4 : copies;
@@ -546,9 +547,10 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
           a.x_bf16 = xb.get();
           a.x_bf16_elems = n * d;
         }
-        must(logits_only ? router_logits(a, stream) : moe_route(a, stream));
+        must(select_only ? router_select(a, stream) : logits_only ? router_logits(a, stream) : moe_route(a, stream));
       });
-      const char* name = logits_only ? "router_logits_ws"
+      const char* name = select_only   ? "router_select"
+                         : logits_only ? "router_logits_ws"
                          : mode == Mode::Plain ? "moe_route"
                          : mode == Mode::Workspace ? "moe_route_ws"
                                                    : "moe_route_blas";
@@ -557,6 +559,7 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
     for (int64_t n : {1, 8, 64}) route_rows(n, Mode::Plain, false);
     for (int64_t n : {1, 2, 8, 64, 1024}) route_rows(n, Mode::Workspace, false);
     route_rows(1, Mode::Workspace, true);
+    for (int64_t n : {1, 8}) route_rows(n, Mode::Workspace, false, true);
     if (blas.ok())
       for (int64_t n : {1024, 8192}) route_rows(n, Mode::Blas, false);
   }
