@@ -68,6 +68,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // sums channels t, t + 256, ... with FMAs, warp_sum, the warps in order; the same rstd in every thread),
 // so `normed` has rms_norm's bits. Batches of kNormBatch loads per thread: one round trip at d = 5120.
 constexpr int kNormBatch = 20;
+constexpr int kTailBlocksPerLane = 4;  // the last block's partial loads in flight per lane and slot: G <= 128
 __device__ void fused_norm_row(const float* xr, const float* weight, int64_t dim, float eps, float* yr,
                                float* warp_sums) {
   const int tid = threadIdx.x;
@@ -223,12 +224,30 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   const int slots = nt * kSlot;
   for (int s0 = warp * 4; s0 < slots; s0 += (kDecThreads / 32) * 4) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t b = lane; b < G; b += 32) {
-      float v[4];
+    if (!kLegacy && G <= 32 * kTailBlocksPerLane) {
+      // All of a lane's loads at once (the runtime loop below issues one L2 round trip per 32 blocks);
+      // the same additions in the same order.
+      float v[4][kTailBlocksPerLane];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] = __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b);
+      for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += v[q];
+        for (int r = 0; r < kTailBlocksPerLane; ++r) {
+          const int64_t b = lane + 32 * r;
+          v[q][r] = b < G ? __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b) : 0.0f;
+        }
+#pragma unroll
+      for (int r = 0; r < kTailBlocksPerLane; ++r)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (lane + 32 * r < G) acc[q] += v[q][r];
+    } else {
+      for (int64_t b = lane; b < G; b += 32) {
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[q] += v[q];
+      }
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
