@@ -199,9 +199,12 @@ TEST(CudaRouter, LogitsWithinTheFp32SumBound) {
 
 // router_select on the CPU's own logits: the scores may differ only by the transcendentals' last-bit
 // rounding, so the selection must be the CPU's except at ties closer than a few ulps.
-TEST(CudaRouter, SelectOnCpuLogitsMatchesRouteTokens) {
+// E = 384: the keys cached in registers (E <= 32·kSelectKeyRegs); E = 500: the shared-memory rescan.
+class CudaRouterSelect : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Experts, CudaRouterSelect, ::testing::Values(int64_t{384}, int64_t{500}));
+TEST_P(CudaRouterSelect, SelectOnCpuLogitsMatchesRouteTokens) {
   CEDAR_REQUIRE_GPU();
-  const RouterCase c = make_router_case(9, 512, 384, 6, 7);
+  const RouterCase c = make_router_case(9, 512, GetParam(), 6, 7);
   std::vector<ExpertWeights> experts;
   const MoeWeights w = router_weights(c, experts);
   auto r = route_tokens(c.x, c.n, w, c.p, {}, c.image, nullptr);
