@@ -6,7 +6,9 @@
 //   before griddepcontrol.wait under PDL), then X, y and the per-token coefficients — is issued at the
 //   start: one memory round trip. The 25 per-token sums are reduced in the block (reduce-scatter
 //   butterfly, warps in order), written to the workspace, and the last block (ticket) adds the blocks'
-//   sums in block order and runs the coefficients + Sinkhorn with one thread per token in registers.
+//   sums in block order and runs the coefficients + Sinkhorn with one warp per token in registers
+//   (finish_mix_warp; the session-3 kernel's one thread per token with __frcp_rn cost 0.4 µs per
+//   Sinkhorn iteration: legacy_decode), then, if asked, the RMSNorm of collapsed (args.normed).
 //   X_out / collapsed are stored after the ticket, off the critical path. All token tiles of a batch
 //   run in one launch when the workspace has a counter per tile. (The first version: 160 blocks, X
 //   staged through shared memory, coefficients loaded after two barriers, the X_out stores before the
