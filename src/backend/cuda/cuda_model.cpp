@@ -315,6 +315,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.router_splitk = false;
   p.mhc_batched = false;
   p.mhc_cluster = true;  // the loop before the performance pass took the cluster kernel above 4 rows
+  p.mhc_fused_norm = false;
   p.gemv_multi = false;
   p.blas_min_rows = INT64_MAX;
   p.moe_items_max_rows = kGemvMaxRows;
@@ -335,6 +336,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"router_splitk", &p.router_splitk, nullptr},
           {"mhc_batched", &p.mhc_batched, nullptr},
           {"mhc_cluster", &p.mhc_cluster, nullptr},
+          {"mhc_fused_norm", &p.mhc_fused_norm, nullptr},
           {"gemv_multi", &p.gemv_multi, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
