@@ -883,6 +883,10 @@ void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<R
     rows.push_back(make_row("sparse_attn_tiled", "64x512 640 keys", n, old_us, bytes, copy_gbps));
     const double new_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(a, stream, ws)); });
     rows.push_back(make_row("sparse_attn_decode", "64x512 640 keys", n, new_us, bytes, copy_gbps));
+    SparseAttnArgs la = a;  // the first merge (serial loads, plain launch): the session-4 run's row
+    la.legacy_decode_merge = true;
+    const double leg_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(la, stream, ws)); });
+    rows.push_back(make_row("sparse_attn_decode_oldmerge", "64x512 640 keys", n, leg_us, bytes, copy_gbps));
   }
 }
 

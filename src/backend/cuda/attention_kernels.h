@@ -346,6 +346,9 @@ struct SparseAttnArgs {
   const KvSourceSeq* kv_seqs = nullptr;  // the KV source's state (main KV streams), with topk
   RopeTableView rope = {};               // the layer's rope (inverse at p on the output)
   float* out = nullptr;                  // [n, heads·head_dim]
+  // Decode kernel only: the first merge (serial loads, plain launch) instead of the prefetching one
+  // launched with PDL. Same arithmetic, bit-identical output; kept for the parity test and bench rows.
+  bool legacy_decode_merge = false;
 };
 // Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits); covers both
 // kernels sparse_attention may pick for n rows.

@@ -256,6 +256,19 @@ void check_sparse(const SparseCase& c, const std::string& name) {
       EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * 4), 0) << tag << ": two runs differ";
     }
   }
+  if (decode) {  // the first merge (serial loads, plain launch) on the same inputs: same arithmetic, same bits
+    SparseAttnArgs la = a;
+    la.legacy_decode_merge = true;
+    const Status s = sparse_attention_decode(la, nullptr, ws);
+    ASSERT_TRUE(s.ok()) << tag << " legacy merge: " << s.error().message;
+    const std::vector<float> got = to_host(dout);
+    size_t differ = 0, at = got.size();
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::memcmp(&got[i], &first[i], 4) != 0 && differ++ == 0) at = i;
+    EXPECT_EQ(differ, 0u) << tag << ": the prefetching merge differs from the legacy merge in " << differ
+                          << " outputs (first at " << at << ": " << first[at < got.size() ? at : 0] << " vs "
+                          << got[at < got.size() ? at : 0] << "); they must agree bit for bit";
+  }
 }
 
 TEST(CudaSparseAttention, DecodeBatchMatchesCpu) {
