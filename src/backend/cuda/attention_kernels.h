@@ -349,6 +349,10 @@ struct SparseAttnArgs {
   // Decode kernel only: the first merge (serial loads, plain launch) instead of the prefetching one
   // launched with PDL. Same arithmetic, bit-identical output; kept for the parity test and bench rows.
   bool legacy_decode_merge = false;
+  // Decode kernel only: q is given before RoPE and the kernel applies rope_apply's forward rotation (at
+  // the row's position, last rope_dim channels of each head) as it loads q — bit-identical to calling
+  // rope_apply first, one launch fewer. The tiled kernels refuse it.
+  bool q_before_rope = false;
 };
 // Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits); covers both
 // kernels sparse_attention may pick for n rows.
@@ -379,6 +383,10 @@ SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_
                                                                int64_t window, int64_t topk_width);
 // Whether sparse_attention (and the model's sparse_attention_prefetch) run the decode kernel for a.
 bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws);
+// The same decision from the shape alone (topk_width 0: SWA-only), for callers that must know it before
+// the arguments exist (the model skips rope_apply on q when the decode kernel will rotate it).
+bool sparse_attention_decode_fits(int64_t n, int64_t heads, int64_t head_dim, int64_t window, int64_t topk_width,
+                                  const SparseAttnWorkspace& ws);
 Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});
 
 // The attention output projection (attention_output_projection): u = wo_a grouped (gemv_bf16, bf16 out)

@@ -73,6 +73,7 @@ struct DecodeParams {
   float* ws_l;         // [n, splits, heads]
   float* ws_acc;       // [n, splits, heads, head_dim]
   bool legacy_merge;   // the first merge (serial loads, plain launch): kept for the bitwise test and bench
+  bool q_rope;         // q is before RoPE: the kernel rotates it as rope_apply would (one launch saved)
 };
 
 enum KeyKind : int8_t { kNone = 0, kFp8 = 1, kFp4 = 2 };
@@ -210,7 +211,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   const AttnToken tk = p.tokens[row];
 
   // Q A-fragments of this warp (heads h0 + 16·mt + g, +8; channels cq·hd/4 + 16·ks + 2t, +1, +8, +9),
-  // loaded first so their latency overlaps the key lookups. Heads past the end are zero.
+  // loaded first so their latency overlaps the key lookups (with q_rope: tokens → {q, cos/sin}, still
+  // shorter than the lookup chain). Heads past the end are zero.
   const int mt = warp & 3, cq = warp >> 2;
   uint32_t qa[kQSteps][4];
   {
@@ -227,6 +229,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
       if (hb < p.heads) {
         a1 = __ldg(reinterpret_cast<const float2*>(qrb + 16 * ks));
         a3 = __ldg(reinterpret_cast<const float2*>(qrb + 16 * ks + 8));
+      }
+      if (p.q_rope) {  // rope_apply's forward rotation of the pairs (c, c + 1), c = the float2's channel
+        const int rope_start = kHd - static_cast<int>(p.rope.rope_dim);
+        const int c0 = cq * (kHd / 4) + 16 * ks + 2 * t, c1 = c0 + 8;
+        if (c0 >= rope_start) {
+          if (ha < p.heads) detail::rope_pair(p.rope, tk.pos, (c0 - rope_start) / 2, false, a0.x, a0.y);
+          if (hb < p.heads) detail::rope_pair(p.rope, tk.pos, (c0 - rope_start) / 2, false, a1.x, a1.y);
+        }
+        if (c1 >= rope_start) {
+          if (ha < p.heads) detail::rope_pair(p.rope, tk.pos, (c1 - rope_start) / 2, false, a2.x, a2.y);
+          if (hb < p.heads) detail::rope_pair(p.rope, tk.pos, (c1 - rope_start) / 2, false, a3.x, a3.y);
+        }
       }
       qa[ks][0] = pack_bf16x2(a0.x, a0.y);
       qa[ks][1] = pack_bf16x2(a1.x, a1.y);
@@ -659,12 +673,16 @@ SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_
   return SparseAttnWorkspaceSize{decode_ws_floats(n, d.splits, heads, head_dim), 0};
 }
 
-bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws) {
-  if (!sparse_attention_decode_supported(a.n, a.head_dim) || a.heads <= 0 || a.window <= 0) return false;
-  const SparseAttnWorkspaceSize need =
-      sparse_attention_decode_workspace_size(a.n, a.heads, a.head_dim, a.window, a.topk != nullptr ? a.topk_width : 0);
+bool sparse_attention_decode_fits(int64_t n, int64_t heads, int64_t head_dim, int64_t window, int64_t topk_width,
+                                  const SparseAttnWorkspace& ws) {
+  if (!sparse_attention_decode_supported(n, head_dim) || heads <= 0 || window <= 0) return false;
+  const SparseAttnWorkspaceSize need = sparse_attention_decode_workspace_size(n, heads, head_dim, window, topk_width);
   return need.floats == 0 ||
          (ws.floats != nullptr && ws.float_count >= need.floats && (reinterpret_cast<uintptr_t>(ws.floats) & 15u) == 0);
+}
+
+bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws) {
+  return sparse_attention_decode_fits(a.n, a.heads, a.head_dim, a.window, a.topk != nullptr ? a.topk_width : 0, ws);
 }
 
 Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
@@ -706,6 +724,7 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
   p.rope = a.rope;
   p.out = a.out;
   p.legacy_merge = a.legacy_decode_merge;
+  p.q_rope = a.q_before_rope;
   p.splits = d.splits;
   p.keys_per_split = d.keys_per_split;
   p.ld_s = d.keys_per_split + 8;
