@@ -318,6 +318,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.gemv_multi = false;
   p.blas_min_rows = INT64_MAX;
   p.moe_items_max_rows = kGemvMaxRows;
+  p.fused_q_rope = false;
   return p;
 }
 
@@ -336,6 +337,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"mhc_batched", &p.mhc_batched, nullptr},
           {"mhc_cluster", &p.mhc_cluster, nullptr},
           {"gemv_multi", &p.gemv_multi, nullptr},
+          {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
