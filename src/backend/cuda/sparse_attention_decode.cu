@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
     ring = p.rings[tk.seq];
     if (p.topk != nullptr) kv = p.kv_seqs[tk.seq].kv;
   }
+  int my_last = -1;  // this thread's last slot holding a key
   for (int i = tid; i < p.keys_per_split; i += kThreads) {
     const int64_t j = jb + i;
     int8_t k = kNone;
@@ -296,8 +297,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
     }
     rec[i] = r;
     kind[i] = k;
-    if (k != kNone) atomicMax(&last_key, i);  // the max is order-independent
+    if (k != kNone) my_last = i;
   }
+  // One shared atomic per warp (up to 16 lanes-full warps on one address serialized otherwise); the max
+  // is order-independent.
+  my_last = __reduce_max_sync(detail::kFullMask, my_last);
+  if (lane == 0 && my_last >= 0) atomicMax(&last_key, my_last);
   __syncthreads();
   const int ntiles = last_key >= 0 ? last_key / kTile + 1 : 0;
 
