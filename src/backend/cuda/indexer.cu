@@ -298,7 +298,8 @@ __device__ unsigned block_exclusive_scan(unsigned v, unsigned& total, SelectShar
 // Selects, among positions [0, count) with val(i) > −inf, the `k` best (value descending, position
 // ascending on ties) and writes them ascending to out_pos[0, keep); returns keep (all threads).
 template <class F>
-__device__ int block_select(const F& val, int64_t count, int64_t k, SelectShared& sh, int32_t* out_pos) {
+__device__ int block_select(const F& val, int64_t count, int64_t k, SelectShared& sh, int32_t* out_pos,
+                            bool per_value_atomics) {
   unsigned local = 0;
   for (int64_t i = threadIdx.x; i < count; i += kSelThreads) local += sel_valid(val(i));
   unsigned valid = 0;
@@ -315,24 +316,33 @@ __device__ int block_select(const F& val, int64_t count, int64_t k, SelectShared
       const uint32_t mask_hi = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
       for (int i = threadIdx.x; i < 256; i += kSelThreads) sh.hist[i] = 0;
       __syncthreads();
-      // Warp-aggregated counts: the scores of a row share their sign and exponent, so in the first
-      // pass nearly every value lands in one or two bins, and one shared atomic per value serialized
-      // ~count increments on one address (the select's largest cost). Lanes of equal bin add their
-      // count once (the loop is block-uniform, so the whole warp takes part in the match). Integer
-      // counts: the histogram, hence the selection, is unchanged.
-      for (int64_t i0 = 0; i0 < count; i0 += kSelThreads) {
-        const int64_t i = i0 + threadIdx.x;
-        uint32_t bin = 256u;  // none
-        if (i < count) {
+      if (per_value_atomics) {  // the first histogram (bench comparison): one shared atomic per value
+        for (int64_t i = threadIdx.x; i < count; i += kSelThreads) {
           const float v = val(i);
-          if (sel_valid(v)) {
-            const uint32_t u = order_key(v);
-            if ((u & mask_hi) == prefix) bin = (u >> shift) & 255u;
-          }
+          if (!sel_valid(v)) continue;
+          const uint32_t u = order_key(v);
+          if ((u & mask_hi) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1u);
         }
-        const unsigned peers = __match_any_sync(detail::kFullMask, bin);
-        if (bin < 256u && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1)
-          atomicAdd(&sh.hist[bin], __popc(peers));
+      } else {
+        // Warp-aggregated counts: the scores of a row share their sign and exponent, so in the first
+        // pass nearly every value lands in one or two bins, and one shared atomic per value serialized
+        // ~count increments on one address (the select's largest cost). Lanes of equal bin add their
+        // count once (the loop is block-uniform, so the whole warp takes part in the match). Integer
+        // counts: the histogram, hence the selection, is unchanged.
+        for (int64_t i0 = 0; i0 < count; i0 += kSelThreads) {
+          const int64_t i = i0 + threadIdx.x;
+          uint32_t bin = 256u;  // none
+          if (i < count) {
+            const float v = val(i);
+            if (sel_valid(v)) {
+              const uint32_t u = order_key(v);
+              if ((u & mask_hi) == prefix) bin = (u >> shift) & 255u;
+            }
+          }
+          const unsigned peers = __match_any_sync(detail::kFullMask, bin);
+          if (bin < 256u && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1)
+            atomicAdd(&sh.hist[bin], __popc(peers));
+        }
       }
       __syncthreads();
       if (threadIdx.x < 32) {
@@ -422,6 +432,7 @@ struct SelectParams {
   float* cand_val;  // [n, segs_max, k]
   int32_t* cand_pos;
   int64_t segs_max;
+  bool per_value_atomics;
 };
 
 __device__ __forceinline__ int64_t select_count(const SelectParams& p, const AttnToken& tk) {
@@ -446,7 +457,7 @@ __global__ void __launch_bounds__(kSelThreads) select_stage1_kernel(SelectParams
   const int64_t base = seg * kSegment;
   const int64_t n = count - base < 0 ? 0 : (count - base < kSegment ? count - base : kSegment);
   const float* vals = p.values + row * p.stride + base;
-  const int keep = block_select([&](int64_t i) { return __ldg(vals + i); }, n, p.k, sh, chosen);
+  const int keep = block_select([&](int64_t i) { return __ldg(vals + i); }, n, p.k, sh, chosen, p.per_value_atomics);
   __syncthreads();
   if (segs == 1) {
     int32_t* out = p.out + row * p.k;
@@ -472,7 +483,8 @@ __global__ void __launch_bounds__(kSelThreads) select_stage2_kernel(SelectParams
   if (segs <= 1) return;
   const float* cv = p.cand_val + row * p.segs_max * p.k;
   const int32_t* cp = p.cand_pos + row * p.segs_max * p.k;
-  const int keep = block_select([&](int64_t i) { return __ldcg(cv + i); }, segs * p.k, p.k, sh, chosen);
+  const int keep =
+      block_select([&](int64_t i) { return __ldcg(cv + i); }, segs * p.k, p.k, sh, chosen, p.per_value_atomics);
   __syncthreads();
   int32_t* out = p.out + row * p.k;
   for (int64_t i = threadIdx.x; i < p.k; i += kSelThreads)
@@ -628,7 +640,8 @@ Status indexer_select(const IndexerSelectArgs& a, cudaStream_t stream) {
                           a.blocks_out,
                           reinterpret_cast<float*>(ws + l.off_cv_blocks),
                           reinterpret_cast<int32_t*>(ws + l.off_cp_blocks),
-                          l.segs_blocks};
+                          l.segs_blocks,
+                          a.legacy_histogram};
     CEDAR_RETURN_IF_ERROR(launch_select(pb, a.n, l.segs_blocks, stream));
   }
   const SelectParams pt{SelectKind::TopK,
@@ -643,7 +656,8 @@ Status indexer_select(const IndexerSelectArgs& a, cudaStream_t stream) {
                         a.topk_out,
                         reinterpret_cast<float*>(ws + l.off_cv_topk),
                         reinterpret_cast<int32_t*>(ws + l.off_cp_topk),
-                        l.segs_topk};
+                        l.segs_topk,
+                        a.legacy_histogram};
   return launch_select(pt, a.n, l.segs_topk, stream);
 }
 
