@@ -947,6 +947,59 @@ void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<R
     rows.push_back(make_row("sparse_attn_tiled", "64x512 640 keys", n, old_us, bytes, copy_gbps));
     const double new_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(a, stream, ws)); });
     rows.push_back(make_row("sparse_attn_decode", "64x512 640 keys", n, new_us, bytes, copy_gbps));
+    SparseAttnArgs la = a;  // the first merge (serial loads, plain launch): the session-4 run's row
+    la.legacy_decode_merge = true;
+    const double leg_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(la, stream, ws)); });
+    rows.push_back(make_row("sparse_attn_decode_oldmerge", "64x512 640 keys", n, leg_us, bytes, copy_gbps));
+  }
+}
+
+// Indexer selection at decode (top-512 of a row's scores, the perf profile's shapes): the full scan of a
+// candidate source at 4096 visible entries (+ top-2048 blocks of 8), and a restricted layer's 16384
+// candidate slots (two select segments). Scores of one binade range, as the indexer's are (most share
+// the sign and exponent: the first radix pass's histogram is the hot spot). Old = one shared atomic per
+// value (legacy_histogram), new = warp-aggregated; same selection.
+void bench_indexer_select(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  struct Shape {
+    const char* name;
+    int64_t visible;
+    bool blocks;
+  };
+  for (const Shape sh : {Shape{"4096 +blocks", 4096, true}, Shape{"16384", 16384, false}}) {
+    for (int64_t n : {1, 8}) {
+      std::vector<AttnToken> tokens;
+      for (int64_t r = 0; r < n; ++r) append_chunk_tokens(tokens, static_cast<int32_t>(r), sh.visible - 1, 1);
+      auto dtok = must(DeviceBuffer<AttnToken>::from_host(tokens));
+      std::mt19937 rng(11);
+      std::vector<float> sc(n * sh.visible);
+      for (auto& v : sc) v = 1.0f + static_cast<float>(rng() % 65536) / 65536.0f;  // one binade
+      auto dsc = must(DeviceBuffer<float>::from_host(sc));
+      const int64_t topk = 512, ctopk = 2048, bs = 8;
+      const int64_t wsb = indexer_select_workspace_bytes(n, sh.visible, topk, sh.blocks ? ctopk : 0, bs);
+      auto dws = must(DeviceBuffer<uint8_t>::allocate(std::max<int64_t>(1, wsb)));
+      auto dout = must(DeviceBuffer<int32_t>::allocate(n * topk));
+      auto dblk = must(DeviceBuffer<int32_t>::allocate(n * ctopk));
+      IndexerSelectArgs a;
+      a.n = n;
+      a.ratio = 1;
+      a.tokens = dtok.get();
+      a.scores = dsc.get();
+      a.max_slots = sh.visible;
+      a.candidate_topk_blocks = ctopk;
+      a.candidate_block_size = bs;
+      a.topk = topk;
+      a.topk_out = dout.get();
+      a.blocks_out = sh.blocks ? dblk.get() : nullptr;
+      a.workspace = dws.get();
+      a.workspace_bytes = wsb;
+      const double bytes = 4.0 * n * sh.visible;
+      IndexerSelectArgs old = a;
+      old.legacy_histogram = true;
+      const double old_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(old, stream)); });
+      rows.push_back(make_row("indexer_select_old", sh.name, n, old_us, bytes, copy_gbps));
+      const double new_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(a, stream)); });
+      rows.push_back(make_row("indexer_select", sh.name, n, new_us, bytes, copy_gbps));
+    }
   }
 }
 
@@ -1059,6 +1112,7 @@ int run(int argc, char** argv) {
   bench_wo_a(copy_gbps, stream->get(), rows);
   bench_attn_input(copy_gbps, stream->get(), rows);
   bench_sparse_attention(copy_gbps, stream->get(), rows);
+  bench_indexer_select(copy_gbps, stream->get(), rows);
 
   std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
               "%copy-floor");

@@ -319,6 +319,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.gemv_multi = false;
   p.blas_min_rows = INT64_MAX;
   p.moe_items_max_rows = kGemvMaxRows;
+  p.fused_q_rope = false;
   return p;
 }
 
@@ -338,6 +339,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"mhc_cluster", &p.mhc_cluster, nullptr},
           {"mhc_fused_norm", &p.mhc_fused_norm, nullptr},
           {"gemv_multi", &p.gemv_multi, nullptr},
+          {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

@@ -74,6 +74,9 @@ struct CudaKernelPaths {
   // (packed GEMVs: each expert read once per 8 of its rows), more rows through the grouped GEMMs. The
   // workspace is sized at load for the loaded value; set_paths clamps to it.
   int64_t moe_items_max_rows = kGemvMaxRows;
+  // Decode-shaped attention (sparse_attention_decode): q's RoPE applied by the attention kernel as it
+  // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
+  bool fused_q_rope = true;
   static CudaKernelPaths legacy();
 };
 

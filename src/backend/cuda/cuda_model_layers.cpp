@@ -399,6 +399,10 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
                                                                                    : in.tok_exact;
   tok += r.first;
   const RopeTableView rope = role.compress_ratio > 0 ? tables_->rope_compress_view : tables_->rope_main_view;
+  // Calls the decode kernel takes: it rotates q while loading it, so the query path skips rope_apply.
+  const bool q_rope_in_attention =
+      options_.paths.fused_q_rope && sparse_attention_decode_fits(n, H, hd, kv_.geometry().swa_slots,
+                                                                  role.compress_ratio > 0 ? c.index_topk : 0, w.sparse);
 
   // Global KV first (the chunk's complete groups), as attention_forward.
   const bool compress = role.owns_compressor && role.compress_ratio > 0;
@@ -432,13 +436,15 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     } else {
       CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
     }
-    RopeApplyArgs ra;
-    ra.x = w.q;
-    ra.rows = n;
-    ra.n_vec = H;
-    ra.width = hd;
-    ra.tokens = tok;
-    CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, cs()));
+    if (!q_rope_in_attention) {
+      RopeApplyArgs ra;
+      ra.x = w.q;
+      ra.rows = n;
+      ra.n_vec = H;
+      ra.width = hd;
+      ra.tokens = tok;
+      CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, cs()));
+    }
     return mark("attn.q", (multi ? 0 : L.wq_a.bytes()) + L.wq_b.bytes() + (multi_qb ? L.wq_b_i.bytes() : 0));
   };
   // The compressor's global KV and the layer's own SWA KV: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) as staged
@@ -486,6 +492,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.kv_seqs = topk ? tables_->sources[static_cast<size_t>(role.kv_source)].get() : nullptr;
   sa.rope = rope;
   sa.out = w.o;
+  sa.q_before_rope = q_rope_in_attention;
   CEDAR_RETURN_IF_ERROR(options_.prefetch_attention ? sparse_attention_prefetch(sa, cs(), w.sparse)
                                                     : sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
