@@ -226,8 +226,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
       if (tok < op.n && row0 + row < p.out)
         op.y[row_of(op.y_row, tok) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
-    // The next unit's head while the block drains (its descriptor is read here, off the K loop's registers).
-    if (p.slab_prefetch && warp == W - 1 && unit + gridDim.x < units) {
+    if (p.slab_prefetch && warp == W - 1 && unit + gridDim.x < units) {  // the next unit's head, while the block drains
       const int64_t next = unit + gridDim.x;
       const int64_t nm = next / p.tiles;
       const uint8_t* nw;
