@@ -159,9 +159,6 @@ double launch_floor_us() {
   return *f;
 }
 
-Row make_row(const std::string& kernel, const std::string& shape, int64_t n, double us, double bytes,
-             double copy_gbps);
-
 struct GemvShape {
   const char* name;
   QuantWeightFormat format;
@@ -200,13 +197,6 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
     r.gbps = bytes / (us * 1e-6) / 1e9;
     r.pct_copy = 100.0 * r.gbps / copy_gbps;
     rows.push_back(r);
-    {  // the same GEMV with the pre-session-4 prefetch (GemvPrefetch::FirstLines): old vs new
-      const double us_old = time_graph_us(stream, copies, [&](int i) {
-        must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, false,
-                            GemvPrefetch::FirstLines));
-      });
-      rows.push_back(make_row(r.kernel + "_lines", r.shape, n, us_old, bytes, copy_gbps));
-    }
     // The whole linear(): activation quantization + GEMV (two graph nodes).
     const double us2 = time_graph_us(stream, copies, [&](int i) {
       must(linear_quantized(view(i), x.get(), n, ActWorkspace{codes.get(), ascales.get(), n * s.in, splitk}, y.get(), true,
@@ -232,11 +222,6 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
         r3.pct_copy = 100.0 * r3.gbps / copy_gbps;
         rows.push_back(r3);
       }
-      const double us4 = try_time_graph_us(stream, copies, [&](int i) {
-        return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true,
-                              GemvPrefetch::FirstLines);
-      });
-      if (us4 > 0) rows.push_back(make_row(r.kernel + "_pdl_lines", r.shape, n, us4, bytes, copy_gbps));
     }
   }
 }
@@ -399,23 +384,19 @@ void bench_packed(const GemvShape& s, int count, int64_t n, double copy_gbps, cu
   must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
   const QuantWeightView shape{QuantWeightFormat::MXFP4, s.out, s.in, w.get(), sc.get(), 32, 32};
   std::vector<GemvGroupItem> items(count);
+  const double us = time_graph_us(stream, copies, [&](int c) {
+    for (int i = 0; i < count; ++i)
+      items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
+                               sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
+                               y.get() + static_cast<size_t>(i) * n * s.out};
+    must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream, balanced));
+  });
   const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
                        4.0 * n * s.out * count;
-  // Default (GemvPrefetch::Slab), then the pre-session-4 prefetch (_lines): old vs new.
-  for (const GemvPrefetch prefetch : {GemvPrefetch::Slab, GemvPrefetch::FirstLines}) {
-    const double us = time_graph_us(stream, copies, [&](int c) {
-      for (int i = 0; i < count; ++i)
-        items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
-                                 sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
-                                 y.get() + static_cast<size_t>(i) * n * s.out};
-      must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream, balanced, prefetch));
-    });
-    rows.push_back(make_row(std::string(balanced ? "gemv_mxfp4_packbal" : "gemv_mxfp4_packed") +
-                                (prefetch == GemvPrefetch::FirstLines ? "_lines" : "") +
-                                (count > 1 ? " x" + std::to_string(count) : ""),
-                            std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us,
-                            bytes, copy_gbps));
-  }
+  rows.push_back(make_row(std::string(balanced ? "gemv_mxfp4_packbal" : "gemv_mxfp4_packed") +
+                              (count > 1 ? " x" + std::to_string(count) : ""),
+                          std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes,
+                          copy_gbps));
 }
 
 // The routed experts of a decode step as the CUDA model runs them: n tokens × top-6 of 384 experts
@@ -511,17 +492,6 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream));
     });
     rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
-    // The same two GEMVs with the pre-session-4 prefetch (GemvPrefetch::FirstLines): old vs new.
-    us = time_graph_us(stream, kSteps, [&](int c) {
-      must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
-                                GemvPrefetch::FirstLines));
-    });
-    rows.push_back(make_row("moe_items_w13" + tag + "_lines", shape, n, us, bytes13, copy_gbps));
-    us = time_graph_us(stream, kSteps, [&](int c) {
-      must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream,
-                                GemvPrefetch::FirstLines));
-    });
-    rows.push_back(make_row("moe_items_w2" + tag + "_lines", shape, n, us, bytes2, copy_gbps));
     // The routed path of one layer: dispatch + w1/w3 + SwiGLU/quant + w2 (4 graph nodes).
     us = time_graph_us(stream, kSteps, [&](int c) {
       dispatch(c);
@@ -791,13 +761,6 @@ void bench_attn_input(double copy_gbps, cudaStream_t stream, std::vector<Row>& r
     must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws));
   });
   rows.push_back(make_row("gemv_fp8_multi wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
-  us = time_graph_us(stream, copies, [&](int c) {  // pre-session-4 prefetch: old vs new
-    GemvGroupItem items[2];
-    for (int i = 0; i < 2; ++i)
-      items[i] = GemvGroupItem{base(c, i), base(c, i) + wb[i], codes.get(), ascales.get(), i == 0 ? y0.get() : y1.get()};
-    must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws, false, GemvPrefetch::FirstLines));
-  });
-  rows.push_back(make_row("gemv_fp8_multi_lines wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
 }
 
 // wo_a (8 groups of [1024, 4096] over o's slices): gemv_bf16 on the BF16 weight (67 MB, the reference's

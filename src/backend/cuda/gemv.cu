@@ -96,7 +96,6 @@ struct GemvParams {
   int kb_per_split;
   float* split_partials;          // [group][ksplit][8][out]
   unsigned* split_counters;       // [group][row tiles], zero between launches
-  bool slab_prefetch;             // GemvPrefetch::Slab
 };
 
 struct ChunkPointers {
@@ -177,24 +176,6 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
   }
 }
 
-// GemvPrefetch::Slab: chunk rounds a warp asks L2 for ahead of its own loads.
-constexpr int kPrefetchRounds = 2;
-
-// K blocks [kb_lo, kb_hi) of the tile's 16 rows into L2 (lanes 0..15: one bulk prefetch per weight row;
-// MXFP4 lanes 16..31: the rows' scale bytes, a line each). Rows past `out` are not asked for.
-template <bool kFp4>
-__device__ __forceinline__ void prefetch_chunks(const uint8_t* w, const uint8_t* ws, int64_t row0, int64_t out,
-                                                int64_t w_stride, int n_kb, int kb_lo, int kb_hi, int lane) {
-  constexpr int kWBytes = kFp4 ? 16 : 32;
-  const int64_t r = row0 + (lane % kRowsPerBlock);
-  if (r >= out || kb_hi <= kb_lo) return;
-  if (lane < kRowsPerBlock)
-    prefetch_l2_bulk(w + r * w_stride + static_cast<int64_t>(kb_lo) * kWBytes,
-                     static_cast<int64_t>(kb_hi - kb_lo) * kWBytes);
-  else if (kFp4)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ws + r * n_kb + kb_lo));
-}
-
 // Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
 // consecutive K blocks (whole 128-byte lines per row for FP8), each accumulating a 16×8 tile in the MMA's
 // accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
@@ -232,15 +213,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
 
   detail::pdl_launch_dependents();
-  if (p.slab_prefetch) {
-    // PDL: the block's first two chunk rounds (all 8 warps' chunks, kU K blocks each: 2 KiB per FP8 row)
-    // into L2 while the previous kernel finishes — the weights do not depend on it. The loop below keeps
-    // each warp two rounds ahead, so a warp's loads hit L2 instead of paying one HBM latency per round;
-    // the distance bounds the bytes parked in L2 (≤ 32 KiB per block).
-    if (warp == 0)
-      prefetch_chunks<kFp4>(op.w, op.w_scales, row0, out, w_stride, n_kb, kb_begin,
-                            min(kb_end, kb_begin + kPrefetchRounds * kGemvWarps * kU), lane);
-  } else {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
+  {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
      // the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
      // on it; activations, outputs and the split-K workspace wait for it.
     constexpr int kWBytes = kFp4 ? 16 : 32;
@@ -261,9 +234,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
   // chunk reaching past the K range clamps its block indices.
   for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
-    const int kb_ahead = kb0 + kPrefetchRounds * kGemvWarps * kU;
-    if (p.slab_prefetch && kb_ahead < kb_end)
-      prefetch_chunks<kFp4>(op.w, op.w_scales, row0, out, w_stride, n_kb, kb_ahead, min(kb_end, kb_ahead + kU), lane);
     if (kb0 + kU <= kb_end) gemv_chunk<kFp4, true>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
     else gemv_chunk<kFp4, false>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
   }
@@ -310,7 +280,6 @@ struct GemvItemsParams {
   int kb_shift;
   int64_t tiles;  // row tiles per matrix
   bool bf16_output;
-  bool slab_prefetch;  // GemvPrefetch::Slab
 };
 
 template <bool kFp4>
@@ -340,10 +309,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
     const float* as1 = it->act_scales + static_cast<int64_t>(it->act_row[tok1 < n ? tok1 : 0]) * n_kb;
     ChunkPointers cp{w + r_lo * w_stride + t * (kFp4 ? 4 : 8), w + r_hi * w_stride + t * (kFp4 ? 4 : 8), s_lo, s_hi,
                      a_row, as0, as1};
-    // GemvPrefetch::Slab: the unit's first 80 K blocks (all of K up to 2560 values) by the last warp, which
-    // has the least K work (no prefetch inside the K loop: the extra addresses spill).
-    if (p.slab_prefetch && warp == kGemvWarps - 1)
-      prefetch_chunks<kFp4>(w, ws, row0, p.out, w_stride, n_kb, 0, min(n_kb, 80), lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int kb0 = warp * kU; kb0 < n_kb; kb0 += kGemvWarps * kU) {
       if (kb0 + kU <= n_kb) gemv_chunk<kFp4, true>(cp, kb0, 0, n_kb, p.kb_shift, acc);
@@ -427,7 +392,7 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
 
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
                               bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
-                              bool programmatic_launch, GemvPrefetch prefetch) {
+                              bool programmatic_launch) {
   if (count < 0 || (count > 0 && items == nullptr))
     return make_error("cuda::gemv_quantized_grouped: count=" + std::to_string(count));
   if (n < 0) return make_error("cuda::gemv_quantized: n=" + std::to_string(n));
@@ -468,7 +433,6 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.kb_per_split = static_cast<int>(kb_per_split);
       p.split_partials = splitk.partials;
       p.split_counters = splitk.counters;
-      p.slab_prefetch = prefetch == GemvPrefetch::Slab;
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
       if (shape.format == QuantWeightFormat::MXFP4) {
         CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
@@ -498,7 +462,7 @@ SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t coun
 
 Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
                             bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
-                            bool programmatic_launch, GemvPrefetch prefetch) {
+                            bool programmatic_launch) {
   if (count < 1 || count > kMaxGroup || mats == nullptr || items == nullptr)
     return make_error("cuda::gemv_quantized_multi: count=" + std::to_string(count) + " (1.." +
                       std::to_string(kMaxGroup) + ", mats and items required)");
@@ -547,7 +511,6 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
     p.split_partials = splitk.partials;
     p.split_counters = splitk.counters;
-    p.slab_prefetch = prefetch == GemvPrefetch::Slab;
     if (tallest.format == QuantWeightFormat::MXFP4) {
       CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
                                           programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
@@ -560,11 +523,10 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
 }
 
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
-                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
-                            GemvPrefetch prefetch) {
+                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream) {
   if (layout != Mxfp4Layout::Plain)
     return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
-                                   layout == Mxfp4Layout::PackedBalanced, prefetch);
+                                   layout == Mxfp4Layout::PackedBalanced);
   QuantWeightView w = shape;
   w.data = w.scales = reinterpret_cast<const uint8_t*>(&shape);  // per-item pointers live on the device
   CEDAR_RETURN_IF_ERROR(check_weight(w));
@@ -583,7 +545,6 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   while ((int64_t{32} << p.kb_shift) < shape.block_in) ++p.kb_shift;
   p.tiles = (shape.out + kRowsPerBlock - 1) / kRowsPerBlock;
   p.bf16_output = bf16_output;
-  p.slab_prefetch = prefetch == GemvPrefetch::Slab;
   const bool fp4 = shape.format == QuantWeightFormat::MXFP4;
   const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
@@ -597,9 +558,9 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
 
 Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
                       float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
-                      bool programmatic_launch, GemvPrefetch prefetch) {
+                      bool programmatic_launch) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
-  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk, programmatic_launch, prefetch);
+  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk, programmatic_launch);
 }
 
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,

@@ -63,16 +63,6 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t v, uint32_t& w0, uint32_
   w1 = __byte_perm(even, odd, 0x7362);  // values 4,5,6,7
 }
 
-// Bulk L2 prefetch of the 16-byte-aligned part of [p, p + bytes) (sm_90 cp.async.bulk.prefetch: one
-// instruction per contiguous range, fire and forget: no registers held, nothing to wait for). Only the
-// inner aligned range is asked for, so nothing outside the given bytes is touched; it is a hint.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, int64_t bytes) {
-  const uint64_t a = static_cast<uint64_t>(__cvta_generic_to_global(p));
-  const uint64_t begin = (a + 15) & ~uint64_t{15}, end = (a + static_cast<uint64_t>(bytes)) & ~uint64_t{15};
-  if (bytes <= 0 || end <= begin) return;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(begin), "r"(static_cast<uint32_t>(end - begin)));
-}
-
 // Multiprocessors of the current device (132 on an H200; 132 if the query fails): sizes persistent grids.
 inline int device_sm_count() {
   int dev = 0, sms = 0;
@@ -84,7 +74,6 @@ inline int device_sm_count() {
 
 // gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu).
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced,
-                               GemvPrefetch prefetch);
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced);
 
 }  // namespace cedar::cuda::gemv_detail

@@ -36,9 +36,8 @@ struct PackedParams {
   int64_t group;  // host-item mode: matrices
   int64_t out, in, tiles;
   bool bf16_output;
-  bool balanced;       // false: the plain kernel's K schedule (8 warps)
-  int warps;           // = blockDim.x / 32
-  bool slab_prefetch;  // GemvPrefetch::Slab
+  bool balanced;  // false: the plain kernel's K schedule (8 warps)
+  int warps;      // = blockDim.x / 32
 };
 
 // The operands of one (matrix, tile) unit.
@@ -113,28 +112,8 @@ __device__ __forceinline__ void compute_group(const GroupLoads& L, float (&acc)[
   }
 }
 
-// GemvPrefetch::Slab: K-block groups [q_lo, q_hi) (64 weight bytes and 4 scale bytes per row each) of a
-// unit's 32 rows into L2, lane r asking for row r (one bulk prefetch; the scales: their first line and
-// the aligned rest). Rows past `out` are not asked for.
-__device__ __forceinline__ void prefetch_groups(const uint8_t* w, const uint8_t* ws, int64_t row0, int64_t out,
-                                                int64_t w_stride, int n_kb, int q_lo, int q_hi, int lane) {
-  const int64_t r = row0 + lane;
-  if (r >= out || q_hi <= q_lo) return;
-  prefetch_l2_bulk(w + r * w_stride + int64_t{64} * q_lo, int64_t{64} * (q_hi - q_lo));
-  const uint8_t* s = ws + r * n_kb + 4 * q_lo;
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(s));
-  if (q_hi - q_lo >= 8) prefetch_l2_bulk(s, 4 * (q_hi - q_lo));
-}
-
-// Slab prefetch: a unit's first kPrefetchGroups groups (2.5 KiB per row: all of K for the released
-// expert shapes, w1/w3 5120 and w2 2304 wide) are asked for at once; ≤ 80 KiB per block parked in L2.
-// (No prefetch inside the K loop: the kernel sits at 128 registers and the extra addresses spill.)
-constexpr int kPrefetchGroups = 40;
-
 // Block = 32 rows of one matrix (8 warps splitting K as the plain kernel); blocks loop over the
-// (matrix, row tile) units. With slab_prefetch the last warp asks L2 for each unit's K range as the
-// unit starts (the warps' later batches then hit L2), and for the next unit's once its reduction is
-// done, so HBM keeps streaming through the barrier and the next unit's dependent descriptor loads.
+// (matrix, row tile) units.
 template <bool kDeviceItems>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_mxfp4_packed_kernel(PackedParams p) {
   __shared__ float partial[kGemvWarps][kPackedRows][kTokensPerTile];
@@ -175,11 +154,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
     const uint16_t* a_row = op.act + row_of(op.act_row, g < op.n ? g : 0) * p.in + t * 8;
     const float* as0 = op.as + row_of(op.act_row, tok0 < op.n ? tok0 : 0) * n_kb;
     const float* as1 = op.as + row_of(op.act_row, tok1 < op.n ? tok1 : 0) * n_kb;
-    const int n_groups = n_kb / 4, W = p.warps;
-    const int head_groups = min(n_groups, kPrefetchGroups);
-    // This unit's head (asked for by the previous unit too, but only shortly before).
-    if (p.slab_prefetch && warp == W - 1)
-      prefetch_groups(op.w, op.ws, row0, p.out, w_stride, n_kb, 0, head_groups, lane);
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     if (!p.balanced) {
       for (int kb0 = warp * kRun; kb0 < n_kb; kb0 += kGemvWarps * kRun) {
@@ -197,6 +171,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
         }
       }
     } else {  // groups warp, warp + W, ... (two in flight), evenly spread over the W warps
+      const int n_groups = n_kb / 4, W = p.warps;
       int q = warp;
       for (; q + W < n_groups; q += 2 * W) {
         GroupLoads L0, L1;
@@ -225,20 +200,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
       for (int ww = 0; ww < p.warps; ++ww) sum += partial[ww][row][tok];  // warp order, as the plain kernel
       if (tok < op.n && row0 + row < p.out)
         op.y[row_of(op.y_row, tok) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
-    }
-    if (p.slab_prefetch && warp == W - 1 && unit + gridDim.x < units) {  // the next unit's head, while the block drains
-      const int64_t next = unit + gridDim.x;
-      const int64_t nm = next / p.tiles;
-      const uint8_t* nw;
-      const uint8_t* nws;
-      if constexpr (kDeviceItems) {
-        nw = p.items[nm].data;
-        nws = p.items[nm].scales;
-      } else {
-        nw = p.ops[nm].w;
-        nws = p.ops[nm].w_scales;
-      }
-      prefetch_groups(nw, nws, (next % p.tiles) * kPackedRows, p.out, w_stride, n_kb, 0, head_groups, lane);
     }
     __syncthreads();  // `partial` is reused by the next unit
   }
@@ -297,7 +258,7 @@ Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* pack
 }
 
 Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                                 bool bf16_output, cudaStream_t stream, bool balanced, GemvPrefetch prefetch) {
+                                 bool bf16_output, cudaStream_t stream, bool balanced) {
   const char* who = "cuda::gemv_mxfp4_packed";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (count < 0 || (count > 0 && items == nullptr) || n < 0)
@@ -330,7 +291,6 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
       p.bf16_output = bf16_output;
       p.balanced = balanced;
       p.warps = packed_warps(shape.in, balanced);
-      p.slab_prefetch = prefetch == GemvPrefetch::Slab;
       const auto grid = static_cast<unsigned>(std::min<int64_t>(tiles * group, 0x7FFFFFFF));
       gemv_mxfp4_packed_kernel<false><<<grid, p.warps * 32, 0, stream>>>(p);
       CEDAR_RETURN_IF_ERROR(launch_status("gemv_mxfp4_packed_kernel"));
@@ -340,15 +300,14 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
 }
 
 Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                         float* y, bool bf16_output, cudaStream_t stream, bool balanced, GemvPrefetch prefetch) {
+                         float* y, bool bf16_output, cudaStream_t stream, bool balanced) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
-  return gemv_mxfp4_packed_grouped(w, &item, 1, n, bf16_output, stream, balanced, prefetch);
+  return gemv_mxfp4_packed_grouped(w, &item, 1, n, bf16_output, stream, balanced);
 }
 
 namespace gemv_detail {
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced,
-                               GemvPrefetch prefetch) {
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced) {
   const char* who = "cuda::gemv_quantized_items(packed)";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
@@ -364,7 +323,6 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   p.bf16_output = bf16_output;
   p.balanced = balanced;
   p.warps = packed_warps(shape.in, balanced);
-  p.slab_prefetch = prefetch == GemvPrefetch::Slab;
   const int64_t wave = static_cast<int64_t>(kMinBlocksPerSm<true>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   gemv_mxfp4_packed_kernel<true><<<grid, p.warps * 32, 0, stream>>>(p);

@@ -53,13 +53,6 @@ struct SplitKWorkspace {
   unsigned* counters = nullptr;
   int64_t partial_floats = 0, counter_count = 0;
 };
-// How a GEMV block asks for its weight bytes ahead of its own loads (the results are identical; only
-// the timing differs). FirstLines: each warp's first chunk lines (prefetch.global.L2 before the PDL
-// wait: the pre-session-4 kernels). Slab: one bulk L2 prefetch per weight row of the whole K range the
-// block (or persistent unit) reads, so all of its bytes are in flight from the start instead of one
-// warp chunk at a time; persistent kernels also prefetch their next unit before the epilogue.
-enum class GemvPrefetch { FirstLines, Slab };
-
 struct SplitKSize {
   int64_t partial_floats = 0, counters = 0;  // zeros: this weight is never split
 };
@@ -71,7 +64,7 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
 // Deterministic: split-K partials are added in a fixed order.
 Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
                       float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
-                      bool programmatic_launch = false, GemvPrefetch prefetch = GemvPrefetch::Slab);
+                      bool programmatic_launch = false);
 
 // Several matrices of one shape and format in one launch (grid.z): e.g. the w1/w3 of a token's routed
 // experts (12 × 2304×5120 MXFP4 for top-6), whose per-matrix launches would each pay the fixed
@@ -86,7 +79,7 @@ struct GemvGroupItem {
 };
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
                               bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
-                              bool programmatic_launch = false, GemvPrefetch prefetch = GemvPrefetch::Slab);
+                              bool programmatic_launch = false);
 
 // Matrices of one format, `in` and FP8 block but different heights (`out`) that read the same kind of
 // input, in one launch: e.g. wq_a [1280, 5120] and wkv [512, 5120] of the attention input (one fixed
@@ -96,7 +89,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
 SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t count);
 Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
                             bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
-                            bool programmatic_launch = false, GemvPrefetch prefetch = GemvPrefetch::Slab);
+                            bool programmatic_launch = false);
 
 // Workspace for linear_quantized: codes [n·in] f16 + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {
