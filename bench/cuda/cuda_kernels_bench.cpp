@@ -272,6 +272,8 @@ struct MhcMode {
   bool expand = true;        // y given (expand)
   bool coefficients = true;  // fn given
   bool collapse = true;
+  bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
+  bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   const char* name = nullptr;  // row name override
 };
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
@@ -297,6 +299,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   auto scale = random_floats(3, 9, 1.0f);
   auto col = must(DeviceBuffer<float>::allocate(n * d));
   auto mix_out = must(DeviceBuffer<float>::allocate(n * mix));
+  auto norm_w = tiled_floats(d, 10, 1.0f);
+  auto normed = must(DeviceBuffer<float>::allocate(n * d));
   const int64_t ws_floats = mhc_workspace_floats(n, d), ws_counters = mhc_workspace_counters(n);
   auto part = must(DeviceBuffer<float>::allocate(ws_floats));
   auto counter = must(DeviceBuffer<unsigned>::allocate(ws_counters));
@@ -320,6 +324,11 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.mix_out = mix_out.get();
     a.sinkhorn_iters = sinkhorn_iters;
     a.programmatic_launch = mode.pdl && !mode.cluster;
+    a.legacy_decode = mode.legacy;
+    if (mode.norm) {
+      a.norm_weight = norm_w.get();
+      a.normed = normed.get();
+    }
     MhcWorkspace ws{part.get(), counter.get()};
     if (mode.sized_ws) {
       ws.partial_floats = ws_floats;
@@ -337,7 +346,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   }
   // fn + X read + y read + X_out written + collapsed written (+ tiny coefficient traffic).
   const double bytes = 4.0 * ((mode.coefficients ? static_cast<double>(fn_count) : 0.0) + n * width +
-                              (mode.expand ? n * d + n * width : 0.0) + (mode.collapse ? n * d : 0.0));
+                              (mode.expand ? n * d + n * width : 0.0) + (mode.collapse ? n * d : 0.0) +
+                              (mode.norm ? d + n * d : 0.0));
   std::string name = mode.name ? mode.name
                      : mode.cluster ? (mode.pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster")
                                     : "mhc_fused";
@@ -510,10 +520,11 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
     auto blas = BlasContext::create();
     if (!blas.ok()) std::printf("moe_route_blas not benchmarked: %s\n", blas.error().message.c_str());
     enum class Mode { Plain, Workspace, Blas };
-    auto route_rows = [&](int64_t n, Mode mode, bool logits_only) {
+    // select_only: router_select alone on given logits (the fused launch's selection tail, separately).
+    auto route_rows = [&](int64_t n, Mode mode, bool logits_only, bool select_only = false) {
       auto x = random_floats(n * d, 43, 1.0f);
       auto xb = must(DeviceBuffer<uint16_t>::allocate(n * d));
-      auto logits = must(DeviceBuffer<float>::allocate(n * E));
+      auto logits = random_floats(n * E, 44, 2.0f);
       auto ex = must(DeviceBuffer<int32_t>::allocate(n * K));
       auto wt = must(DeviceBuffer<float>::allocate(n * K));
       const int reps = n >= 1024 ? 4 : copies;
@@ -536,9 +547,10 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
           a.x_bf16 = xb.get();
           a.x_bf16_elems = n * d;
         }
-        must(logits_only ? router_logits(a, stream) : moe_route(a, stream));
+        must(select_only ? router_select(a, stream) : logits_only ? router_logits(a, stream) : moe_route(a, stream));
       });
-      const char* name = logits_only ? "router_logits_ws"
+      const char* name = select_only   ? "router_select"
+                         : logits_only ? "router_logits_ws"
                          : mode == Mode::Plain ? "moe_route"
                          : mode == Mode::Workspace ? "moe_route_ws"
                                                    : "moe_route_blas";
@@ -547,8 +559,23 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
     for (int64_t n : {1, 8, 64}) route_rows(n, Mode::Plain, false);
     for (int64_t n : {1, 2, 8, 64, 1024}) route_rows(n, Mode::Workspace, false);
     route_rows(1, Mode::Workspace, true);
+    for (int64_t n : {1, 8}) route_rows(n, Mode::Workspace, false, true);
     if (blas.ok())
       for (int64_t n : {1024, 8192}) route_rows(n, Mode::Blas, false);
+  }
+  {  // p-mhc: moe_combine (6 routed rows + the shared one per token; model stage moe.combine ~10 us before)
+    for (int64_t n : {1, 8}) {
+      std::vector<int32_t> ids(n * K);
+      for (int64_t i = 0; i < n * K; ++i) ids[i] = static_cast<int32_t>((i * 37) % E);
+      auto experts = must(DeviceBuffer<int32_t>::from_host(ids));
+      auto routed = tiled_floats(n * K * d, 51, 1.0f);
+      auto shared = tiled_floats(n * d, 52, 1.0f);
+      auto y = must(DeviceBuffer<float>::allocate(n * d));
+      const double us = time_graph_us(stream, 8, [&](int) {
+        must(moe_combine(MoeCombineArgs{n, K, d, experts.get(), routed.get(), shared.get(), y.get()}, stream));
+      });
+      rows.push_back(make_row("moe_combine", "top6 x5120 + shared", n, us, 4.0 * n * d * (K + 2), copy_gbps));
+    }
   }
   {  // Engram gather: 24 rows of 256 + 8 bytes per token from a 2 GiB table (device) or host-mapped
     constexpr int64_t cols = 24, hd = 256, table_rows = int64_t{1} << 23;  // 8 Mi rows
@@ -883,6 +910,59 @@ void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<R
     rows.push_back(make_row("sparse_attn_tiled", "64x512 640 keys", n, old_us, bytes, copy_gbps));
     const double new_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(a, stream, ws)); });
     rows.push_back(make_row("sparse_attn_decode", "64x512 640 keys", n, new_us, bytes, copy_gbps));
+    SparseAttnArgs la = a;  // the first merge (serial loads, plain launch): the session-4 run's row
+    la.legacy_decode_merge = true;
+    const double leg_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(la, stream, ws)); });
+    rows.push_back(make_row("sparse_attn_decode_oldmerge", "64x512 640 keys", n, leg_us, bytes, copy_gbps));
+  }
+}
+
+// Indexer selection at decode (top-512 of a row's scores, the perf profile's shapes): the full scan of a
+// candidate source at 4096 visible entries (+ top-2048 blocks of 8), and a restricted layer's 16384
+// candidate slots (two select segments). Scores of one binade range, as the indexer's are (most share
+// the sign and exponent: the first radix pass's histogram is the hot spot). Old = one shared atomic per
+// value (legacy_histogram), new = warp-aggregated; same selection.
+void bench_indexer_select(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  struct Shape {
+    const char* name;
+    int64_t visible;
+    bool blocks;
+  };
+  for (const Shape sh : {Shape{"4096 +blocks", 4096, true}, Shape{"16384", 16384, false}}) {
+    for (int64_t n : {1, 8}) {
+      std::vector<AttnToken> tokens;
+      for (int64_t r = 0; r < n; ++r) append_chunk_tokens(tokens, static_cast<int32_t>(r), sh.visible - 1, 1);
+      auto dtok = must(DeviceBuffer<AttnToken>::from_host(tokens));
+      std::mt19937 rng(11);
+      std::vector<float> sc(n * sh.visible);
+      for (auto& v : sc) v = 1.0f + static_cast<float>(rng() % 65536) / 65536.0f;  // one binade
+      auto dsc = must(DeviceBuffer<float>::from_host(sc));
+      const int64_t topk = 512, ctopk = 2048, bs = 8;
+      const int64_t wsb = indexer_select_workspace_bytes(n, sh.visible, topk, sh.blocks ? ctopk : 0, bs);
+      auto dws = must(DeviceBuffer<uint8_t>::allocate(std::max<int64_t>(1, wsb)));
+      auto dout = must(DeviceBuffer<int32_t>::allocate(n * topk));
+      auto dblk = must(DeviceBuffer<int32_t>::allocate(n * ctopk));
+      IndexerSelectArgs a;
+      a.n = n;
+      a.ratio = 1;
+      a.tokens = dtok.get();
+      a.scores = dsc.get();
+      a.max_slots = sh.visible;
+      a.candidate_topk_blocks = ctopk;
+      a.candidate_block_size = bs;
+      a.topk = topk;
+      a.topk_out = dout.get();
+      a.blocks_out = sh.blocks ? dblk.get() : nullptr;
+      a.workspace = dws.get();
+      a.workspace_bytes = wsb;
+      const double bytes = 4.0 * n * sh.visible;
+      IndexerSelectArgs old = a;
+      old.legacy_histogram = true;
+      const double old_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(old, stream)); });
+      rows.push_back(make_row("indexer_select_old", sh.name, n, old_us, bytes, copy_gbps));
+      const double new_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(a, stream)); });
+      rows.push_back(make_row("indexer_select", sh.name, n, new_us, bytes, copy_gbps));
+    }
   }
 }
 
@@ -950,6 +1030,24 @@ int run(int argc, char** argv) {
     st.name = "mhc_stream";
     for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
   }
+  {  // p-mhc: the session-3 decode kernel (_legacy: one thread per token's coefficients) vs the current
+     // one (a warp per token, inline reciprocals), and a whole site with its RMSNorm: legacy kernel +
+     // rms_norm launch vs the norm fused into the last block; _pdl back to back as in the model.
+    for (const bool legacy : {true, false}) {
+      MhcMode m;
+      m.sized_ws = true;
+      m.legacy = legacy;
+      m.name = legacy ? "mhc_decode_legacy" : "mhc_decode";
+      for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+      bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, m);
+      m.norm = true;
+      m.name = legacy ? "mhc_norm_legacy" : "mhc_norm";
+      for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+      m.pdl = true;
+      m.name = legacy ? "mhc_norm_legacy_pdl" : "mhc_norm_pdl";
+      for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+    }
+  }
   // cuda-ffn: the cluster mHC, the packed MXFP4 expert layout, the device-routed experts and the rest.
   MhcMode cl;
   cl.cluster = true;
@@ -977,6 +1075,7 @@ int run(int argc, char** argv) {
   bench_wo_a(copy_gbps, stream->get(), rows);
   bench_attn_input(copy_gbps, stream->get(), rows);
   bench_sparse_attention(copy_gbps, stream->get(), rows);
+  bench_indexer_select(copy_gbps, stream->get(), rows);
 
   std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
               "%copy-floor");

@@ -171,8 +171,9 @@ struct AbRow {
 
 // The switches an A/B run flips, each alone against the defaults, then all of them together (legacy).
 const std::vector<std::string>& ab_specs() {
-  static const std::vector<std::string> specs = {"programmatic_launch=0", "router_splitk=0", "mhc_batched=0",
-                                                 "gemv_multi=0",          "mhc_cluster=1",   "legacy"};
+  static const std::vector<std::string> specs = {
+      "programmatic_launch=0", "router_splitk=0", "mhc_batched=0", "gemv_multi=0",
+      "mhc_cluster=1",         "fused_q_rope=0",  "mhc_fused_norm=0", "legacy"};
   return specs;
 }
 

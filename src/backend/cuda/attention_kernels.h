@@ -305,6 +305,8 @@ struct IndexerSelectArgs {
   int32_t* blocks_out = nullptr;  // optional (candidate source): [n, candidate_topk_blocks]
   void* workspace = nullptr;      // indexer_select_workspace_bytes
   int64_t workspace_bytes = 0;
+  // The first radix histogram (one shared atomic per value; same selection): bench comparison only.
+  bool legacy_histogram = false;
 };
 int64_t indexer_select_workspace_bytes(int64_t n, int64_t max_slots, int64_t topk, int64_t candidate_topk_blocks,
                                        int64_t candidate_block_size);
@@ -346,6 +348,13 @@ struct SparseAttnArgs {
   const KvSourceSeq* kv_seqs = nullptr;  // the KV source's state (main KV streams), with topk
   RopeTableView rope = {};               // the layer's rope (inverse at p on the output)
   float* out = nullptr;                  // [n, heads·head_dim]
+  // Decode kernel only: the first merge (serial loads, plain launch) instead of the prefetching one
+  // launched with PDL. Same arithmetic, bit-identical output; kept for the parity test and bench rows.
+  bool legacy_decode_merge = false;
+  // Decode kernel only: q is given before RoPE and the kernel applies rope_apply's forward rotation (at
+  // the row's position, last rope_dim channels of each head) as it loads q — bit-identical to calling
+  // rope_apply first, one launch fewer. The tiled kernels refuse it.
+  bool q_before_rope = false;
 };
 // Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits); covers both
 // kernels sparse_attention may pick for n rows.
@@ -376,6 +385,10 @@ SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_
                                                                int64_t window, int64_t topk_width);
 // Whether sparse_attention (and the model's sparse_attention_prefetch) run the decode kernel for a.
 bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws);
+// The same decision from the shape alone (topk_width 0: SWA-only), for callers that must know it before
+// the arguments exist (the model skips rope_apply on q when the decode kernel will rotate it).
+bool sparse_attention_decode_fits(int64_t n, int64_t heads, int64_t head_dim, int64_t window, int64_t topk_width,
+                                  const SparseAttnWorkspace& ws);
 Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});
 
 // The attention output projection (attention_output_projection): u = wo_a grouped (gemv_bf16, bf16 out)

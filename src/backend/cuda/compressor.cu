@@ -28,7 +28,7 @@ __device__ __forceinline__ const float* member_row(const float* rows, const floa
 // One block per row. Thread k handles channel pairs k, k + 256, ...: an FP4 block of 16 channels is 8
 // consecutive pairs (a quarter warp), so the block's amax is a quarter-warp reduction.
 __global__ void __launch_bounds__(kThreads) compressor_entries_kernel(CompressorArgs a) {
-  __shared__ float xs[kMaxWidth];
+  __shared__ __align__(16) float xs[kMaxWidth];
   __shared__ float rstd;
   const int64_t row = blockIdx.x, hd = a.head_dim, r = a.ratio;
   const AttnToken tk = a.tokens[row];
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) compressor_entries_kernel(Compressor
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential(xs, hd, a.eps);
+  if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential_smem(xs, hd, a.eps);
   __syncthreads();
   const float rs = rstd;
   const int64_t rope_start = hd - a.rope.rope_dim;
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) compressor_keep_pending_kernel(Compr
 
 // One block per row; a UE8M0 block of 32 channels is 16 pairs (a half warp).
 __global__ void __launch_bounds__(kThreads) indexer_keys_store_kernel(IndexKeyArgs a) {
-  __shared__ float xs[kMaxWidth];
+  __shared__ __align__(16) float xs[kMaxWidth];
   __shared__ float rstd;
   const int64_t row = blockIdx.x, w = a.index_head_dim, r = a.ratio;
   const AttnToken tk = a.tokens[row];
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) indexer_keys_store_kernel(IndexKeyAr
   const int64_t j = tk.pos / r, g0 = j * r;
   for (int64_t c = threadIdx.x; c < w; c += kThreads) xs[c] = a.k[row * w + c];
   __syncthreads();
-  if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential(xs, w, a.eps);
+  if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential_smem(xs, w, a.eps);
   __syncthreads();
   const float rs = rstd;
   const int64_t rope_start = w - a.rope.rope_dim;

@@ -315,9 +315,11 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.router_splitk = false;
   p.mhc_batched = false;
   p.mhc_cluster = true;  // the loop before the performance pass took the cluster kernel above 4 rows
+  p.mhc_fused_norm = false;
   p.gemv_multi = false;
   p.blas_min_rows = INT64_MAX;
   p.moe_items_max_rows = kGemvMaxRows;
+  p.fused_q_rope = false;
   return p;
 }
 
@@ -335,7 +337,9 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"router_splitk", &p.router_splitk, nullptr},
           {"mhc_batched", &p.mhc_batched, nullptr},
           {"mhc_cluster", &p.mhc_cluster, nullptr},
+          {"mhc_fused_norm", &p.mhc_fused_norm, nullptr},
           {"gemv_multi", &p.gemv_multi, nullptr},
+          {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

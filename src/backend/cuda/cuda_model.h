@@ -60,6 +60,9 @@ struct CudaKernelPaths {
   bool mhc_batched = true;
   // mhc_fused_cluster (ffn_kernels.h) instead of mhc_fused for 5..127 rows, where supported.
   bool mhc_cluster = false;
+  // The sites' input RMSNorm requested from mhc_fused (MhcFusedArgs::normed: fused into the decode
+  // kernel's last block up to kMhcNormFuseMaxTokens rows, same bits). false: a separate rms_norm launch.
+  bool mhc_fused_norm = true;
   // Decode (<= kGemvMaxRows rows): wq_a + wkv (x's codes) and, on index-source layers, wq_b + the
   // indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
   bool gemv_multi = true;
@@ -71,6 +74,9 @@ struct CudaKernelPaths {
   // (packed GEMVs: each expert read once per 8 of its rows), more rows through the grouped GEMMs. The
   // workspace is sized at load for the loaded value; set_paths clamps to it.
   int64_t moe_items_max_rows = kGemvMaxRows;
+  // Decode-shaped attention (sparse_attention_decode): q's RoPE applied by the attention kernel as it
+  // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
+  bool fused_q_rope = true;
   static CudaKernelPaths legacy();
 };
 
@@ -238,6 +244,7 @@ class CudaModel {
   struct DenseCall;
   Status dense(const DenseCall& c);
   Status mhc(const void* args_ptr, const Rows& r);
+  Status site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight);  // mhc + the site's input norm
   // Programmatic dependent launch for the next PDL-capable kernel on the current stream: decode only, not
   // while profiling (event nodes between stages), and not for the first kernel after a fork or join
   // (its predecessors are on two streams) or a cuBLASLt call.

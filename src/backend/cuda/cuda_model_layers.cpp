@@ -193,9 +193,26 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   a.programmatic_launch = pdl();
   // The cluster kernel (coefficients only) is one launch per 8-token tile without a global workspace;
   // the sized decode kernel runs every tile in one launch and the streaming one covers prefill.
-  if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched))
-    return mhc_fused_cluster(a, cs(), false);  // cluster launches without PDL: not tested together yet
+  if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched)) {
+    CEDAR_RETURN_IF_ERROR(mhc_fused_cluster(a, cs(), false));  // cluster launches without PDL: not tested together yet
+    return a.normed ? rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, cs(), false)
+                    : Status::Ok();
+  }
   return mhc_fused(a, mhc_ws(), cs());
+}
+
+// The site's input norm: requested from mhc_fused (fused into its decode kernel up to
+// kMhcNormFuseMaxTokens rows), or a separate rms_norm launch (paths.mhc_fused_norm = false).
+Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight) {
+  MhcFusedArgs& a = *static_cast<MhcFusedArgs*>(args_ptr);
+  if (!options_.paths.mhc_fused_norm) {
+    CEDAR_RETURN_IF_ERROR(mhc(&a, r));
+    return norm(a.collapsed, r.n, config().hidden_size, weight, ws_->xn);
+  }
+  a.norm_weight = weight.data;
+  a.normed = ws_->xn;
+  a.normed_eps = static_cast<float>(config().rms_norm_eps);
+  return mhc(&a, r);
 }
 
 namespace {
@@ -360,8 +377,7 @@ Status CudaModel::attention_site(int64_t l, const Rows& r) {
   }
   set_collapse(a, prev, w.x);
   a.mix_out = w.mix_attn;
-  CEDAR_RETURN_IF_ERROR(mhc(&a, r));
-  CEDAR_RETURN_IF_ERROR(norm(w.x, r.n, c.hidden_size, L.attn_norm, w.xn));
+  CEDAR_RETURN_IF_ERROR(site_norm(&a, r, L.attn_norm));
   return mark("mhc + norm", L.hc_attn.fn.size * 4);
 }
 
@@ -383,6 +399,10 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
                                                                                    : in.tok_exact;
   tok += r.first;
   const RopeTableView rope = role.compress_ratio > 0 ? tables_->rope_compress_view : tables_->rope_main_view;
+  // Calls the decode kernel takes: it rotates q while loading it, so the query path skips rope_apply.
+  const bool q_rope_in_attention =
+      options_.paths.fused_q_rope && sparse_attention_decode_fits(n, H, hd, kv_.geometry().swa_slots,
+                                                                  role.compress_ratio > 0 ? c.index_topk : 0, w.sparse);
 
   // Global KV first (the chunk's complete groups), as attention_forward.
   const bool compress = role.owns_compressor && role.compress_ratio > 0;
@@ -416,13 +436,15 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     } else {
       CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
     }
-    RopeApplyArgs ra;
-    ra.x = w.q;
-    ra.rows = n;
-    ra.n_vec = H;
-    ra.width = hd;
-    ra.tokens = tok;
-    CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, cs()));
+    if (!q_rope_in_attention) {
+      RopeApplyArgs ra;
+      ra.x = w.q;
+      ra.rows = n;
+      ra.n_vec = H;
+      ra.width = hd;
+      ra.tokens = tok;
+      CEDAR_RETURN_IF_ERROR(rope_apply(rope, ra, cs()));
+    }
     return mark("attn.q", (multi ? 0 : L.wq_a.bytes()) + L.wq_b.bytes() + (multi_qb ? L.wq_b_i.bytes() : 0));
   };
   // The compressor's global KV and the layer's own SWA KV: FP8-QDQ(RoPE(RMSNorm_kv(wkv·x))) as staged
@@ -470,6 +492,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.kv_seqs = topk ? tables_->sources[static_cast<size_t>(role.kv_source)].get() : nullptr;
   sa.rope = rope;
   sa.out = w.o;
+  sa.q_before_rope = q_rope_in_attention;
   CEDAR_RETURN_IF_ERROR(options_.prefetch_attention ? sparse_attention_prefetch(sa, cs(), w.sparse)
                                                     : sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
@@ -647,8 +670,7 @@ Status CudaModel::ffn_site(int64_t l, const Rows& r) {
   set_expand(a, w.y, m);
   set_collapse(a, m, w.x);
   a.mix_out = w.mix_ffn;
-  CEDAR_RETURN_IF_ERROR(mhc(&a, r));
-  CEDAR_RETURN_IF_ERROR(norm(w.x, r.n, c.hidden_size, L.ffn_norm, w.xn));
+  CEDAR_RETURN_IF_ERROR(site_norm(&a, r, L.ffn_norm));
   return mark("mhc + norm", L.hc_ffn.fn.size * 4);
 }
 

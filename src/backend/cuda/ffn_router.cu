@@ -40,6 +40,7 @@ constexpr int kRlChunksPerWarp = 4;                   // per split: all of a war
 constexpr int kFuseMaxTokens = 8;
 constexpr int64_t kFuseMaxValues = 5120;  // n·E: score + biased rows in <= 40 KB of dynamic shared memory
 constexpr int kSelectMaxWarps = 8;
+constexpr int kSelectKeyRegs = 12;  // keys per lane kept in registers: E <= 384 (V4.1's 384 experts)
 constexpr int64_t kSelectSmemBytes = 48 * 1024;
 
 // One block per (token, slice of 8-value chunks). Out-of-range tokens give zero rows.
@@ -103,6 +104,26 @@ __device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, 
     int64_t id = a.token_ids[t];
     id = id < 0 ? 0 : (id >= a.tid2eid_vocab ? a.tid2eid_vocab - 1 : id);
     for (int64_t k = lane; k < K; k += 32) sel[k] = a.tid2eid[id * K + k];
+  } else if (E <= 32 * kSelectKeyRegs) {
+    // The lane's keys computed once, in registers (the rounds below rescan registers, not shared memory).
+    uint64_t keys[kSelectKeyRegs];
+#pragma unroll
+    for (int r = 0; r < kSelectKeyRegs; ++r) {
+      const int64_t e = lane + 32 * r;
+      keys[r] = e < E ? selection_key(biased[e], e) : 0;  // 0: below every real key, never selected
+    }
+    uint64_t prev = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      uint64_t best = 0;
+#pragma unroll
+      for (int r = 0; r < kSelectKeyRegs; ++r)
+        if ((k == 0 || keys[r] < prev) && keys[r] > best) best = keys[r];
+      const uint32_t hi = static_cast<uint32_t>(best >> 32);
+      const uint32_t max_hi = __reduce_max_sync(detail::kFullMask, hi);
+      const uint32_t max_lo = __reduce_max_sync(detail::kFullMask, hi == max_hi ? static_cast<uint32_t>(best) : 0u);
+      prev = (static_cast<uint64_t>(max_hi) << 32) | max_lo;
+      if (lane == 0) sel[k] = static_cast<int32_t>(0xFFFFFFFFu - max_lo);
+    }
   } else {
     uint64_t prev = 0;
     for (int64_t k = 0; k < K; ++k) {
@@ -119,15 +140,15 @@ __device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, 
     }
   }
   __syncwarp();
-  if (lane != 0) return;
   // Weights in slot order, as route_tokens: w_k = s_k / (Σ + 1e-20) · route_scale (no contraction:
-  // each step is one rounded operation).
+  // each step is one rounded operation). Every lane forms the same Σ in slot order; lane k writes slot
+  // k (slots k, k + 32, ...): the divisions in parallel instead of one after another in lane 0.
   float sum = 0.0f;
   for (int64_t k = 0; k < K; ++k) {
     const int32_t e = sel[k];
     sum = __fadd_rn(sum, (e >= 0 && e < E) ? score[e] : 0.0f);
   }
-  for (int64_t k = 0; k < K; ++k) {
+  for (int64_t k = lane; k < K; k += 32) {
     const int32_t e = sel[k];
     float v = (e >= 0 && e < E) ? score[e] : 0.0f;
     if (a.norm_topk_prob) v = v / __fadd_rn(sum, 1e-20f);

@@ -139,6 +139,15 @@ struct MhcFusedArgs {
   // previous kernel finishes, and waits for it (griddepcontrol.wait) before reading X, y or the
   // coefficients. Inside a graph this becomes a programmatic edge.
   bool programmatic_launch = false;
+  // Optional: normed = rms_norm(collapsed, n, d, norm_weight, normed_eps) (the next sublayer's input
+  // norm, rms_norm's bits). The decode kernel's last block computes it up to kMhcNormFuseMaxTokens
+  // rows (no second launch); otherwise mhc_fused launches rms_norm after the mHC kernels.
+  const float* norm_weight = nullptr;  // [d] or null (unweighted)
+  float* normed = nullptr;             // [n, d] or null
+  float normed_eps = 1e-6f;
+  // The session-3 decode kernel (coefficients by one thread per token, no fused norm): for the parity
+  // test and the bench rows only.
+  bool legacy_decode = false;
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).
@@ -154,6 +163,7 @@ struct MhcWorkspace {
   int64_t counter_count = 1;
 };
 constexpr int64_t kMhcStreamMinTokens = 128;
+constexpr int64_t kMhcNormFuseMaxTokens = 4;
 int64_t mhc_workspace_floats(int64_t n, int64_t d);
 int64_t mhc_workspace_counters(int64_t n);
 Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream);

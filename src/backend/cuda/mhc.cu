@@ -6,7 +6,9 @@
 //   before griddepcontrol.wait under PDL), then X, y and the per-token coefficients — is issued at the
 //   start: one memory round trip. The 25 per-token sums are reduced in the block (reduce-scatter
 //   butterfly, warps in order), written to the workspace, and the last block (ticket) adds the blocks'
-//   sums in block order and runs the coefficients + Sinkhorn with one thread per token in registers.
+//   sums in block order and runs the coefficients + Sinkhorn with one warp per token in registers
+//   (finish_mix_warp; the session-3 kernel's one thread per token with __frcp_rn cost 0.4 µs per
+//   Sinkhorn iteration: legacy_decode), then, if asked, the RMSNorm of collapsed (args.normed).
 //   X_out / collapsed are stored after the ticket, off the critical path. All token tiles of a batch
 //   run in one launch when the workspace has a counter per tile. (The first version: 160 blocks, X
 //   staged through shared memory, coefficients loaded after two barriers, the X_out stores before the
@@ -47,6 +49,7 @@ struct MhcDecodeParams {
   float* partials;     // [tile][kMaxTokens·kSlot][blocks] (one tile per launch: tile 0 only)
   unsigned* counters;  // [tiles of the launch]
   int64_t tile0;       // first token tile of this launch
+  bool fuse_norm;      // a.normed by the last block (collapsed stored before the ticket)
 };
 
 int64_t decode_blocks(int64_t d) { return (d + kDecChannels - 1) / kDecChannels; }
@@ -63,12 +66,62 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// The fused RMSNorm of `collapsed` in the last block: rms_norm_kernel's arithmetic op for op (thread t
+// sums channels t, t + 256, ... with FMAs, warp_sum, the warps in order; the same rstd in every thread),
+// so `normed` has rms_norm's bits. Batches of kNormBatch loads per thread: one round trip at d = 5120.
+constexpr int kNormBatch = 20;
+constexpr int kTailBlocksPerLane = 4;  // the last block's partial loads in flight per lane and slot: G <= 128
+__device__ void fused_norm_row(const float* xr, const float* weight, int64_t dim, float eps, float* yr,
+                               float* warp_sums) {
+  const int tid = threadIdx.x;
+  float ss = 0.0f;
+  for (int64_t c0 = tid; c0 < dim; c0 += int64_t{kDecThreads} * kNormBatch) {
+    float v[kNormBatch];
+#pragma unroll
+    for (int q = 0; q < kNormBatch; ++q) {
+      const int64_t c = c0 + int64_t{kDecThreads} * q;
+      v[q] = c < dim ? __ldcg(xr + c) : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < kNormBatch; ++q)
+      if (c0 + int64_t{kDecThreads} * q < dim) ss = fmaf(v[q], v[q], ss);
+  }
+  ss = detail::warp_sum(ss);
+  if ((tid & 31) == 0) warp_sums[tid >> 5] = ss;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kDecThreads / 32; ++w) total += warp_sums[w];
+  const float r = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+  for (int64_t c0 = tid; c0 < dim; c0 += int64_t{kDecThreads} * kNormBatch) {
+    float v[kNormBatch], wv[kNormBatch];
+#pragma unroll
+    for (int q = 0; q < kNormBatch; ++q) {
+      const int64_t c = c0 + int64_t{kDecThreads} * q;
+      v[q] = c < dim ? __ldcg(xr + c) : 0.0f;
+      wv[q] = c < dim && weight ? __ldg(weight + c) : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < kNormBatch; ++q) {
+      const int64_t c = c0 + int64_t{kDecThreads} * q;
+      const float x = __fmul_rn(v[q], r);
+      if (c < dim) yr[c] = detail::round_bf16(weight ? __fmul_rn(wv[q], x) : x);
+    }
+  }
+  __syncthreads();  // warp_sums is reused by the next row
+}
+
+// kLegacy: the session-3 kernel (coefficients by one thread per token; collapsed after the ticket; no
+// fused norm), kept for the parity test and the bench rows. The current one: the last block runs the
+// coefficients with one warp per token (finish_mix_warp) and, when p.fuse_norm, the RMSNorm of
+// collapsed (stored before the ticket so that the last block can read every channel).
+template <bool kLegacy>
 __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams p) {
   const MhcFusedArgs& a = p.a;
   __shared__ float coef[kMaxTokens][kCoef];
   __shared__ float red[kMaxTokens][kDecThreads / 32][kSlot];
   __shared__ float m_all[kMaxTokens][kSlot];
   __shared__ float own[kMaxTokens][kDecThreads];
+  __shared__ float warp_sums[kDecThreads / 32];
   __shared__ bool is_last;
   detail::pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -80,20 +133,23 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   const int64_t t0 = (p.tile0 + blockIdx.y) * kMaxTokens;
   const int nt = static_cast<int>(a.n - t0 < kMaxTokens ? a.n - t0 : kMaxTokens);
   const int64_t G = gridDim.x;
+  const bool early_collapse = !kLegacy && p.fuse_norm;
 
   // fn is a weight (independent of the previous kernel): first, before the PDL wait.
   float fw[kMix];
 #pragma unroll
   for (int i = 0; i < kMix; ++i) fw[i] = cv ? __ldg(a.fn + i * width + k * d + c) : 0.0f;
   detail::pdl_wait();
-  // X of all 4 streams (this channel) and y for the tile's tokens; tokens past n read token t0.
+  // X of all 4 streams (this channel) and y for the tile's tokens; tokens past n read token t0 (the
+  // current kernel skips them).
   float xv[kMaxTokens][kHc], yv[kMaxTokens];
 #pragma unroll
   for (int t = 0; t < kMaxTokens; ++t) {
+    const bool live = kLegacy || t < nt;
     const int64_t tok = t0 + (t < nt ? t : 0);
 #pragma unroll
-    for (int j = 0; j < kHc; ++j) xv[t][j] = a.X[tok * width + j * d + c];
-    yv[t] = a.y ? a.y[tok * d + c] : 0.0f;
+    for (int j = 0; j < kHc; ++j) xv[t][j] = live ? a.X[tok * width + j * d + c] : 0.0f;
+    yv[t] = a.y && live ? a.y[tok * d + c] : 0.0f;
   }
   if (tid < nt * kCoef) {
     const int t = tid / kCoef, q = tid % kCoef;
@@ -118,6 +174,11 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
 #pragma unroll
       for (int j = 0; j < kHc; ++j) xn[t][j] = xv[t][j];
     }
+  }
+  if (early_collapse && cv && a.collapse_w && k == 0) {
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t)
+      if (t < nt) a.collapsed[(t0 + t) * d + c] = collapse_channel(xn[t], coef[t] + kHc + kHc * kHc);
   }
   // Per token: 24 products with fn and the square of this thread's X_new value, reduced over the warp
   // (lane i ends with value i), then the block's 8 warps in order. (The thread's own values go through
@@ -147,14 +208,15 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   __syncthreads();
   if (tid == 0) is_last = atomicAdd(p.counters + blockIdx.y, 1u) == static_cast<unsigned>(G - 1);
   __syncthreads();
-  // X_out / collapsed after the ticket: their stores do not delay the fence above.
+  // X_out (and collapsed unless early) after the ticket: their stores do not delay the fence above.
   if (cv) {
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) {
       if (t >= nt) break;
       const int64_t tok = t0 + t;
       if (a.y) a.X_out[tok * width + k * d + c] = own[t][tid];
-      if (a.collapse_w && k == 0) a.collapsed[tok * d + c] = collapse_channel(xn[t], coef[t] + kHc + kHc * kHc);
+      if (!early_collapse && a.collapse_w && k == 0)
+        a.collapsed[tok * d + c] = collapse_channel(xn[t], coef[t] + kHc + kHc * kHc);
     }
   }
   if (!is_last) return;
@@ -164,12 +226,30 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   const int slots = nt * kSlot;
   for (int s0 = warp * 4; s0 < slots; s0 += (kDecThreads / 32) * 4) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t b = lane; b < G; b += 32) {
-      float v[4];
+    if (!kLegacy && G <= 32 * kTailBlocksPerLane) {
+      // All of a lane's loads at once (the runtime loop below issues one L2 round trip per 32 blocks);
+      // the same additions in the same order.
+      float v[4][kTailBlocksPerLane];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] = __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b);
+      for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[q] += v[q];
+        for (int r = 0; r < kTailBlocksPerLane; ++r) {
+          const int64_t b = lane + 32 * r;
+          v[q][r] = b < G ? __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b) : 0.0f;
+        }
+#pragma unroll
+      for (int r = 0; r < kTailBlocksPerLane; ++r)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (lane + 32 * r < G) acc[q] += v[q][r];
+    } else {
+      for (int64_t b = lane; b < G; b += 32) {
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[q] += v[q];
+      }
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -178,11 +258,20 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
     }
   }
   __syncthreads();
-  if (tid < nt) {
-    float m[kSlot];
+  if constexpr (kLegacy) {
+    if (tid < nt) {
+      float m[kSlot];
 #pragma unroll
-    for (int i = 0; i < kSlot; ++i) m[i] = m_all[tid][i];
-    finish_mix(m, a, a.mix_out + (t0 + tid) * a.mix_stride);
+      for (int i = 0; i < kSlot; ++i) m[i] = m_all[tid][i];
+      finish_mix(m, a, a.mix_out + (t0 + tid) * a.mix_stride);
+    }
+  } else {
+    // The norm first (all threads, its stores in flight), then one warp per token's coefficients.
+    if (p.fuse_norm) {
+      for (int t = 0; t < nt; ++t)
+        fused_norm_row(a.collapsed + (t0 + t) * d, a.norm_weight, d, a.normed_eps, a.normed + (t0 + t) * d, warp_sums);
+    }
+    if (warp < nt) finish_mix_warp(m_all[warp], a, a.mix_out + (t0 + warp) * a.mix_stride, lane);
   }
   if (tid == 0) p.counters[blockIdx.y] = 0;  // re-armed for the next launch / graph replay
 }
@@ -461,6 +550,7 @@ Status check_args(const MhcFusedArgs& a, const char* who) {
   if (!a.X) return make_error(w + ": X is required");
   if (a.y && (!a.post || !a.comb || !a.X_out)) return make_error(w + ": expand (y given) needs post, comb and X_out");
   if (a.collapse_w && !a.collapsed) return make_error(w + ": collapse_w given without collapsed");
+  if (a.normed && !a.collapse_w) return make_error(w + ": normed (the RMSNorm of collapsed) needs collapse_w");
   if (a.fn && (!a.base || !a.scale || !a.mix_out))
     return make_error(w + ": coefficients (fn given) need base, scale and mix_out");
   if (a.post_stride < 0 || a.comb_stride < 0 || a.collapse_w_stride < 0 || a.mix_stride < 0)
@@ -502,10 +592,10 @@ int64_t mhc_workspace_floats(int64_t n, int64_t d) {
 
 int64_t mhc_workspace_counters(int64_t n) { return std::max<int64_t>(1, (n + kMaxTokens - 1) / kMaxTokens); }
 
-Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t stream) {
-  CEDAR_RETURN_IF_ERROR(check_args(args, "cuda::mhc_fused"));
-  const MhcFusedArgs a = resolve_strides(args);
-  if (a.n == 0) return Status::Ok();
+namespace {
+
+// The launches of mhc_fused except a separate RMSNorm; *norm_fused: the decode kernel wrote a.normed.
+Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream, bool* norm_fused) {
   const bool pdl = a.programmatic_launch;
   if (a.fn == nullptr) {  // expand / collapse only
     if (!a.y && !a.collapse_w) return Status::Ok();
@@ -537,20 +627,35 @@ Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t 
   const bool together =
       tiles == 1 || (ws.partial_floats >= tiles * decode_tile_floats(a.d) && ws.counter_count >= tiles);
   if (tiles > 65535) return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large for the decode path");
+  auto kernel = a.legacy_decode ? mhc_decode_kernel<true> : mhc_decode_kernel<false>;
+  // The last block normalizes its tile's rows one after another: worth it for a few rows only.
+  const bool fuse = a.normed && !a.legacy_decode && a.n <= kMhcNormFuseMaxTokens;
   if (together) {
-    MhcDecodeParams p{a, ws.partials, ws.counter, 0};
-    return launch(mhc_decode_kernel, dim3(G, static_cast<unsigned>(tiles)), kDecThreads, 0, pdl, stream, p,
-                  "mhc_decode_kernel");
+    MhcDecodeParams p{a, ws.partials, ws.counter, 0, fuse};
+    *norm_fused = fuse;
+    return launch(kernel, dim3(G, static_cast<unsigned>(tiles)), kDecThreads, 0, pdl, stream, p, "mhc_decode_kernel");
   }
   for (int64_t tile = 0; tile < tiles; ++tile) {  // one tile per launch: the legacy workspace
-    MhcDecodeParams p{a, ws.partials, ws.counter, tile};
-    CEDAR_RETURN_IF_ERROR(
-        launch(mhc_decode_kernel, dim3(G, 1), kDecThreads, 0, pdl && tile == 0, stream, p, "mhc_decode_kernel"));
+    MhcDecodeParams p{a, ws.partials, ws.counter, tile, fuse};
+    CEDAR_RETURN_IF_ERROR(launch(kernel, dim3(G, 1), kDecThreads, 0, pdl && tile == 0, stream, p, "mhc_decode_kernel"));
   }
+  *norm_fused = fuse;
   return Status::Ok();
 }
 
-const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_decode_kernel); }
+}  // namespace
+
+Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t stream) {
+  CEDAR_RETURN_IF_ERROR(check_args(args, "cuda::mhc_fused"));
+  const MhcFusedArgs a = resolve_strides(args);
+  if (a.n == 0) return Status::Ok();
+  bool norm_fused = false;
+  CEDAR_RETURN_IF_ERROR(mhc_launch(a, ws, stream, &norm_fused));
+  if (!a.normed || norm_fused) return Status::Ok();
+  return rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, stream, a.programmatic_launch);
+}
+
+const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_decode_kernel<false>); }
 const void* mhc_stream_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_kernel); }
 const void* mhc_stream_finish_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_finish_kernel); }
 const void* mhc_elementwise_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_elementwise_kernel); }

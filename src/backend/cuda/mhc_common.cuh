@@ -105,6 +105,96 @@ __device__ __forceinline__ void finish_mix(const float (&m)[kSlot], const MhcFus
     for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
 }
 
+// __frcp_rn without its out-of-line slow path: MUFU.RCP + one FMA Newton step (the fast path of rcp.rn),
+// valid (correctly rounded) for normal |x| well inside the exponent range. __frcp_rn's range check and
+// call per reciprocal serialize the 4 independent reciprocals of a Sinkhorn half-step (~0.4 µs per
+// iteration measured); here one check covers all 4 and the rare out-of-range case takes __frcp_rn.
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ bool rcp_fast_range(float x) {
+  const float ax = fabsf(x);
+  return ax > 0x1p-100f && ax < 0x1p100f;
+}
+__device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[kHc]) {
+  if (rcp_fast_range(s[0]) && rcp_fast_range(s[1]) && rcp_fast_range(s[2]) && rcp_fast_range(s[3])) {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      const float r0 = rcp_approx_ftz(s[k]);
+      r[k] = __fmaf_rn(r0, __fmaf_rn(-s[k], r0, 1.0f), r0);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) r[k] = __frcp_rn(s[k]);
+  }
+}
+
+// The coefficients of one token by one warp (finish_mix's arithmetic, op for op): lane l < 24 maps
+// value l (sigmoid for pre / post, the row softmax of comb with the row's max and sum gathered by
+// shuffles in the CPU's order), then every lane runs the Sinkhorn on all 16 in registers with
+// reciprocals4 (no shuffles or divisions in the 20-iteration chain: ~50 cycles per half-step). m: the
+// token's 25 sums (e.g. shared memory, read by every lane). out: the mix row; lanes 0..7 store pre /
+// post, lane 0 the comb.
+__device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedArgs& a, float* out, int lane) {
+  const float width = static_cast<float>(kHc * a.d);
+  const float rstd = 1.0f / sqrtf(m[kMix] / width + a.norm_eps);
+  const float eps = a.hc_eps;
+  const int i = lane < kMix ? lane : kMix - 1;
+  const float s = a.scale[i < kHc ? 0 : (i < 2 * kHc ? 1 : 2)];
+  const float z = __fadd_rn(__fmul_rn(__fmul_rn(m[i], rstd), s), a.base[i]);
+  if (lane < kHc)
+    out[lane] = __fadd_rn(sigmoidf(z), eps);
+  else if (lane < 2 * kHc)
+    out[lane] = 2.0f * sigmoidf(z);
+  // comb rows: lanes 8 + 4j .. 8 + 4j + 3 (lanes outside 8..23 compute a copy of row 3 and discard it).
+  const int row0 = lane >= 2 * kHc && lane < kMix ? (lane & ~3) : kMix - kHc;
+  float zr[kHc];
+#pragma unroll
+  for (int k = 0; k < kHc; ++k) zr[k] = __shfl_sync(detail::kFullMask, z, row0 + k);
+  const float mx = fmaxf(fmaxf(fmaxf(zr[0], zr[1]), zr[2]), zr[3]);
+  const float e = expf(z - mx);
+  float er[kHc];
+#pragma unroll
+  for (int k = 0; k < kHc; ++k) er[k] = __shfl_sync(detail::kFullMask, e, row0 + k);
+  const float sum = __fadd_rn(__fadd_rn(__fadd_rn(er[0], er[1]), er[2]), er[3]);
+  const float cv = __fadd_rn(e / sum, eps);
+  float c[kHc][kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j)
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) c[j][k] = __shfl_sync(detail::kFullMask, cv, 2 * kHc + j * kHc + k);
+#pragma unroll 1
+  for (int64_t it = 0; it < a.sinkhorn_iters; ++it) {
+    float sm[kHc], r[kHc];
+    if (it > 0) {  // rows (the first normalization is a column one)
+#pragma unroll
+      for (int j = 0; j < kHc; ++j)
+        sm[j] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]), eps);
+      reciprocals4(sm, r);
+#pragma unroll
+      for (int j = 0; j < kHc; ++j)
+#pragma unroll
+        for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r[j]);
+    }
+#pragma unroll
+    for (int k = 0; k < kHc; ++k)
+      sm[k] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps);
+    reciprocals4(sm, r);
+#pragma unroll
+    for (int j = 0; j < kHc; ++j)
+#pragma unroll
+      for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r[k]);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int j = 0; j < kHc; ++j)
+#pragma unroll
+      for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
+  }
+}
+
 // Reduce-scatter of 32 values per lane over a warp (31 shuffles): afterwards lane i holds the warp's
 // sum of value i in v[0], in a fixed order (deterministic). One level per template instance, so
 // every index is a compile-time constant (a runtime loop over the levels puts v in local memory).

@@ -475,6 +475,7 @@ Status sparse_attention_prefetch(const SparseAttnArgs& a, cudaStream_t stream, c
   if (sparse_attention_picks_decode(a, ws)) return sparse_attention_decode(a, stream, ws);
   const std::string who = "cuda::sparse_attention_prefetch: ";
   const int64_t hd = a.head_dim;
+  if (a.q_before_rope) return make_error(who + "q_before_rope is a decode-kernel option (" + str(a.n) + " rows)");
   if (hd != 32 && hd != 64 && hd != 128 && hd != 256 && hd != 512)
     return make_error(who + "head_dim " + str(hd) + " (32, 64, 128, 256 or 512)");
   if (a.heads <= 0 || a.window <= 0) return make_error(who + "heads " + str(a.heads) + ", window " + str(a.window));

@@ -45,13 +45,13 @@ __global__ void __launch_bounds__(kThreads)
 // One block per row. Thread k handles channel pairs k, k + 256, ...: a 32-channel QDQ block is 16
 // consecutive pairs, i.e. one half warp in one iteration.
 __global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
-  __shared__ float xs[kMaxHeadDim];
+  __shared__ __align__(16) float xs[kMaxHeadDim];
   __shared__ float rstd;
   const int64_t row = blockIdx.x, hd = a.head_dim;
   const float* x = a.kv + row * hd;
   for (int64_t c = threadIdx.x; c < hd; c += kThreads) xs[c] = x[c];
   __syncthreads();
-  if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential(xs, hd, a.eps);
+  if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential_smem(xs, hd, a.eps);
   __syncthreads();
   const float r = rstd;
   const int64_t pos = a.tokens[row].pos;

@@ -479,6 +479,9 @@ SparseAttnWorkspaceSize sparse_attention_tiled_workspace_size(int64_t n, int64_t
 Status sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
   const std::string who = "cuda::sparse_attention: ";
   const int64_t hd = a.head_dim;
+  if (a.q_before_rope)
+    return make_error(who + "q_before_rope is a decode-kernel option (" + str(a.n) +
+                      " rows, or no split workspace: the tiled kernel needs q after rope_apply)");
   if (hd != 32 && hd != 64 && hd != 128 && hd != 256 && hd != 512)
     return make_error(who + "head_dim " + str(hd) + " (32, 64, 128, 256 or 512)");
   if (a.heads <= 0 || a.window <= 0) return make_error(who + "heads " + str(a.heads) + ", window " + str(a.window));

@@ -35,6 +35,8 @@
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/attention_math.cuh"
 #include "backend/cuda/cuda_status.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -70,6 +72,8 @@ struct DecodeParams {
   float* ws_m;         // [n, splits, heads]
   float* ws_l;         // [n, splits, heads]
   float* ws_acc;       // [n, splits, heads, head_dim]
+  bool legacy_merge;   // the first merge (serial loads, plain launch): kept for the bitwise test and bench
+  bool q_rope;         // q is before RoPE: the kernel rotates it as rope_apply would (one launch saved)
 };
 
 enum KeyKind : int8_t { kNone = 0, kFp8 = 1, kFp4 = 2 };
@@ -198,13 +202,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   __shared__ float Ms[kHeads], Ls[kHeads];
   __shared__ int last_key;
 
+  // The merge launch (programmatic, new merge only) may be scheduled now: its prologue (tokens, sink,
+  // RoPE table) overlaps this grid, and it waits for this grid's completion before reading partials.
+  if (!p.legacy_merge) detail::pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int z = blockIdx.x;
   const int64_t row = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.z) * kHeads;
   const AttnToken tk = p.tokens[row];
 
   // Q A-fragments of this warp (heads h0 + 16·mt + g, +8; channels cq·hd/4 + 16·ks + 2t, +1, +8, +9),
-  // loaded first so their latency overlaps the key lookups. Heads past the end are zero.
+  // loaded first so their latency overlaps the key lookups (with q_rope: tokens → {q, cos/sin}, still
+  // shorter than the lookup chain). Heads past the end are zero.
   const int mt = warp & 3, cq = warp >> 2;
   uint32_t qa[kQSteps][4];
   {
@@ -221,6 +229,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
       if (hb < p.heads) {
         a1 = __ldg(reinterpret_cast<const float2*>(qrb + 16 * ks));
         a3 = __ldg(reinterpret_cast<const float2*>(qrb + 16 * ks + 8));
+      }
+      if (p.q_rope) {  // rope_apply's forward rotation of the pairs (c, c + 1), c = the float2's channel
+        const int rope_start = kHd - static_cast<int>(p.rope.rope_dim);
+        const int c0 = cq * (kHd / 4) + 16 * ks + 2 * t, c1 = c0 + 8;
+        if (c0 >= rope_start) {
+          if (ha < p.heads) detail::rope_pair(p.rope, tk.pos, (c0 - rope_start) / 2, false, a0.x, a0.y);
+          if (hb < p.heads) detail::rope_pair(p.rope, tk.pos, (c0 - rope_start) / 2, false, a1.x, a1.y);
+        }
+        if (c1 >= rope_start) {
+          if (ha < p.heads) detail::rope_pair(p.rope, tk.pos, (c1 - rope_start) / 2, false, a2.x, a2.y);
+          if (hb < p.heads) detail::rope_pair(p.rope, tk.pos, (c1 - rope_start) / 2, false, a3.x, a3.y);
+        }
       }
       qa[ks][0] = pack_bf16x2(a0.x, a0.y);
       qa[ks][1] = pack_bf16x2(a1.x, a1.y);
@@ -240,6 +260,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   const int64_t jb = static_cast<int64_t>(z) * p.keys_per_split;
   if (tid == 0) last_key = -1;
   __syncthreads();
+  // The sequence's ring and KV-source descriptors are read by every lookup thread up front (not inside
+  // the branches that need them), so they arrive with the top-k id instead of one round trip after it:
+  // the chain is tokens → {top-k id, descriptors} → block table → record (tokens → ring positions →
+  // record for window keys).
+  const bool lookup = tid < p.keys_per_split;
+  SwaRingDesc ring{};
+  PagedRecords kv{};
+  if (lookup) {
+    ring = p.rings[tk.seq];
+    if (p.topk != nullptr) kv = p.kv_seqs[tk.seq].kv;
+  }
+  int my_last = -1;  // this thread's last slot holding a key
   for (int i = tid; i < p.keys_per_split; i += kThreads) {
     const int64_t j = jb + i;
     int8_t k = kNone;
@@ -250,7 +282,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
         k = kFp8;
         r = p.chunk_records + (tk.chunk_row0 + (kpos - tk.chunk_pos0)) * rb;
       } else {
-        const SwaRingDesc ring = p.rings[tk.seq];
         const int64_t slot = kpos % p.window;
         if (ring.positions[slot] == kpos) {
           k = kFp8;
@@ -261,13 +292,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
       const int32_t id = p.topk[row * p.topk_width + (j - nw)];
       if (id >= 0) {
         k = kFp4;
-        r = detail::record_ptr(p.kv_seqs[tk.seq].kv, id);
+        r = detail::record_ptr(kv, id);
       }
     }
     rec[i] = r;
     kind[i] = k;
-    if (k != kNone) atomicMax(&last_key, i);  // the max is order-independent
+    if (k != kNone) my_last = i;
   }
+  // One shared atomic per warp (up to 16 lanes-full warps on one address serialized otherwise); the max
+  // is order-independent.
+  my_last = __reduce_max_sync(detail::kFullMask, my_last);
+  if (lane == 0 && my_last >= 0) atomicMax(&last_key, my_last);
   __syncthreads();
   const int ntiles = last_key >= 0 ? last_key / kTile + 1 : 0;
 
@@ -489,6 +524,96 @@ __global__ void __launch_bounds__(kHd / 4) sparse_attention_merge_kernel(DecodeP
   *reinterpret_cast<float4*>(p.out + (row * p.heads + h) * kHd + c) = make_float4(e.x, e.y, o.x, o.y);
 }
 
+// The merge, latency-bound rewrite (same arithmetic in the same order as the kernel above, so bit for
+// bit the same output). The old one issued its loads one range at a time: the loop over ranges read
+// m_z, branched on it, then read l_z and O_z — two dependent L2 round trips per range, ~40 at 20 ranges
+// (b1), which is most of the b1 time. Here:
+//   prologue (before griddepcontrol.wait, overlapping the decode grid under PDL): the row's position,
+//     the head's sink and this thread's RoPE cos/sin (inputs the decode kernel does not write);
+//   one round trip for every range's (m_z, l_z) into shared memory (thread z loads range z);
+//   w_z = expf(m_z − M) once per range (thread z), not once per thread and range;
+//   the partial sums loaded 8 ranges at a time, unconditionally (an empty range's partials are written
+//   zeros), then added in range order skipping empty ranges exactly as before.
+// Dynamic shared memory: 3 floats per range.
+template <int kHd>
+__global__ void __launch_bounds__(kHd / 4) sparse_attention_merge_fast_kernel(DecodeParams p) {
+  extern __shared__ float msm[];  // [splits] m_z, [splits] l_z, [splits] w_z
+  float* sm = msm;
+  float* sl = msm + p.splits;
+  float* sw = msm + 2 * p.splits;
+  const int64_t h = blockIdx.x, row = blockIdx.y;
+  const int c = 4 * threadIdx.x;
+  const int64_t base = row * p.splits * p.heads + h;  // + z·heads
+  // Prologue: what finish_pair reads besides the partials.
+  const int64_t pos = p.tokens[row].pos;
+  const float sink = p.sink[h];
+  const int rope_start = kHd - static_cast<int>(p.rope.rope_dim);
+  float cs[4] = {detail::nan_f(), detail::nan_f(), detail::nan_f(), detail::nan_f()};
+  if (c + 3 >= rope_start && pos >= 0 && pos < p.rope.positions) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int cc = c + 2 * k;
+      if (cc >= rope_start) {
+        const float2 v = *reinterpret_cast<const float2*>(p.rope.cos_sin + pos * p.rope.rope_dim + (cc - rope_start));
+        cs[2 * k] = v.x;
+        cs[2 * k + 1] = -v.y;  // the inverse rotation's sine (outside the table both stay NaN, as in rope_pair)
+      }
+    }
+  }
+  detail::pdl_wait();
+  for (int z = threadIdx.x; z < p.splits; z += blockDim.x) {
+    sm[z] = __ldcg(p.ws_m + base + z * p.heads);
+    sl[z] = __ldcg(p.ws_l + base + z * p.heads);
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int z = 0; z < p.splits; ++z) {
+    const float v = sm[z];
+    mx = mx < v ? v : mx;
+  }
+  for (int z = threadIdx.x; z < p.splits; z += blockDim.x)
+    sw[z] = sm[z] == -INFINITY ? 0.0f : expf(__fsub_rn(sm[z], mx));
+  __syncthreads();
+  constexpr int kBatch = 8;
+  float den = 0.0f, x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+  for (int z0 = 0; z0 < p.splits; z0 += kBatch) {
+    float4 a[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      a[i] = z0 + i < p.splits
+                 ? __ldcg(reinterpret_cast<const float4*>(p.ws_acc + (base + (z0 + i) * p.heads) * kHd + c))
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int z = z0 + i;
+      if (z >= p.splits || sm[z] == -INFINITY) continue;  // past the end / a range without keys
+      const float w = sw[z];
+      den = __fadd_rn(den, __fmul_rn(w, sl[z]));
+      x0 = __fadd_rn(x0, __fmul_rn(w, a[i].x));
+      x1 = __fadd_rn(x1, __fmul_rn(w, a[i].y));
+      x2 = __fadd_rn(x2, __fmul_rn(w, a[i].z));
+      x3 = __fadd_rn(x3, __fmul_rn(w, a[i].w));
+    }
+  }
+  // finish_pair with the prefetched sink and cos/sin (same expressions).
+  const float denom = __fadd_rn(den, expf(__fsub_rn(sink, mx)));
+  float o[4] = {x0, x1, x2, x3};
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    float e = detail::round_bf16(__fdiv_rn(o[2 * k], denom)), od = detail::round_bf16(__fdiv_rn(o[2 * k + 1], denom));
+    if (c + 2 * k >= rope_start) {
+      const float co = cs[2 * k], si = cs[2 * k + 1];
+      const float ne = detail::round_bf16(__fsub_rn(__fmul_rn(e, co), __fmul_rn(od, si)));
+      const float no = detail::round_bf16(__fadd_rn(__fmul_rn(e, si), __fmul_rn(od, co)));
+      e = ne;
+      od = no;
+    }
+    o[2 * k] = e;
+    o[2 * k + 1] = od;
+  }
+  *reinterpret_cast<float4*>(p.out + (row * p.heads + h) * kHd + c) = make_float4(o[0], o[1], o[2], o[3]);
+}
+
 // Key ranges: as many as fill ~one wave of blocks, at most 16 tiles each (shared memory).
 struct DecodePlan {
   int splits = 1, keys_per_split = kTile;
@@ -528,9 +653,15 @@ Status launch_decode(const DecodeParams& p, int64_t n, cudaStream_t stream) {
   fn<<<grid, kThreads, smem, stream>>>(p);
   CEDAR_RETURN_IF_ERROR(launch_status("sparse_attention_decode_kernel"));
   if (p.splits == 1) return Status::Ok();
-  sparse_attention_merge_kernel<kHd>
-      <<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(n)), kHd / 4, 0, stream>>>(p);
-  return launch_status("sparse_attention_merge_kernel");
+  const dim3 mgrid(static_cast<unsigned>(p.heads), static_cast<unsigned>(n));
+  // (3 floats per range in shared memory: past 48 KB of them the old merge serves.)
+  if (p.legacy_merge || 3 * p.splits * sizeof(float) > 48 * 1024) {
+    sparse_attention_merge_kernel<kHd><<<mgrid, kHd / 4, 0, stream>>>(p);
+    return launch_status("sparse_attention_merge_kernel");
+  }
+  return launch_kernel(&sparse_attention_merge_fast_kernel<kHd>, mgrid, dim3(kHd / 4),
+                       static_cast<size_t>(3 * p.splits) * sizeof(float), stream, /*pdl=*/true,
+                       "sparse_attention_merge_fast_kernel", p);
 }
 
 }  // namespace
@@ -547,12 +678,16 @@ SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_
   return SparseAttnWorkspaceSize{decode_ws_floats(n, d.splits, heads, head_dim), 0};
 }
 
-bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws) {
-  if (!sparse_attention_decode_supported(a.n, a.head_dim) || a.heads <= 0 || a.window <= 0) return false;
-  const SparseAttnWorkspaceSize need =
-      sparse_attention_decode_workspace_size(a.n, a.heads, a.head_dim, a.window, a.topk != nullptr ? a.topk_width : 0);
+bool sparse_attention_decode_fits(int64_t n, int64_t heads, int64_t head_dim, int64_t window, int64_t topk_width,
+                                  const SparseAttnWorkspace& ws) {
+  if (!sparse_attention_decode_supported(n, head_dim) || heads <= 0 || window <= 0) return false;
+  const SparseAttnWorkspaceSize need = sparse_attention_decode_workspace_size(n, heads, head_dim, window, topk_width);
   return need.floats == 0 ||
          (ws.floats != nullptr && ws.float_count >= need.floats && (reinterpret_cast<uintptr_t>(ws.floats) & 15u) == 0);
+}
+
+bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws) {
+  return sparse_attention_decode_fits(a.n, a.heads, a.head_dim, a.window, a.topk != nullptr ? a.topk_width : 0, ws);
 }
 
 Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
@@ -593,6 +728,8 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
   p.kv_seqs = a.kv_seqs;
   p.rope = a.rope;
   p.out = a.out;
+  p.legacy_merge = a.legacy_decode_merge;
+  p.q_rope = a.q_before_rope;
   p.splits = d.splits;
   p.keys_per_split = d.keys_per_split;
   p.ld_s = d.keys_per_split + 8;

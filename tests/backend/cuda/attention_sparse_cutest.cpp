@@ -256,6 +256,39 @@ void check_sparse(const SparseCase& c, const std::string& name) {
       EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * 4), 0) << tag << ": two runs differ";
     }
   }
+  if (decode) {  // the first merge (serial loads, plain launch) on the same inputs: same arithmetic, same bits
+    SparseAttnArgs la = a;
+    la.legacy_decode_merge = true;
+    const Status s = sparse_attention_decode(la, nullptr, ws);
+    ASSERT_TRUE(s.ok()) << tag << " legacy merge: " << s.error().message;
+    const std::vector<float> got = to_host(dout);
+    size_t differ = 0, at = got.size();
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::memcmp(&got[i], &first[i], 4) != 0 && differ++ == 0) at = i;
+    EXPECT_EQ(differ, 0u) << tag << ": the prefetching merge differs from the legacy merge in " << differ
+                          << " outputs (first at " << at << ": " << first[at < got.size() ? at : 0] << " vs "
+                          << got[at < got.size() ? at : 0] << "); they must agree bit for bit";
+    // q before RoPE: taking the test's q as the un-rotated query, the kernel's own rotation must give
+    // the bits of rope_apply followed by the kernel on the rotated q.
+    auto droped = to_device(q);
+    ASSERT_TRUE(
+        rope_apply(dr.view, {.x = droped.get(), .rows = n, .n_vec = H, .width = hd, .tokens = dt.get()}, nullptr).ok());
+    SparseAttnArgs ra = a;
+    ra.q = droped.get();
+    ASSERT_TRUE(sparse_attention_decode(ra, nullptr, ws).ok()) << tag << " after rope_apply";
+    const std::vector<float> want_fused = to_host(dout);
+    SparseAttnArgs fa = a;  // dq: the same values, not rotated
+    fa.q_before_rope = true;
+    const Status sf = sparse_attention_decode(fa, nullptr, ws);
+    ASSERT_TRUE(sf.ok()) << tag << " q_before_rope: " << sf.error().message;
+    const std::vector<float> fused = to_host(dout);
+    size_t fdiff = 0;
+    for (size_t i = 0; i < fused.size(); ++i) fdiff += std::memcmp(&fused[i], &want_fused[i], 4) != 0 ? 1 : 0;
+    EXPECT_EQ(fdiff, 0u) << tag << ": q_before_rope (RoPE applied while loading q) differs from rope_apply + the "
+                         << "kernel in " << fdiff << " of " << fused.size() << " outputs; they must agree bit for bit";
+    // The tiled kernel refuses the option (it reads q after rope_apply).
+    EXPECT_FALSE(sparse_attention_tiled(fa, nullptr, ws).ok()) << tag << ": tiled kernel accepted q_before_rope";
+  }
 }
 
 TEST(CudaSparseAttention, DecodeBatchMatchesCpu) {

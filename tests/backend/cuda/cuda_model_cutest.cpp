@@ -799,6 +799,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: programmatic_launch 1 vs 0", fast, with(fast, "programmatic_launch=0")},
       {"legacy: programmatic_launch 1 vs 0", with(old, "programmatic_launch=1"), old},
       {"legacy: mhc_batched 1 vs 0", with(old, "mhc_batched=1"), old},
+      // The input norm fused into mhc_fused's decode kernel repeats rms_norm's arithmetic op for op.
+      {"defaults: mhc_fused_norm 1 vs 0", fast, with(fast, "mhc_fused_norm=0")},
   };
   for (const Case& c : cases) {
     g.set_paths(c.a);

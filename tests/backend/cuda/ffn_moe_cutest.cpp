@@ -199,9 +199,12 @@ TEST(CudaRouter, LogitsWithinTheFp32SumBound) {
 
 // router_select on the CPU's own logits: the scores may differ only by the transcendentals' last-bit
 // rounding, so the selection must be the CPU's except at ties closer than a few ulps.
-TEST(CudaRouter, SelectOnCpuLogitsMatchesRouteTokens) {
+// E = 384: the keys cached in registers (E <= 32·kSelectKeyRegs); E = 500: the shared-memory rescan.
+class CudaRouterSelect : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Experts, CudaRouterSelect, ::testing::Values(int64_t{384}, int64_t{500}));
+TEST_P(CudaRouterSelect, SelectOnCpuLogitsMatchesRouteTokens) {
   CEDAR_REQUIRE_GPU();
-  const RouterCase c = make_router_case(9, 512, 384, 6, 7);
+  const RouterCase c = make_router_case(9, 512, GetParam(), 6, 7);
   std::vector<ExpertWeights> experts;
   const MoeWeights w = router_weights(c, experts);
   auto r = route_tokens(c.x, c.n, w, c.p, {}, c.image, nullptr);
@@ -689,6 +692,38 @@ TEST(CudaMoeCombine, BitExactInAscendingExpertOrder) {
   }
   const Tolerance exact{.max_nmse = 0, .min_cosine = 0, .rel = 0, .abs = 0};
   EXPECT_TRUE(parity("moe combine 4x6x5120", download(dy), want, exact));
+}
+
+// The combine's two paths: K <= 8 (the routed values prefetched in slot order, picked in rank order) and
+// K > 8 (loaded in rank order); without a shared expert; d not a multiple of the block (a partial block).
+TEST(CudaMoeCombine, BothPathsWithoutSharedAndAPartialBlock) {
+  CEDAR_REQUIRE_GPU();
+  for (const int64_t K : {int64_t{1}, int64_t{8}, int64_t{10}}) {
+    const int64_t n = 3, d = 300;
+    std::mt19937 rng(static_cast<uint32_t>(500 + K));
+    std::uniform_int_distribution<int32_t> id(0, 5);  // few ids: many duplicates
+    std::vector<int32_t> experts(n * K);
+    for (auto& e : experts) e = id(rng);
+    const auto routed = random_acts(n * K * d, 403 + static_cast<uint32_t>(K), 1.0f, -6, 6);
+    auto de = upload(experts);
+    auto dr = upload(routed);
+    auto dy = alloc<float>(n * d);
+    ASSERT_TRUE(moe_combine(MoeCombineArgs{n, K, d, de.get(), dr.get(), nullptr, dy.get()}, nullptr).ok());
+    std::vector<float> want(n * d);
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int64_t> order(K);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return experts[t * K + a] < experts[t * K + b]; });
+      for (int64_t c = 0; c < d; ++c) {
+        float acc = 0.0f;
+        for (int64_t k : order) acc += routed[(t * K + k) * d + c];
+        want[t * d + c] = round_to_bf16(acc);
+      }
+    }
+    const Tolerance exact{.max_nmse = 0, .min_cosine = 0, .rel = 0, .abs = 0};
+    EXPECT_TRUE(parity("moe combine no shared K=" + std::to_string(K) + " d=300", download(dy), want, exact));
+  }
 }
 
 // ---- the whole MoE layer -------------------------------------------------------------------------

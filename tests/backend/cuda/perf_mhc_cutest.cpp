@@ -4,11 +4,15 @@
 // tolerances, and the paths against each other where their arithmetic is the same.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "backend/cuda/kernels.h"
+#include "core/numeric.h"
 #include "cuda_test_util.h"
 #include "ffn_test_util.h"
 #include "model/mhc.h"
@@ -100,7 +104,7 @@ struct GpuRun {
 // Runs one site on the GPU: mix rows in place (strided, mix_stride = 24) or copied to packed arrays;
 // mix_out written with stride `mix_stride` (the gaps must stay untouched).
 GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bool in_place, Ws ws_kind, bool strided,
-             int64_t mix_stride = 0, bool pdl = false) {
+                int64_t mix_stride = 0, bool pdl = false) {
   const int64_t n = s.n, d = s.d, ms = mix_stride ? mix_stride : kMix;
   std::vector<float> post(n * 4), comb(n * 16), cw(n * 4);
   for (int64_t t = 0; t < n; ++t) {
@@ -225,6 +229,149 @@ TEST(CudaMhcPaths, ProgrammaticLaunchKeepsTheOrder) {
     EXPECT_TRUE(parity("mhc PDL vs plain: X" + tag, pdl.X_out, plain.X_out, kExact));
     EXPECT_TRUE(parity("mhc PDL vs plain: mix" + tag, pdl.mix, plain.mix, kExact));
   }
+}
+
+// ---- the current decode kernel against the session-3 one, and the fused RMSNorm ------------------
+
+struct DecodeRun {
+  std::vector<float> X_out, collapsed, mix, normed;
+};
+struct DecodeOpts {
+  bool legacy = false;   // MhcFusedArgs::legacy_decode
+  bool norm = false;     // normed requested
+  bool weighted = true;  // norm_weight given
+  bool pdl = false;
+  int64_t sinkhorn_iters = 20;
+};
+// One site (expand + collapse + coefficients, strided mix rows, in place) with a sized workspace.
+DecodeRun run_decode(const Site& s, const std::vector<float>& norm_w, const DecodeOpts& o) {
+  const int64_t n = s.n, d = s.d;
+  auto dX = upload(s.X), dy = upload(s.y), dfn = upload(s.fn), dbase = upload(s.base), dscale = upload(s.scale);
+  auto dprev = upload(s.prev_mix), dw = upload(norm_w);
+  auto dcol = alloc<float>(n * d);
+  auto dnormed = upload(std::vector<float>(n * d, -3.0f));
+  auto dmix = upload(std::vector<float>(n * kMix, -7.0f));
+  const int64_t floats = mhc_workspace_floats(n, d), counters = mhc_workspace_counters(n);
+  auto dpart = alloc<float>(floats);
+  auto dcnt = alloc<unsigned>(counters);
+  EXPECT_TRUE(dcnt.zero().ok());
+  MhcFusedArgs a;
+  a.n = n;
+  a.d = d;
+  a.X = dX.get();
+  a.X_out = dX.get();
+  a.y = dy.get();
+  a.post = dprev.get() + 4;
+  a.comb = dprev.get() + 8;
+  a.collapse_w = dprev.get();
+  a.post_stride = a.comb_stride = a.collapse_w_stride = kMix;
+  a.collapsed = dcol.get();
+  a.fn = dfn.get();
+  a.base = dbase.get();
+  a.scale = dscale.get();
+  a.mix_out = dmix.get();
+  a.sinkhorn_iters = o.sinkhorn_iters;
+  a.programmatic_launch = o.pdl;
+  a.legacy_decode = o.legacy;
+  if (o.norm) {
+    a.normed = dnormed.get();
+    a.norm_weight = o.weighted ? dw.get() : nullptr;
+    a.normed_eps = 1e-6f;
+  }
+  const MhcWorkspace ws{dpart.get(), dcnt.get(), floats, counters};
+  for (int rep = 0; rep < 2; ++rep) {  // the second launch checks that the counters were re-armed
+    if (rep == 1) {
+      EXPECT_TRUE(dX.upload(s.X.data(), s.X.size()).ok());
+    }
+    const Status st = mhc_fused(a, ws, nullptr);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+  }
+  return DecodeRun{download(dX), download(dcol), download(dmix), download(dnormed)};
+}
+
+size_t bits_differ(const std::vector<float>& x, const std::vector<float>& y) {
+  size_t n = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) n += std::memcmp(&x[i], &y[i], sizeof(float)) != 0;
+  return n;
+}
+
+// The warp-per-token coefficients (finish_mix_warp: the same operations as finish_mix, the reciprocals
+// through rcp.approx + one Newton FMA step instead of __frcp_rn's call) against the session-3 kernel
+// (one thread per token): X and collapsed bit for bit (untouched arithmetic), the mix rows within
+// 1 ulp-level bounds (expected bit for bit: the inline reciprocal is rcp.rn's own fast path), and both
+// against the CPU oracle (check_site) with mhc_fused's tolerances.
+TEST(CudaMhcPaths, WarpCoefficientsMatchTheSessionThreeKernel) {
+  CEDAR_REQUIRE_GPU();
+  const Tolerance kUlps{.max_nmse = 1e-12, .min_cosine = 0.0, .rel = 1e-6, .abs = 1e-7};
+  for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{20}}) {
+    const Site s = make_site(n, 5120, 111 + static_cast<uint32_t>(n));
+    const std::vector<float> w(5120, 1.0f);
+    for (const int64_t iters : {int64_t{1}, int64_t{20}}) {
+      const DecodeRun now = run_decode(s, w, DecodeOpts{.sinkhorn_iters = iters});
+      const DecodeRun old = run_decode(s, w, DecodeOpts{.legacy = true, .sinkhorn_iters = iters});
+      const std::string tag = " n=" + std::to_string(n) + " sinkhorn=" + std::to_string(iters);
+      EXPECT_TRUE(parity("mhc warp vs legacy kernel: X" + tag, now.X_out, old.X_out, kExact));
+      EXPECT_TRUE(parity("mhc warp vs legacy kernel: collapsed" + tag, now.collapsed, old.collapsed, kExact));
+      EXPECT_TRUE(parity("mhc warp vs legacy kernel: mix (1-ulp bounds)" + tag, now.mix, old.mix, kUlps));
+      const size_t differ = bits_differ(now.mix, old.mix);
+      std::printf("mhc warp vs legacy kernel%s: %zu of %zu mix values differ in their bits\n", tag.c_str(), differ,
+                  now.mix.size());
+    }
+    check_site(s, true, true, true, true, Ws::Sized, true, "warp coefficients n=" + std::to_string(n));
+  }
+}
+
+// normed = rms_norm(collapsed): fused into the last block up to kMhcNormFuseMaxTokens rows, a second
+// launch above (more tiles, the streaming path) and with the legacy kernel — always rms_norm's bits
+// (the fused copy repeats its arithmetic op for op), and rms_norm itself against cpu::rms_norm.
+TEST(CudaMhcPaths, NormedIsTheRmsNormOfCollapsed) {
+  CEDAR_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+  for (const int64_t n : {int64_t{1}, int64_t{2}, kMhcNormFuseMaxTokens, kMhcNormFuseMaxTokens + 1, int64_t{9},
+                          kMhcStreamMinTokens + 3}) {
+    for (const int64_t d : {int64_t{5120}, int64_t{96}}) {
+      const Site s = make_site(n, d, 131 + static_cast<uint32_t>(n + d));
+      std::vector<float> w(d);
+      for (auto& v : w) v = round_to_bf16(ud(rng));
+      for (const bool weighted : {true, false}) {
+        for (const bool legacy : {false, true}) {
+          const DecodeRun r =
+              run_decode(s, w, DecodeOpts{.legacy = legacy, .norm = true, .weighted = weighted, .pdl = n == 2});
+          const std::string tag = " n=" + std::to_string(n) + " d=" + std::to_string(d) +
+                                  (weighted ? " weighted" : " unweighted") + (legacy ? " legacy" : "");
+          // rms_norm on the same collapsed rows.
+          auto dcol = upload(r.collapsed), dw = upload(w);
+          auto dref = alloc<float>(n * d);
+          const Status st =
+              rms_norm(dcol.get(), n, d, weighted ? dw.get() : nullptr, 1e-6f, dref.get(), nullptr, false);
+          ASSERT_TRUE(st.ok()) << st.error().message;
+          const auto ref = download(dref);
+          EXPECT_TRUE(parity("mhc normed vs rms_norm kernel" + tag, r.normed, ref, kExact));
+          // and the CPU oracle of the norm (rms_norm's own tolerance: blocked sum of squares).
+          std::vector<float> cpu_out(n * d);
+          const std::vector<float> ones(d, 1.0f);
+          for (int64_t t = 0; t < n; ++t)
+            cpu::rms_norm(std::span<const float>(r.collapsed.data() + t * d, d), d, weighted ? w : ones, 1e-6,
+                          std::span<float>(cpu_out.data() + t * d, d));
+          EXPECT_TRUE(parity("mhc normed vs cpu::rms_norm" + tag, r.normed, cpu_out,
+                             Tolerance{.max_nmse = 1e-6, .min_cosine = 0.99999, .rel = 1e-2, .abs = 1e-6}));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaMhcPaths, NormedNeedsACollapse) {
+  CEDAR_REQUIRE_GPU();
+  MhcFusedArgs a;
+  a.n = 1;
+  a.d = 128;
+  a.X = reinterpret_cast<const float*>(16);
+  a.normed = reinterpret_cast<float*>(16);
+  const Status s = mhc_fused(a, MhcWorkspace{}, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("normed"), std::string::npos) << s.error().message;
 }
 
 TEST(CudaMhcPaths, RejectsBadStrides) {
