@@ -920,8 +920,8 @@ void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<R
 // Indexer selection at decode (top-512 of a row's scores, the perf profile's shapes): the full scan of a
 // candidate source at 4096 visible entries (+ top-2048 blocks of 8), and a restricted layer's 16384
 // candidate slots (two select segments). Scores of one binade range, as the indexer's are (most share
-// the sign and exponent: the first radix pass's histogram is the hot spot). Old = one shared atomic per
-// value (legacy_histogram), new = warp-aggregated; same selection.
+// the sign and exponent). indexer_select = one shared atomic per value (the default); _warpagg = one per
+// bin and warp (warp_aggregated_histogram), measured slower; same selection.
 void bench_indexer_select(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   struct Shape {
     const char* name;
@@ -956,12 +956,12 @@ void bench_indexer_select(double copy_gbps, cudaStream_t stream, std::vector<Row
       a.workspace = dws.get();
       a.workspace_bytes = wsb;
       const double bytes = 4.0 * n * sh.visible;
-      IndexerSelectArgs old = a;
-      old.legacy_histogram = true;
-      const double old_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(old, stream)); });
-      rows.push_back(make_row("indexer_select_old", sh.name, n, old_us, bytes, copy_gbps));
-      const double new_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(a, stream)); });
-      rows.push_back(make_row("indexer_select", sh.name, n, new_us, bytes, copy_gbps));
+      IndexerSelectArgs agg = a;
+      agg.warp_aggregated_histogram = true;
+      const double agg_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(agg, stream)); });
+      rows.push_back(make_row("indexer_select_warpagg", sh.name, n, agg_us, bytes, copy_gbps));
+      const double def_us = time_graph_us(stream, 1, [&](int) { must(indexer_select(a, stream)); });
+      rows.push_back(make_row("indexer_select", sh.name, n, def_us, bytes, copy_gbps));
     }
   }
 }

@@ -641,7 +641,7 @@ Status indexer_select(const IndexerSelectArgs& a, cudaStream_t stream) {
                           reinterpret_cast<float*>(ws + l.off_cv_blocks),
                           reinterpret_cast<int32_t*>(ws + l.off_cp_blocks),
                           l.segs_blocks,
-                          a.legacy_histogram};
+                          !a.warp_aggregated_histogram};
     CEDAR_RETURN_IF_ERROR(launch_select(pb, a.n, l.segs_blocks, stream));
   }
   const SelectParams pt{SelectKind::TopK,
@@ -657,7 +657,7 @@ Status indexer_select(const IndexerSelectArgs& a, cudaStream_t stream) {
                         reinterpret_cast<float*>(ws + l.off_cv_topk),
                         reinterpret_cast<int32_t*>(ws + l.off_cp_topk),
                         l.segs_topk,
-                        a.legacy_histogram};
+                        !a.warp_aggregated_histogram};
   return launch_select(pt, a.n, l.segs_topk, stream);
 }
 

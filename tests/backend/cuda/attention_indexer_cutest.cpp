@@ -259,14 +259,14 @@ void check_indexer(const IndexerCase& c, const std::string& name) {
                         .workspace_bytes = ws_bytes};
   st = indexer_select(sel, nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
-  {  // the first histogram (one shared atomic per value) must select the same ids and blocks
+  {  // the warp-aggregated histogram must select the same ids and blocks as the default per-value one
     auto ltopk = device_filled<int32_t>(n * c.topk, 0x7F);
     auto lblocks = device_filled<int32_t>(n * std::max<int64_t>(c.topk_blocks, 1), 0x7F);
     IndexerSelectArgs ls = sel;
     ls.topk_out = ltopk.get();
     ls.blocks_out = c.candidates ? lblocks.get() : nullptr;
-    ls.legacy_histogram = true;
-    ASSERT_TRUE(indexer_select(ls, nullptr).ok()) << name << " legacy histogram";
+    ls.warp_aggregated_histogram = true;
+    ASSERT_TRUE(indexer_select(ls, nullptr).ok()) << name << " warp-aggregated histogram";
     EXPECT_TRUE(to_host(ltopk) == to_host(dtopk))
         << name << ": warp-aggregated and per-value histograms selected different top-k ids";
     EXPECT_TRUE(to_host(lblocks) == to_host(dblocks))
