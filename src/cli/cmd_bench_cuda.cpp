@@ -345,9 +345,11 @@ int run(const BenchOptions& o) {
   result["cuda_options"] = cuda::describe_cuda_options(mo);
   mo.max_batch = max_batch;
   mo.max_chunk = std::min<int64_t>(max_prompt, 2048);
-  mo.kv.max_sequences = max_batch + 2;  // the decode context, its forks, one prefill sequence
+  // The decode context, its forks, one prefill sequence, and the A/B rows' own fork next to batch 1's.
+  const int64_t forks = std::max<int64_t>(max_batch, o.ab ? 2 : 1);
+  mo.kv.max_sequences = forks + 2;
   mo.kv.max_context = std::max(o.context + 64, max_prompt);
-  mo.kv.token_capacity = (max_batch + 1) * (o.context + 64) + max_prompt;
+  mo.kv.token_capacity = (forks + 1) * (o.context + 64) + max_prompt;
   ThreadPool pool(static_cast<int>(o.threads));
   mo.pool = &pool;
   std::unique_ptr<cuda::CudaModel> model;
