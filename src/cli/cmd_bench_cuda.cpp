@@ -169,16 +169,21 @@ struct AbRow {
   std::string error;
 };
 
-// The switches an A/B run flips, each alone against the defaults, then all of them together (legacy).
+// The switches an A/B run flips, each alone against the defaults, then all of them together (legacy);
+// "defaults" first: the defaults timed the way every A/B row is (a fresh fork, its own graphs).
 const std::vector<std::string>& ab_specs() {
   static const std::vector<std::string> specs = {
-      "programmatic_launch=0", "router_splitk=0", "mhc_batched=0", "gemv_multi=0",
+      "defaults",              "programmatic_launch=0", "router_splitk=0", "mhc_batched=0", "gemv_multi=0",
       "mhc_cluster=1",         "fused_q_rope=0",  "mhc_fused_norm=0", "legacy"};
   return specs;
 }
 
-Result<cuda::CudaKernelPaths> paths_with(const cuda::CudaModel& m, const std::string& spec) {
+// `spec` applied to `defaults` — never to the model's current paths, which an earlier A/B row may have
+// switched (the rows would then accumulate every switch before them).
+Result<cuda::CudaKernelPaths> paths_with(const cuda::CudaModel& m, const cuda::CudaKernelPaths& defaults,
+                                         const std::string& spec) {
   cuda::CudaModelOptions o = m.options();
+  o.paths = defaults;
   CEDAR_RETURN_IF_ERROR(cuda::apply_cuda_options(spec, o));
   return o.paths;
 }
@@ -238,7 +243,7 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
     int first = 200;
     for (const std::string& spec : ab_specs()) {
       AbRow row{spec, 0, ""};
-      auto p = paths_with(m, spec);
+      auto p = spec == "defaults" ? Result<cuda::CudaKernelPaths>(defaults) : paths_with(m, defaults, spec);
       // A fresh fork per switch: a failing variant poisons only its own sequence.
       auto fork = p.ok() ? m.fork_sequence(base) : Result<cuda::CudaSequence>(p.error());
       if (fork.ok()) {
@@ -550,7 +555,7 @@ int run(const BenchOptions& o) {
     for (const std::string& spec :
          {std::string("defaults"), std::string("blas_min_rows=1000000000"), std::string("mhc_batched=0"),
           std::string("router_splitk=0"), std::string("legacy")}) {
-      auto p = spec == "defaults" ? Result<cuda::CudaKernelPaths>(defaults) : paths_with(*model, spec);
+      auto p = spec == "defaults" ? Result<cuda::CudaKernelPaths>(defaults) : paths_with(*model, defaults, spec);
       Result<double> secs = p.ok() ? Result<double>(0.0) : Result<double>(p.error());
       if (p.ok()) {
         model->set_paths(*p);
