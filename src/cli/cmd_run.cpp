@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/device_runner.h"
 #include "cli/generation_setup.h"
 #include "engine/engine.h"
 #include "io/atomic_file.h"
@@ -34,6 +35,7 @@ CommandSpec make_spec() {
   for (auto& o : sampling_option_specs("64")) spec.options.push_back(o);
   for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
   for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
+  spec.options.push_back(device_option_spec());
   return spec;
 }
 

@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "model/tokenizer_source.h"
+#include "cli/device_runner.h"
 #include "cli/generation_setup.h"
 #include "server/engine_backend.h"
 #include "server/fake_backend.h"
@@ -42,6 +43,7 @@ CommandSpec make_spec() {
           {"kv-bytes", "KV-cache budget of all sequences together, bytes", true, "8589934592", "N"},
           {"max-running", "sequences decoded together", true, "16", "N"},
           {"mode", "prefill mode: ced (default) or exact", true, "ced", "MODE"},
+          device_option_spec(),
           {"fake-backend", "serve a deterministic scripted backend (tests; no model is loaded)", false, "", ""},
           {"fake-tick-ms", "fake backend: milliseconds per generated token", true, "0", "MS"},
           {"context-length", "fake backend: context length to report", true, "4096", "N"},
@@ -123,6 +125,7 @@ int cmd_serve(const Args& args) {
   std::unique_ptr<text::Tokenizer> tokenizer;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<LoadedModel> model;
+  DeviceRunner gpu;  // --device cuda: the device model and its runner (declared before the backend)
   std::unique_ptr<engine::DeepseekRunner> runner;
   std::unique_ptr<KvCacheSetup> kv_cache;
   std::unique_ptr<KvDiskStore> kv_disk;  // outlives the backend's engine, which writes through to it
@@ -141,10 +144,33 @@ int cmd_serve(const Args& args) {
   } else {
     auto mode = parse_forward_mode(a.get("mode"));
     if (!mode.ok()) return std::fprintf(stderr, "cedar serve: --mode: %s\n", mode.error().message.c_str()), 2;
+    const std::string device = a.get("device");
+    if (device != "cpu" && device != "cuda")
+      return std::fprintf(stderr, "cedar serve: --device must be cpu or cuda, got '%s'\n", device.c_str()), 2;
+    if (device == "cuda" && a.has("kv-cache-dir"))
+      return std::fprintf(stderr, "cedar serve: --kv-cache-dir needs --device cpu (no prefix cache on the GPU yet)\n"), 2;
     pool = std::make_unique<ThreadPool>(static_cast<int>(*threads));
     auto loaded = load_for_generation(LoadRequest{a.positional(0), pool.get(), true, "serve"});
     if (!loaded.ok()) return std::fprintf(stderr, "cedar serve: %s\n", loaded.error().message.c_str()), 1;
     model = std::make_unique<LoadedModel>(std::move(*loaded));
+    if (device == "cuda") {
+      auto g = cuda_runner(CudaRunnerRequest{model->path, std::max<int64_t>(1, *max_running), std::max<int64_t>(1, *kv_bytes),
+                                             pool.get()});
+      if (!g.ok()) return std::fprintf(stderr, "cedar serve: --device cuda: %s\n", g.error().message.c_str()), 1;
+      gpu = std::move(*g);
+      std::fprintf(stderr, "cedar serve: %s\n", gpu.summary.c_str());
+      server::EngineBackendOptions eo;
+      eo.kv_capacity_bytes = gpu.kv_capacity_bytes;  // a ByteCacheBudget over the device pool
+      eo.prefix_cache.enabled = false;
+      eo.max_running = gpu.max_running;
+      eo.mode = *mode;
+      eo.context_length = std::min<int64_t>(model->model->config().max_position_embeddings, gpu.context_length);
+      eo.bos_token = model->model->config().bos_token_id;
+      backend = std::make_unique<server::EngineBackend>(*gpu.runner, *model->tokenizer, eo);
+    }
+  }
+  if (!backend) {  // the CPU backend
+    auto mode = parse_forward_mode(a.get("mode"));  // checked above
     auto prefix = prefix_cache_from_args(a, *model->model);
     if (!prefix.ok()) return std::fprintf(stderr, "cedar serve: %s\n", prefix.error().message.c_str()), 2;
     // One paged pool for every sequence's global KV, so cached prefixes are shared by reference.

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "cli/args.h"
+#include "cli/device_runner.h"
 #include "core/threads.h"
 #include "engine/engine.h"
 #include "engine/pool_cache_budget.h"
@@ -81,9 +82,13 @@ Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& a
 
 // The engine `cedar run` and `cedar chat` generate with, over a loaded model, and what it refers to:
 // the KV cache budget, the SSD tier (null without --kv-cache-dir) and the runner.
+// With --device cuda: `gpu` holds the device model and runner, `gpu_budget` the engine's budget over its
+// pool, and cache / disk / runner stay empty (no prefix cache on the GPU yet).
 struct GenerationEngine {
   KvCacheSetup cache;
   std::unique_ptr<KvDiskStore> disk;
+  DeviceRunner gpu;
+  std::unique_ptr<engine::CacheBudget> gpu_budget;
   std::unique_ptr<engine::DeepseekRunner> runner;
   std::unique_ptr<engine::Engine> engine;
 };

@@ -1,0 +1,43 @@
+// --device cpu|cuda for the commands that serve or generate: the engine's ModelRunner on the GPU
+// (backend/cuda/cuda_runner.h) when cedar was built with CUDA. The CPU path stays in the commands
+// (engine::DeepseekRunner with the prefix cache); this builds the GPU one.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "cli/args.h"
+#include "core/status.h"
+#include "core/threads.h"
+#include "engine/model_runner.h"
+
+namespace cedar::cli {
+
+struct CudaRunnerRequest {
+  std::filesystem::path model;  // checkpoint directory
+  int64_t max_running = 16;     // sequences decoded together (the step's batch; <= 64)
+  int64_t kv_bytes = 0;         // KV budget of all sequences (the device pool is sized for it)
+  ThreadPool* pool = nullptr;   // host-side load conversions
+};
+
+struct DeviceRunner {
+  std::shared_ptr<void> model;  // the device model; outlives `runner` (declare the runner after it)
+  std::unique_ptr<engine::ModelRunner> runner;
+  int64_t kv_capacity_bytes = 0;  // what the engine may schedule (a ByteCacheBudget of this)
+  int64_t max_running = 0;        // the engine's max_running (<= the request's)
+  int64_t context_length = 0;     // positions one sequence can reach on the device
+  std::string summary;            // one line for the startup log
+};
+
+// --device cpu|cuda (default cpu).
+OptionSpec device_option_spec();
+
+// True when this binary has the CUDA backend.
+bool cuda_backend_built();
+
+// Loads the checkpoint onto GPU 0 and wraps it in a CudaRunner. Errors name the reason (no CUDA in this
+// build, no GPU, the memory plan does not fit, a bad checkpoint).
+Result<DeviceRunner> cuda_runner(const CudaRunnerRequest& request);
+
+}  // namespace cedar::cli
