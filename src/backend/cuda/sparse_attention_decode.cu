@@ -3,14 +3,15 @@
 // key is dequantized once per row and pass (all heads share K = V: MQA), and a row of 640 keys fills 20
 // blocks instead of the tiled kernel's 40 blocks that dequantize every key 8×.
 //
-// Block (key range z, row, head group of 64): 16 warps, key tiles of 32 dequantized into shared memory
-// as bf16 (exact, as in sparse_attention.cu).
-//   phase A  S = Q·Kᵀ: warp (m-tile mt = warp % 4, channel quarter cq = warp / 4) holds its Q A-fragments
-//            (16 heads × head_dim/4, bf16) in registers for the whole range and computes the 16 × 32
-//            partial scores of its quarter with ldmatrix'd K fragments; the four quarters are added in
-//            quarter order (fixed) and scaled into the range's score rows Ss[64][keys];
-//   phase B  the range's max m_z per head (8 threads per head), p = exp(s − m_z) in place, l_z = Σp;
-//   phase C  O_z = P·V: warp w owns channels [w·hd/16, (w+1)·hd/16) for all 64 heads, P's A fragments from
+// Block (key range z, row, head group of kHB = 64 heads, or 32 / 16 in the head-split plan): 16 warps,
+// key tiles of 32 dequantized into shared memory as bf16 (exact, as in sparse_attention.cu).
+//   phase A  S = Q·Kᵀ: warp (m-tile mt = warp % kMt, channel part cq = warp / kMt; kMt = kHB / 16 m-tiles,
+//            16 / kMt parts) holds its Q A-fragments (16 heads × the part's channels, bf16) in registers
+//            for the whole range and computes the 16 × 32 partial scores of its part with ldmatrix'd K
+//            fragments; the parts are added in part order (fixed) and scaled into the range's score rows
+//            Ss[kHB][keys] (64 heads: four quarters, the legacy kernel's order);
+//   phase B  the range's max m_z per head (512 / kHB threads per head), p = exp(s − m_z) in place, l_z = Σp;
+//   phase C  O_z = P·V: warp w owns channels [w·hd/16, (w+1)·hd/16) for the block's heads, P's A fragments from
 //            Ss (bf16, or three exact bf16 parts in fp32 mode), V via ldmatrix.trans; tiles in reverse
 //            order, so the last tile of phase A is still in shared memory (one dequantization saved).
 //   A tile's records are loaded into registers while the previous tile is computed.
@@ -19,6 +20,14 @@
 // combines the ranges in range order: M = max m_z, w_z = exp(m_z − M),
 //   o = bf16( Σ_z w_z·O_z / (Σ_z w_z·l_z + exp(sink − M)) ), then the inverse RoPE.
 // Deterministic (no atomics but a shared-memory max of key indices) and graph-capturable.
+//
+// Plans (DecodePlan): the legacy one (64 heads per block, key ranges for ~132 blocks) and the head-split
+// one (SparseAttnArgs::decode_head_split): 16 heads per block (32 at head_dim 128) while rows × head
+// groups <= 33, so batch 1 of an SWA-only layer (128 keys) runs 4 ranges × 4 groups = 16 blocks, not 4;
+// 64 heads from there on (batch 64: the legacy split). Each block dequantizes its key tiles once for its
+// heads, so a key is dequantized once per head group (4× at 16 heads: 32 × 512 values per tile, ~100
+// instructions per thread, against a block chain that loses 3/4 of its Q loads, MMAs and partials).
+// The 16-head kernel fits 64 registers (two blocks per SM), and the split aims at two per SM.
 //
 // Arithmetic vs the CPU (sparse_attention_row): p_j is exp(s_j − m_z) with the range's max instead of the
 // row's, rounded to bf16 (bf16 mode) before the rescale by w_z, and exp is expf (≤ 2 ulp) instead of the
@@ -45,8 +54,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kHeads = 64;             // heads per block of the legacy plan: 4 MMA m-tiles (head groups of 16/32: fewer)
-constexpr int kTile = 32;              // keys per tile
+constexpr int kHeads = 64;  // heads per block of the legacy plan: 4 MMA m-tiles (head groups of 16/32: fewer)
+constexpr int kTile = 32;   // keys per tile
 constexpr int kMaxTilesPerSplit = 16;  // shared memory: Ss holds 64 × 512 scores
 constexpr int kMaxSplitKeys = kTile * kMaxTilesPerSplit;
 constexpr int kSpLd = kTile + 8;    // partial-score row stride (floats): conflict-free float2 stores
@@ -136,56 +145,81 @@ __device__ __forceinline__ void store_floats(float* dst, const float (&d)[kN]) {
 }
 
 // The raw bytes of one thread's share of a 32-key tile (kIters chunks of 8 channels), loaded ahead.
-template <int kHd>
+// kPacked: the chunks' kinds and scale bytes 4 to a register (6 registers fewer at head_dim 512: the
+// 64-head kernel stops spilling; the 16-head one, capped at 64 registers, spills with the extra shifts).
+template <int kHd, bool kPacked>
 struct TileRegs {
   static constexpr int kChunks = kHd / 8;
   static constexpr int kIters = kTile * kChunks / kThreads;
   static_assert(kTile * kChunks % kThreads == 0, "whole chunks per thread");
+  static_assert(kIters <= 4, "kinds and scale bytes packed 4 to a register");
+  static constexpr int kWords = kPacked ? 1 : kIters;
   uint32_t lo[kIters], hi[kIters];
-  uint32_t sb[kIters];
-  int kd[kIters];
+  uint32_t sb[kWords], kd[kWords];
+  __device__ __forceinline__ void clear(int it) {
+    if (!kPacked || it == 0) sb[kPacked ? 0 : it] = kd[kPacked ? 0 : it] = 0;
+  }
+  __device__ __forceinline__ void set_kind(int it, uint32_t v) {
+    if (kPacked)
+      kd[0] |= v << (8 * it);
+    else
+      kd[it] = v;
+  }
+  __device__ __forceinline__ void set_scale(int it, uint32_t v) {
+    if (kPacked)
+      sb[0] |= v << (8 * it);
+    else
+      sb[it] = v;
+  }
+  __device__ __forceinline__ uint32_t kind(int it) const { return kPacked ? (kd[0] >> (8 * it)) & 0xFFu : kd[it]; }
+  __device__ __forceinline__ uint32_t scale(int it) const { return kPacked ? (sb[0] >> (8 * it)) & 0xFFu : sb[it]; }
 };
 
 // Loads the records of keys [tile·32, tile·32 + 32) of the range (pointers rec / kinds kind in shared
 // memory). Chunk e = tid + it·512: key e / kChunks, channels 8·(e % kChunks): a warp reads 256 (FP8) or
 // 128 (FP4) contiguous bytes of one record and later stores 512 contiguous bytes of its bf16 row.
-template <int kHd>
-__device__ __forceinline__ void tile_load(TileRegs<kHd>& t, int tile, const uint8_t* const* rec, const int8_t* kind) {
+template <int kHd, bool kPacked>
+__device__ __forceinline__ void tile_load(TileRegs<kHd, kPacked>& t, int tile, const uint8_t* const* rec,
+                                          const int8_t* kind) {
+  using Regs = TileRegs<kHd, kPacked>;
 #pragma unroll
-  for (int it = 0; it < TileRegs<kHd>::kIters; ++it) {
+  for (int it = 0; it < Regs::kIters; ++it) {
     const int e = threadIdx.x + it * kThreads;
-    const int key = tile * kTile + e / TileRegs<kHd>::kChunks, c = (e % TileRegs<kHd>::kChunks) * 8;
+    const int key = tile * kTile + e / Regs::kChunks, c = (e % Regs::kChunks) * 8;
     const int kd = kind[key];
     const uint8_t* r = rec[key];
-    t.kd[it] = kd;
-    t.lo[it] = t.hi[it] = t.sb[it] = 0;
+    t.clear(it);
+    t.set_kind(it, static_cast<uint32_t>(kd));
+    t.lo[it] = t.hi[it] = 0;
     if (kd == kFp8) {
-      t.sb[it] = __ldg(r + kHd + c / 32);
+      t.set_scale(it, __ldg(r + kHd + c / 32));
       t.lo[it] = load_u32(r + c);
       t.hi[it] = load_u32(r + c + 4);
     } else if (kd == kFp4) {
-      t.sb[it] = __ldg(r + kHd / 2 + c / 16);
+      t.set_scale(it, __ldg(r + kHd / 2 + c / 16));
       t.lo[it] = load_u32(r + c / 2);
     }
   }
 }
 
 // Dequantizes the loaded tile into Ks (bf16 rows of kHd + 8): exact values, absent keys zero.
-template <int kHd>
-__device__ __forceinline__ void tile_store(const TileRegs<kHd>& t, __nv_bfloat16* Ks) {
+template <int kHd, bool kPacked>
+__device__ __forceinline__ void tile_store(const TileRegs<kHd, kPacked>& t, __nv_bfloat16* Ks) {
+  using Regs = TileRegs<kHd, kPacked>;
 #pragma unroll
-  for (int it = 0; it < TileRegs<kHd>::kIters; ++it) {
+  for (int it = 0; it < Regs::kIters; ++it) {
     const int e = threadIdx.x + it * kThreads;
-    const int key = e / TileRegs<kHd>::kChunks, c = (e % TileRegs<kHd>::kChunks) * 8;
+    const int key = e / Regs::kChunks, c = (e % Regs::kChunks) * 8;
     float v[8];
-    if (t.kd[it] == kFp8) {
-      const float s = detail::ue8m0_to_float(t.sb[it]);
+    const uint32_t kd = t.kind(it), sb = t.scale(it);
+    if (kd == kFp8) {
+      const float s = detail::ue8m0_to_float(sb);
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(detail::e4m3_to_f32(t.lo[it] >> (8 * i)), s);
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[4 + i] = __fmul_rn(detail::e4m3_to_f32(t.hi[it] >> (8 * i)), s);
-    } else if (t.kd[it] == kFp4) {
-      const float s = detail::e4m3_to_f32(t.sb[it]);
+    } else if (kd == kFp4) {
+      const float s = detail::e4m3_to_f32(sb);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(detail::e2m1_to_f32(t.lo[it] >> (4 * i)), s);
     } else {
@@ -226,11 +260,11 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_att
   constexpr int kLd = kHd + 8;  // bf16 key row: 16-byte rows, conflict-free ldmatrix (stride ≡ 4 words mod 32)
   constexpr int kMt = kHB / 16;
   constexpr int kParts = kWarps / kMt;
-  constexpr int kPartCh = kHd / kParts;   // channels of a phase-A part
-  constexpr int kQSteps = kPartCh / 16;   // k-steps of 16 channels per part (phase A)
-  constexpr int kNTw = kHd / 128;         // n-tiles of 8 channels per warp (phase C)
-  constexpr int kTph = kThreads / kHB;    // threads per head in the score sum and phase B (8, 16 or 32)
-  constexpr int kKpt = kTile / kTph;      // keys per thread in the score sum (4, 2 or 1)
+  constexpr int kPartCh = kHd / kParts;  // channels of a phase-A part
+  constexpr int kQSteps = kPartCh / 16;  // k-steps of 16 channels per part (phase A)
+  constexpr int kNTw = kHd / 128;        // n-tiles of 8 channels per warp (phase C)
+  constexpr int kTph = kThreads / kHB;   // threads per head in the score sum and phase B (8, 16 or 32)
+  constexpr int kKpt = kTile / kTph;     // keys per thread in the score sum (4, 2 or 1)
   static_assert(kHB == 16 || kHB == 32 || kHB == 64, "head groups of 16, 32 or 64");
   static_assert(kPartCh % 16 == 0, "a phase-A part spans whole k-steps");
   extern __shared__ __align__(16) uint8_t smem[];
@@ -347,16 +381,16 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_att
   const int ntiles = last_key >= 0 ? last_key / kTile + 1 : 0;
 
   // ---- phase A: scores of the range ----
-  TileRegs<kHd> regs;
-  if (ntiles > 0) tile_load<kHd>(regs, 0, rec, kind);
+  TileRegs<kHd, kHB == 64> regs;
+  if (ntiles > 0) tile_load(regs, 0, rec, kind);
   for (int tile = 0; tile < ntiles; ++tile) {
-    tile_store<kHd>(regs, Ks);
+    tile_store(regs, Ks);
     __syncthreads();  // Ks holds the tile; the previous tile's Sp reads are done
     // Prefetch: the next tile, or after the last one the tile phase C needs first (ntiles − 2).
     if (tile + 1 < ntiles)
-      tile_load<kHd>(regs, tile + 1, rec, kind);
+      tile_load(regs, tile + 1, rec, kind);
     else if (ntiles >= 2)
-      tile_load<kHd>(regs, ntiles - 2, rec, kind);
+      tile_load(regs, ntiles - 2, rec, kind);
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -441,9 +475,9 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_att
   for (int it = 0; it < ntiles; ++it) {
     const int tile = ntiles - 1 - it;
     if (it > 0) {
-      tile_store<kHd>(regs, Ks);
+      tile_store(regs, Ks);
       __syncthreads();
-      if (tile >= 1) tile_load<kHd>(regs, tile - 1, rec, kind);
+      if (tile >= 1) tile_load(regs, tile - 1, rec, kind);
     }
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {

@@ -87,8 +87,8 @@ void check_head_split(const SparseAttnArgs& a, const RopeTableView& rope, const 
     EXPECT_TRUE(parity(htag, got, want, tol, allow));
     run(ha, htag, again);
     const size_t at = first_bit_difference(again, got);
-    EXPECT_EQ(at, count) << htag << ": two runs differ, first at output " << at << " ("
-                         << got[at < count ? at : 0] << " vs " << again[at < count ? at : 0] << ")";
+    EXPECT_EQ(at, count) << htag << ": two runs differ, first at output " << at << " (" << got[at < count ? at : 0]
+                         << " vs " << again[at < count ? at : 0] << ")";
     if (hb != 0) continue;
     SparseAttnArgs la = ha;
     la.legacy_decode_merge = true;
@@ -99,10 +99,10 @@ void check_head_split(const SparseAttnArgs& a, const RopeTableView& rope, const 
                           << " (" << got[lat < count ? lat : 0] << " vs " << leg[lat < count ? lat : 0]
                           << "); they must agree bit for bit";
     auto droped = to_device(q);
-    ASSERT_TRUE(
-        rope_apply(rope, {.x = droped.get(), .rows = a.n, .n_vec = a.heads, .width = a.head_dim, .tokens = a.tokens},
-                   nullptr)
-            .ok());
+    ASSERT_TRUE(rope_apply(rope,
+                           {.x = droped.get(), .rows = a.n, .n_vec = a.heads, .width = a.head_dim, .tokens = a.tokens},
+                           nullptr)
+                    .ok());
     SparseAttnArgs ra = ha;
     ra.q = droped.get();
     std::vector<float> rotated(count), fused(count);
