@@ -825,8 +825,8 @@ void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
 // Sparse attention at the released decode shape (64 heads × 512, window 128 + top-k 512 = 640 keys per
 // row, sink, inverse RoPE on 64 channels): the tiled kernel (16 heads per block) against the decode
 // kernel (split-K, 64 heads per block; _hsplit: its head-split plan, SparseAttnArgs::decode_head_split),
-// and an SWA-only layer's 128 keys (decode kernel, both plans). Rows are distinct sequences; bytes = the rows' key records (528-B
-// SWA + 288-B main KV), q and out. The records of one call (≤ 14 MB) stay in L2 across replays, as a
+// and an SWA-only layer's 128 keys (decode kernel, both plans). Rows are distinct sequences; bytes =
+// the rows' key records (528-B SWA + 288-B main KV), q and out. The records of one call (≤ 14 MB) stay in L2 across replays, as a
 // layer's would not: read the GB/s as a latency figure, not an HBM rate.
 void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   constexpr int64_t H = 64, hd = 512, W = 128, K = 512, rope_dim = 64, entries = 8192, epb = 64;
