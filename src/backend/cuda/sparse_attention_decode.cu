@@ -785,12 +785,12 @@ bool sparse_attention_decode_supported(int64_t n, int64_t head_dim) {
 SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_t heads, int64_t head_dim,
                                                                int64_t window, int64_t topk_width) {
   if (!sparse_attention_decode_supported(n, head_dim) || heads <= 0 || window <= 0) return {};
-  // Covers both plans; the head-split plan splits the most at its smallest head group (fewest ranges
-  // per pair at larger groups), so any heads_per_block it may be given fits.
+  // Covers both plans and every head group the head-split plan may be given (none splits more than the
+  // legacy plan today: the max keeps that true by construction).
   const int64_t keys = window + std::max<int64_t>(0, topk_width);
-  const DecodePlan d = decode_plan(n, heads, keys);
-  const DecodePlan h = head_split_plan(n, heads, head_dim, keys, smallest_head_group(head_dim));
-  const int splits = std::max(d.splits, h.splits);
+  int splits = decode_plan(n, heads, keys).splits;
+  for (int hb = smallest_head_group(head_dim); hb <= kHeads; hb *= 2)
+    splits = std::max(splits, head_split_plan(n, heads, head_dim, keys, hb).splits);
   if (splits <= 1) return {};
   return SparseAttnWorkspaceSize{decode_ws_floats(n, splits, heads, head_dim), 0};
 }
