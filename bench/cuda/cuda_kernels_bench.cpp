@@ -824,8 +824,9 @@ void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
 
 // Sparse attention at the released decode shape (64 heads × 512, window 128 + top-k 512 = 640 keys per
 // row, sink, inverse RoPE on 64 channels): the tiled kernel (16 heads per block) against the decode
-// kernel (split-K, 64 heads per block). Rows are distinct sequences; bytes = the rows' key records (528-B
-// SWA + 288-B main KV), q and out. The records of one call (≤ 14 MB) stay in L2 across replays, as a
+// kernel (split-K, 64 heads per block; _hsplit: its head-split plan, SparseAttnArgs::decode_head_split),
+// and an SWA-only layer's 128 keys (decode kernel, both plans). Rows are distinct sequences; bytes =
+// the rows' key records (528-B SWA + 288-B main KV), q and out. The records of one call (≤ 14 MB) stay in L2 across replays, as a
 // layer's would not: read the GB/s as a latency figure, not an HBM rate.
 void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   constexpr int64_t H = 64, hd = 512, W = 128, K = 512, rope_dim = 64, entries = 8192, epb = 64;
@@ -914,6 +915,23 @@ void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<R
     la.legacy_decode_merge = true;
     const double leg_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(la, stream, ws)); });
     rows.push_back(make_row("sparse_attn_decode_oldmerge", "64x512 640 keys", n, leg_us, bytes, copy_gbps));
+    SparseAttnArgs ha = a;  // the head-split plan (16 heads per block at b1/b8; b64: 64, balanced ranges)
+    ha.decode_head_split = true;
+    const double hs_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(ha, stream, ws)); });
+    rows.push_back(make_row("sparse_attn_decode_hsplit", "64x512 640 keys", n, hs_us, bytes, copy_gbps));
+    // An SWA-only layer (window 128, no compressed entries): 4 ranges at b1 in the legacy plan (4 blocks),
+    // 4 ranges × 4 head groups in the head-split plan. (Its workspace is within the 640-key one's.)
+    SparseAttnArgs sa = a;
+    sa.topk = nullptr;
+    sa.topk_width = 0;
+    sa.kv_seqs = nullptr;
+    const double swa_bytes_total = n * (W * rb + 2.0 * 4 * H * hd);
+    const double swa_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(sa, stream, ws)); });
+    rows.push_back(make_row("sparse_attn_decode", "64x512 swa 128 keys", n, swa_us, swa_bytes_total, copy_gbps));
+    sa.decode_head_split = true;
+    const double swa_hs_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(sa, stream, ws)); });
+    rows.push_back(
+        make_row("sparse_attn_decode_hsplit", "64x512 swa 128 keys", n, swa_hs_us, swa_bytes_total, copy_gbps));
   }
 }
 

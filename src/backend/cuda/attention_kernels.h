@@ -357,6 +357,13 @@ struct SparseAttnArgs {
   // the row's position, last rope_dim channels of each head) as it loads q — bit-identical to calling
   // rope_apply first, one launch fewer. The tiled kernels refuse it.
   bool q_before_rope = false;
+  // Decode kernel only: the head-split plan — 16 or 32 heads per block at batch 1..8 (an SWA-only layer
+  // at batch 1: 16 blocks instead of 4), key ranges balanced; each block dequantizes its key tiles once
+  // for its heads. false: the legacy plan (64 heads per block). Other summation order in phase A (parts
+  // of head_dim / 16 or / 8 channels): not bit-identical to the legacy plan, same CPU-oracle bounds.
+  bool decode_head_split = false;
+  // With decode_head_split: heads per block forced to 16 (head_dim >= 256), 32 or 64; 0: the plan picks.
+  int decode_heads_per_block = 0;
 };
 // Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits); covers both
 // kernels sparse_attention may pick for n rows.

@@ -77,6 +77,10 @@ struct CudaKernelPaths {
   // Decode-shaped attention (sparse_attention_decode): q's RoPE applied by the attention kernel as it
   // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
   bool fused_q_rope = true;
+  // Decode-shaped attention: the head-split plan (SparseAttnArgs::decode_head_split: 16 heads per block
+  // at batch 1..8, so an SWA-only layer at batch 1 runs 16 blocks instead of 4). Not bit-identical to the
+  // 64-head plan (phase A's channel parts summed in another order); same CPU-oracle bounds.
+  bool attn_head_split = true;
   static CudaKernelPaths legacy();
 };
 

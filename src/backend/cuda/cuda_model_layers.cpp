@@ -493,6 +493,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.rope = rope;
   sa.out = w.o;
   sa.q_before_rope = q_rope_in_attention;
+  sa.decode_head_split = options_.paths.attn_head_split;
   CEDAR_RETURN_IF_ERROR(options_.prefetch_attention ? sparse_attention_prefetch(sa, cs(), w.sparse)
                                                     : sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));

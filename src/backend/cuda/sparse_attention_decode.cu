@@ -3,14 +3,15 @@
 // key is dequantized once per row and pass (all heads share K = V: MQA), and a row of 640 keys fills 20
 // blocks instead of the tiled kernel's 40 blocks that dequantize every key 8×.
 //
-// Block (key range z, row, head group of 64): 16 warps, key tiles of 32 dequantized into shared memory
-// as bf16 (exact, as in sparse_attention.cu).
-//   phase A  S = Q·Kᵀ: warp (m-tile mt = warp % 4, channel quarter cq = warp / 4) holds its Q A-fragments
-//            (16 heads × head_dim/4, bf16) in registers for the whole range and computes the 16 × 32
-//            partial scores of its quarter with ldmatrix'd K fragments; the four quarters are added in
-//            quarter order (fixed) and scaled into the range's score rows Ss[64][keys];
-//   phase B  the range's max m_z per head (8 threads per head), p = exp(s − m_z) in place, l_z = Σp;
-//   phase C  O_z = P·V: warp w owns channels [w·hd/16, (w+1)·hd/16) for all 64 heads, P's A fragments from
+// Block (key range z, row, head group of kHB = 64 heads, or 32 / 16 in the head-split plan): 16 warps,
+// key tiles of 32 dequantized into shared memory as bf16 (exact, as in sparse_attention.cu).
+//   phase A  S = Q·Kᵀ: warp (m-tile mt = warp % kMt, channel part cq = warp / kMt; kMt = kHB / 16 m-tiles,
+//            16 / kMt parts) holds its Q A-fragments (16 heads × the part's channels, bf16) in registers
+//            for the whole range and computes the 16 × 32 partial scores of its part with ldmatrix'd K
+//            fragments; the parts are added in part order (fixed) and scaled into the range's score rows
+//            Ss[kHB][keys] (64 heads: four quarters, the legacy kernel's order);
+//   phase B  the range's max m_z per head (512 / kHB threads per head), p = exp(s − m_z) in place, l_z = Σp;
+//   phase C  O_z = P·V: warp w owns channels [w·hd/16, (w+1)·hd/16) for the block's heads, P's A fragments from
 //            Ss (bf16, or three exact bf16 parts in fp32 mode), V via ldmatrix.trans; tiles in reverse
 //            order, so the last tile of phase A is still in shared memory (one dequantization saved).
 //   A tile's records are loaded into registers while the previous tile is computed.
@@ -19,6 +20,14 @@
 // combines the ranges in range order: M = max m_z, w_z = exp(m_z − M),
 //   o = bf16( Σ_z w_z·O_z / (Σ_z w_z·l_z + exp(sink − M)) ), then the inverse RoPE.
 // Deterministic (no atomics but a shared-memory max of key indices) and graph-capturable.
+//
+// Plans (DecodePlan): the legacy one (64 heads per block, key ranges for ~132 blocks) and the head-split
+// one (SparseAttnArgs::decode_head_split): 16 heads per block (32 at head_dim 128) while rows × head
+// groups <= 33, so batch 1 of an SWA-only layer (128 keys) runs 4 ranges × 4 groups = 16 blocks, not 4;
+// 64 heads from there on (batch 64: the legacy split). Each block dequantizes its key tiles once for its
+// heads, so a key is dequantized once per head group (4× at 16 heads: 32 × 512 values per tile, ~100
+// instructions per thread, against a block chain that loses 3/4 of its Q loads, MMAs and partials).
+// The 16-head kernel fits 64 registers (two blocks per SM), and the split aims at two per SM.
 //
 // Arithmetic vs the CPU (sparse_attention_row): p_j is exp(s_j − m_z) with the range's max instead of the
 // row's, rounded to bf16 (bf16 mode) before the rescale by w_z, and exp is expf (≤ 2 ulp) instead of the
@@ -45,8 +54,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kHeads = 64;             // heads per block: 4 MMA m-tiles
-constexpr int kTile = 32;              // keys per tile
+constexpr int kHeads = 64;  // heads per block of the legacy plan: 4 MMA m-tiles (head groups of 16/32: fewer)
+constexpr int kTile = 32;   // keys per tile
 constexpr int kMaxTilesPerSplit = 16;  // shared memory: Ss holds 64 × 512 scores
 constexpr int kMaxSplitKeys = kTile * kMaxTilesPerSplit;
 constexpr int kSpLd = kTile + 8;    // partial-score row stride (floats): conflict-free float2 stores
@@ -111,57 +120,106 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* r) {
   return r[0] | (r[1] << 8) | (r[2] << 16) | (static_cast<uint32_t>(r[3]) << 24);
 }
 
+// kN (1, 2 or 4) consecutive floats of shared memory, 4·kN-byte aligned, in one access.
+template <int kN>
+__device__ __forceinline__ void load_floats(const float* src, float (&d)[kN]) {
+  if constexpr (kN == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
+  } else if constexpr (kN == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    d[0] = v.x, d[1] = v.y;
+  } else {
+    d[0] = *src;
+  }
+}
+template <int kN>
+__device__ __forceinline__ void store_floats(float* dst, const float (&d)[kN]) {
+  if constexpr (kN == 4) {
+    *reinterpret_cast<float4*>(dst) = make_float4(d[0], d[1], d[2], d[3]);
+  } else if constexpr (kN == 2) {
+    *reinterpret_cast<float2*>(dst) = make_float2(d[0], d[1]);
+  } else {
+    *dst = d[0];
+  }
+}
+
 // The raw bytes of one thread's share of a 32-key tile (kIters chunks of 8 channels), loaded ahead.
-template <int kHd>
+// kPacked: the chunks' kinds and scale bytes 4 to a register (6 registers fewer at head_dim 512: the
+// 64-head kernel stops spilling; the 16-head one, capped at 64 registers, spills with the extra shifts).
+template <int kHd, bool kPacked>
 struct TileRegs {
   static constexpr int kChunks = kHd / 8;
   static constexpr int kIters = kTile * kChunks / kThreads;
   static_assert(kTile * kChunks % kThreads == 0, "whole chunks per thread");
+  static_assert(kIters <= 4, "kinds and scale bytes packed 4 to a register");
+  static constexpr int kWords = kPacked ? 1 : kIters;
   uint32_t lo[kIters], hi[kIters];
-  uint32_t sb[kIters];
-  int kd[kIters];
+  uint32_t sb[kWords], kd[kWords];
+  __device__ __forceinline__ void clear(int it) {
+    if (!kPacked || it == 0) sb[kPacked ? 0 : it] = kd[kPacked ? 0 : it] = 0;
+  }
+  __device__ __forceinline__ void set_kind(int it, uint32_t v) {
+    if (kPacked)
+      kd[0] |= v << (8 * it);
+    else
+      kd[it] = v;
+  }
+  __device__ __forceinline__ void set_scale(int it, uint32_t v) {
+    if (kPacked)
+      sb[0] |= v << (8 * it);
+    else
+      sb[it] = v;
+  }
+  __device__ __forceinline__ uint32_t kind(int it) const { return kPacked ? (kd[0] >> (8 * it)) & 0xFFu : kd[it]; }
+  __device__ __forceinline__ uint32_t scale(int it) const { return kPacked ? (sb[0] >> (8 * it)) & 0xFFu : sb[it]; }
 };
 
 // Loads the records of keys [tile·32, tile·32 + 32) of the range (pointers rec / kinds kind in shared
 // memory). Chunk e = tid + it·512: key e / kChunks, channels 8·(e % kChunks): a warp reads 256 (FP8) or
 // 128 (FP4) contiguous bytes of one record and later stores 512 contiguous bytes of its bf16 row.
-template <int kHd>
-__device__ __forceinline__ void tile_load(TileRegs<kHd>& t, int tile, const uint8_t* const* rec, const int8_t* kind) {
+template <int kHd, bool kPacked>
+__device__ __forceinline__ void tile_load(TileRegs<kHd, kPacked>& t, int tile, const uint8_t* const* rec,
+                                          const int8_t* kind) {
+  using Regs = TileRegs<kHd, kPacked>;
 #pragma unroll
-  for (int it = 0; it < TileRegs<kHd>::kIters; ++it) {
+  for (int it = 0; it < Regs::kIters; ++it) {
     const int e = threadIdx.x + it * kThreads;
-    const int key = tile * kTile + e / TileRegs<kHd>::kChunks, c = (e % TileRegs<kHd>::kChunks) * 8;
+    const int key = tile * kTile + e / Regs::kChunks, c = (e % Regs::kChunks) * 8;
     const int kd = kind[key];
     const uint8_t* r = rec[key];
-    t.kd[it] = kd;
-    t.lo[it] = t.hi[it] = t.sb[it] = 0;
+    t.clear(it);
+    t.set_kind(it, static_cast<uint32_t>(kd));
+    t.lo[it] = t.hi[it] = 0;
     if (kd == kFp8) {
-      t.sb[it] = __ldg(r + kHd + c / 32);
+      t.set_scale(it, __ldg(r + kHd + c / 32));
       t.lo[it] = load_u32(r + c);
       t.hi[it] = load_u32(r + c + 4);
     } else if (kd == kFp4) {
-      t.sb[it] = __ldg(r + kHd / 2 + c / 16);
+      t.set_scale(it, __ldg(r + kHd / 2 + c / 16));
       t.lo[it] = load_u32(r + c / 2);
     }
   }
 }
 
 // Dequantizes the loaded tile into Ks (bf16 rows of kHd + 8): exact values, absent keys zero.
-template <int kHd>
-__device__ __forceinline__ void tile_store(const TileRegs<kHd>& t, __nv_bfloat16* Ks) {
+template <int kHd, bool kPacked>
+__device__ __forceinline__ void tile_store(const TileRegs<kHd, kPacked>& t, __nv_bfloat16* Ks) {
+  using Regs = TileRegs<kHd, kPacked>;
 #pragma unroll
-  for (int it = 0; it < TileRegs<kHd>::kIters; ++it) {
+  for (int it = 0; it < Regs::kIters; ++it) {
     const int e = threadIdx.x + it * kThreads;
-    const int key = e / TileRegs<kHd>::kChunks, c = (e % TileRegs<kHd>::kChunks) * 8;
+    const int key = e / Regs::kChunks, c = (e % Regs::kChunks) * 8;
     float v[8];
-    if (t.kd[it] == kFp8) {
-      const float s = detail::ue8m0_to_float(t.sb[it]);
+    const uint32_t kd = t.kind(it), sb = t.scale(it);
+    if (kd == kFp8) {
+      const float s = detail::ue8m0_to_float(sb);
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(detail::e4m3_to_f32(t.lo[it] >> (8 * i)), s);
 #pragma unroll
       for (int i = 0; i < 4; ++i) v[4 + i] = __fmul_rn(detail::e4m3_to_f32(t.hi[it] >> (8 * i)), s);
-    } else if (t.kd[it] == kFp4) {
-      const float s = detail::e4m3_to_f32(t.sb[it]);
+    } else if (kd == kFp4) {
+      const float s = detail::e4m3_to_f32(sb);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(detail::e2m1_to_f32(t.lo[it] >> (4 * i)), s);
     } else {
@@ -188,18 +246,34 @@ __device__ __forceinline__ float2 finish_pair(const DecodeParams& p, int64_t pos
   return make_float2(e, o);
 }
 
-template <int kHd>
-__global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(DecodeParams p) {
-  constexpr int kLd = kHd + 8;       // bf16 key row: 16-byte rows, conflict-free ldmatrix (stride ≡ 4 words mod 32)
-  constexpr int kQSteps = kHd / 64;  // k-steps of 16 channels per quarter (phase A)
-  constexpr int kNTw = kHd / 128;    // n-tiles of 8 channels per warp (phase C)
+// Blocks of one SM at kHB heads: 16 heads need few enough registers for two (64 per thread).
+template <int kHB>
+constexpr int decode_min_blocks() {
+  return kHB == 16 ? 2 : 1;
+}
+
+// kHB heads per block (64: the legacy plan; 32 or 16: the head-split plan). kMt = kHB / 16 m-tiles; in
+// phase A the 16 warps are kMt m-tiles × kParts channel parts of kHd / kParts channels (kParts = 4 at 64
+// heads: the quarters), summed in part order.
+template <int kHd, int kHB>
+__global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_attention_decode_kernel(DecodeParams p) {
+  constexpr int kLd = kHd + 8;  // bf16 key row: 16-byte rows, conflict-free ldmatrix (stride ≡ 4 words mod 32)
+  constexpr int kMt = kHB / 16;
+  constexpr int kParts = kWarps / kMt;
+  constexpr int kPartCh = kHd / kParts;  // channels of a phase-A part
+  constexpr int kQSteps = kPartCh / 16;  // k-steps of 16 channels per part (phase A)
+  constexpr int kNTw = kHd / 128;        // n-tiles of 8 channels per warp (phase C)
+  constexpr int kTph = kThreads / kHB;   // threads per head in the score sum and phase B (8, 16 or 32)
+  constexpr int kKpt = kTile / kTph;     // keys per thread in the score sum (4, 2 or 1)
+  static_assert(kHB == 16 || kHB == 32 || kHB == 64, "head groups of 16, 32 or 64");
+  static_assert(kPartCh % 16 == 0, "a phase-A part spans whole k-steps");
   extern __shared__ __align__(16) uint8_t smem[];
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
-  float* Sp = reinterpret_cast<float*>(Ks + kTile * kLd);  // [4 quarters][64 heads][kSpLd]
-  float* Ss = Sp + 4 * kHeads * kSpLd;                     // [64 heads][ld_s]
+  float* Sp = reinterpret_cast<float*>(Ks + kTile * kLd);  // [kParts][kHB heads][kSpLd]
+  float* Ss = Sp + kParts * kHB * kSpLd;                   // [kHB heads][ld_s]
   __shared__ const uint8_t* rec[kMaxSplitKeys];
   __shared__ int8_t kind[kMaxSplitKeys];
-  __shared__ float Ms[kHeads], Ls[kHeads];
+  __shared__ float Ms[kHB], Ls[kHB];
   __shared__ int last_key;
 
   // The merge launch (programmatic, new merge only) may be scheduled now: its prologue (tokens, sink,
@@ -207,18 +281,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   if (!p.legacy_merge) detail::pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int z = blockIdx.x;
-  const int64_t row = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.z) * kHeads;
+  const int64_t row = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.z) * kHB;
   const AttnToken tk = p.tokens[row];
 
-  // Q A-fragments of this warp (heads h0 + 16·mt + g, +8; channels cq·hd/4 + 16·ks + 2t, +1, +8, +9),
+  // Q A-fragments of this warp (heads h0 + 16·mt + g, +8; channels cq·kPartCh + 16·ks + 2t, +1, +8, +9),
   // loaded first so their latency overlaps the key lookups (with q_rope: tokens → {q, cos/sin}, still
   // shorter than the lookup chain). Heads past the end are zero.
-  const int mt = warp & 3, cq = warp >> 2;
+  const int mt = warp % kMt, cq = warp / kMt;
   uint32_t qa[kQSteps][4];
   {
     const int64_t ha = h0 + 16 * mt + g, hb = ha + 8;
-    const float* qra = p.q + (row * p.heads + ha) * kHd + cq * (kHd / 4) + 2 * t;
-    const float* qrb = p.q + (row * p.heads + hb) * kHd + cq * (kHd / 4) + 2 * t;
+    const float* qra = p.q + (row * p.heads + ha) * kHd + cq * kPartCh + 2 * t;
+    const float* qrb = p.q + (row * p.heads + hb) * kHd + cq * kPartCh + 2 * t;
 #pragma unroll
     for (int ks = 0; ks < kQSteps; ++ks) {
       float2 a0 = make_float2(0.0f, 0.0f), a1 = a0, a2 = a0, a3 = a0;
@@ -232,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
       }
       if (p.q_rope) {  // rope_apply's forward rotation of the pairs (c, c + 1), c = the float2's channel
         const int rope_start = kHd - static_cast<int>(p.rope.rope_dim);
-        const int c0 = cq * (kHd / 4) + 16 * ks + 2 * t, c1 = c0 + 8;
+        const int c0 = cq * kPartCh + 16 * ks + 2 * t, c1 = c0 + 8;
         if (c0 >= rope_start) {
           if (ha < p.heads) detail::rope_pair(p.rope, tk.pos, (c0 - rope_start) / 2, false, a0.x, a0.y);
           if (hb < p.heads) detail::rope_pair(p.rope, tk.pos, (c0 - rope_start) / 2, false, a1.x, a1.y);
@@ -307,22 +381,22 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   const int ntiles = last_key >= 0 ? last_key / kTile + 1 : 0;
 
   // ---- phase A: scores of the range ----
-  TileRegs<kHd> regs;
-  if (ntiles > 0) tile_load<kHd>(regs, 0, rec, kind);
+  TileRegs<kHd, kHB == 64> regs;
+  if (ntiles > 0) tile_load(regs, 0, rec, kind);
   for (int tile = 0; tile < ntiles; ++tile) {
-    tile_store<kHd>(regs, Ks);
+    tile_store(regs, Ks);
     __syncthreads();  // Ks holds the tile; the previous tile's Sp reads are done
     // Prefetch: the next tile, or after the last one the tile phase C needs first (ntiles − 2).
     if (tile + 1 < ntiles)
-      tile_load<kHd>(regs, tile + 1, rec, kind);
+      tile_load(regs, tile + 1, rec, kind);
     else if (ntiles >= 2)
-      tile_load<kHd>(regs, ntiles - 2, rec, kind);
+      tile_load(regs, ntiles - 2, rec, kind);
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     // ldmatrix x4 (rows = keys): lane l addresses key 16·pair + (l & 7) + 8·(l >> 4), channel +8·((l >> 3) & 1);
     // r0, r1 = b0, b1 of n-tile 2·pair, r2, r3 = those of n-tile 2·pair + 1.
-    const __nv_bfloat16* kb = Ks + ((lane & 7) + ((lane >> 4) << 3)) * kLd + cq * (kHd / 4) + ((lane >> 3) & 1) * 8;
+    const __nv_bfloat16* kb = Ks + ((lane & 7) + ((lane >> 4) << 3)) * kLd + cq * kPartCh + ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int ks = 0; ks < kQSteps; ++ks) {
 #pragma unroll
@@ -334,29 +408,28 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
       }
     }
     // C fragments: heads 16·mt + g (+8), keys 8·nt + 2t (+1).
-    float* sp = Sp + (cq * kHeads + 16 * mt + g) * kSpLd + 2 * t;
+    float* sp = Sp + (cq * kHB + 16 * mt + g) * kSpLd + 2 * t;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       *reinterpret_cast<float2*>(sp + 8 * nt) = make_float2(acc[nt][0], acc[nt][1]);
       *reinterpret_cast<float2*>(sp + 8 * kSpLd + 8 * nt) = make_float2(acc[nt][2], acc[nt][3]);
     }
     __syncthreads();
-    {  // s = ((S0 + S1) + S2) + S3 (quarter order), scaled; absent keys −inf. Thread: head tid/8, 4 keys.
-      const int hh = tid >> 3, k4 = (tid & 7) * 4;
-      const float4 s0 = *reinterpret_cast<const float4*>(Sp + (0 * kHeads + hh) * kSpLd + k4);
-      const float4 s1 = *reinterpret_cast<const float4*>(Sp + (1 * kHeads + hh) * kSpLd + k4);
-      const float4 s2 = *reinterpret_cast<const float4*>(Sp + (2 * kHeads + hh) * kSpLd + k4);
-      const float4 s3 = *reinterpret_cast<const float4*>(Sp + (3 * kHeads + hh) * kSpLd + k4);
-      const int kb0 = tile * kTile + k4;
-      auto sc = [&](float a, float b, float c, float d, int kk) {
-        return kind[kk] != kNone ? __fmul_rn(__fadd_rn(__fadd_rn(__fadd_rn(a, b), c), d), p.scale) : -INFINITY;
-      };
-      float4 s;
-      s.x = sc(s0.x, s1.x, s2.x, s3.x, kb0);
-      s.y = sc(s0.y, s1.y, s2.y, s3.y, kb0 + 1);
-      s.z = sc(s0.z, s1.z, s2.z, s3.z, kb0 + 2);
-      s.w = sc(s0.w, s1.w, s2.w, s3.w, kb0 + 3);
-      *reinterpret_cast<float4*>(Ss + hh * p.ld_s + kb0) = s;
+    {  // s = ((S0 + S1) + S2) + … (part order), scaled; absent keys −inf. Thread: head tid / kTph, kKpt keys
+      // (at 64 heads: ((S0 + S1) + S2) + S3, the legacy kernel's order and bits).
+      const int hh = tid / kTph, kk0 = (tid % kTph) * kKpt;
+      float s[kKpt], v[kKpt];
+      load_floats<kKpt>(Sp + hh * kSpLd + kk0, s);
+#pragma unroll
+      for (int part = 1; part < kParts; ++part) {
+        load_floats<kKpt>(Sp + (part * kHB + hh) * kSpLd + kk0, v);
+#pragma unroll
+        for (int k = 0; k < kKpt; ++k) s[k] = __fadd_rn(s[k], v[k]);
+      }
+      const int kb0 = tile * kTile + kk0;
+#pragma unroll
+      for (int k = 0; k < kKpt; ++k) s[k] = kind[kb0 + k] != kNone ? __fmul_rn(s[k], p.scale) : -INFINITY;
+      store_floats<kKpt>(Ss + hh * p.ld_s + kb0, s);
     }
     // (the next tile's first __syncthreads orders these Sp reads before its Sp writes)
   }
@@ -364,25 +437,27 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
 
   // ---- phase B: the range's max per head, p = exp(s − m), l = Σp ----
   {
-    const int hh = tid >> 3, l8 = tid & 7;
+    const int hh = tid / kTph, l8 = tid % kTph;  // kTph threads per head (8 at 64 heads)
     const int span = ntiles * kTile;
     float* srow = Ss + hh * p.ld_s;
     float m = -INFINITY;
-    for (int j = l8; j < span; j += 8) {
+    for (int j = l8; j < span; j += kTph) {
       const float v = srow[j];
       m = m < v ? v : m;
     }
-    for (int o = 4; o > 0; o >>= 1) {
+#pragma unroll
+    for (int o = kTph / 2; o > 0; o >>= 1) {
       const float v = __shfl_xor_sync(detail::kFullMask, m, o);
       m = m < v ? v : m;
     }
     float den = 0.0f;
-    for (int j = l8; j < span; j += 8) {
+    for (int j = l8; j < span; j += kTph) {
       const float pj = m == -INFINITY ? 0.0f : expf(__fsub_rn(srow[j], m));
       srow[j] = pj;
       den = __fadd_rn(den, pj);
     }
-    for (int o = 4; o > 0; o >>= 1) den = __fadd_rn(den, __shfl_xor_sync(detail::kFullMask, den, o));
+#pragma unroll
+    for (int o = kTph / 2; o > 0; o >>= 1) den = __fadd_rn(den, __shfl_xor_sync(detail::kFullMask, den, o));
     if (l8 == 0) {
       Ms[hh] = m;
       Ls[hh] = den;
@@ -391,18 +466,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   __syncthreads();
 
   // ---- phase C: O = P·V, tiles in reverse order (the last one is still in Ks) ----
-  float acc[4][kNTw][4];
+  float acc[kMt][kNTw][4];
 #pragma unroll
-  for (int a = 0; a < 4; ++a)
+  for (int a = 0; a < kMt; ++a)
 #pragma unroll
     for (int i = 0; i < kNTw; ++i) acc[a][i][0] = acc[a][i][1] = acc[a][i][2] = acc[a][i][3] = 0.0f;
   const int nbase = warp * kNTw * 8;  // the warp's first channel
   for (int it = 0; it < ntiles; ++it) {
     const int tile = ntiles - 1 - it;
     if (it > 0) {
-      tile_store<kHd>(regs, Ks);
+      tile_store(regs, Ks);
       __syncthreads();
-      if (tile >= 1) tile_load<kHd>(regs, tile - 1, rec, kind);
+      if (tile >= 1) tile_load(regs, tile - 1, rec, kind);
     }
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
@@ -421,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
       }
       const int col = tile * kTile + k0 + 2 * t;
 #pragma unroll
-      for (int m4 = 0; m4 < 4; ++m4) {
+      for (int m4 = 0; m4 < kMt; ++m4) {
         const float* pr = Ss + (16 * m4 + g) * p.ld_s + col;
         const float2 p00 = *reinterpret_cast<const float2*>(pr);
         const float2 p10 = *reinterpret_cast<const float2*>(pr + 8 * p.ld_s);
@@ -460,7 +535,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   // ---- output: heads 16·m4 + g (+8), channels nbase + 8i + 2t (+1) ----
   if (p.splits == 1) {
 #pragma unroll
-    for (int m4 = 0; m4 < 4; ++m4)
+    for (int m4 = 0; m4 < kMt; ++m4)
 #pragma unroll
       for (int i = 0; i < kNTw; ++i) {
         const int c = nbase + 8 * i + 2 * t;
@@ -477,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
   }
   const int64_t part = (row * p.splits + z) * p.heads;  // (row, range) partials, head-major
 #pragma unroll
-  for (int m4 = 0; m4 < 4; ++m4)
+  for (int m4 = 0; m4 < kMt; ++m4)
 #pragma unroll
     for (int i = 0; i < kNTw; ++i) {
       const int c = nbase + 8 * i + 2 * t;
@@ -489,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_decode_kernel(De
                make_float2(acc[m4][i][2 * half], acc[m4][i][2 * half + 1]));
       }
     }
-  if (tid < kHeads && h0 + tid < p.heads) {
+  if (tid < kHB && h0 + tid < p.heads) {
     p.ws_m[part + h0 + tid] = Ms[tid];
     p.ws_l[part + h0 + tid] = Ls[tid];
   }
@@ -614,10 +689,12 @@ __global__ void __launch_bounds__(kHd / 4) sparse_attention_merge_fast_kernel(De
   *reinterpret_cast<float4*>(p.out + (row * p.heads + h) * kHd + c) = make_float4(o[0], o[1], o[2], o[3]);
 }
 
-// Key ranges: as many as fill ~one wave of blocks, at most 16 tiles each (shared memory).
+// Key ranges (and heads per block): as many as fill ~one wave of blocks, at most 16 tiles each (shared
+// memory).
 struct DecodePlan {
-  int splits = 1, keys_per_split = kTile;
+  int splits = 1, keys_per_split = kTile, heads_per_block = kHeads;
 };
+// The legacy plan: 64 heads per block.
 DecodePlan decode_plan(int64_t n, int64_t heads, int64_t max_keys) {
   const int64_t tiles = std::max<int64_t>(1, (max_keys + kTile - 1) / kTile);
   const int64_t groups = (heads + kHeads - 1) / kHeads;
@@ -629,6 +706,40 @@ DecodePlan decode_plan(int64_t n, int64_t heads, int64_t max_keys) {
   return d;
 }
 
+// Head groups a head_dim allows: a phase-A part must span 16 channels (16 heads: 16 parts, head_dim >= 256).
+bool head_group_allowed(int64_t hd, int hb) { return hb == 64 || hb == 32 || (hb == 16 && hd >= 256); }
+int smallest_head_group(int64_t hd) { return hd >= 256 ? 16 : 32; }
+
+// The head-split plan. Heads per block: the smallest group (16, else 32) while the (row, head group)
+// pairs leave room for >= 4 key ranges each in one wave (n·groups <= 132 / 4: batch 1 and 8 at 64
+// heads), else 64 (batch 64: 64 pairs already fill half a wave; the key split adds the rest). Then the
+// legacy key split for those pairs aiming at one wave of co-resident blocks (two per SM at 16 heads:
+// 64 registers), its ranges balanced (20 tiles in 2 ranges: 10 + 10, not 16 + 4). forced_hb (16, 32,
+// 64) replaces the choice.
+DecodePlan head_split_plan(int64_t n, int64_t heads, int64_t hd, int64_t max_keys, int forced_hb) {
+  int hb = forced_hb;
+  if (hb == 0) {
+    hb = kHeads;
+    for (int c = smallest_head_group(hd); c < kHeads; c *= 2)
+      if (n * ((heads + c - 1) / c) * 4 <= kTargetBlocks) {
+        hb = c;
+        break;
+      }
+  }
+  const int64_t tiles = std::max<int64_t>(1, (max_keys + kTile - 1) / kTile);
+  const int64_t groups = (heads + hb - 1) / hb;
+  const int64_t wave = kTargetBlocks * (hb == 16 ? decode_min_blocks<16>() : 1);
+  const int64_t target = std::max<int64_t>(1, wave / std::max<int64_t>(1, n * groups));
+  const int64_t splits0 =
+      std::min<int64_t>(tiles, std::max<int64_t>(target, (tiles + kMaxTilesPerSplit - 1) / kMaxTilesPerSplit));
+  const int64_t tps = (tiles + splits0 - 1) / splits0;
+  DecodePlan d;
+  d.keys_per_split = static_cast<int>(tps * kTile);
+  d.splits = static_cast<int>((tiles + tps - 1) / tps);
+  d.heads_per_block = hb;
+  return d;
+}
+
 // Workspace floats of a split launch: m and l ([n, splits, heads] each, padded to an even count so the
 // partial sums that follow are 16-byte aligned for the merge's float4 reads), then the partial sums.
 int64_t decode_ws_floats(int64_t n, int splits, int64_t heads, int64_t hd) {
@@ -636,20 +747,21 @@ int64_t decode_ws_floats(int64_t n, int splits, int64_t heads, int64_t hd) {
   return 2 * (nh + (nh & 1)) + nh * hd;
 }
 
-size_t decode_smem_bytes(int64_t hd, int keys_per_split) {
-  return static_cast<size_t>(kTile * (hd + 8) * 2 + 4 * kHeads * kSpLd * 4 + kHeads * (keys_per_split + 8) * 4);
+// Ks, Sp (kWarps · 16 rows of partial scores at any head group), Ss.
+size_t decode_smem_bytes(int64_t hd, int keys_per_split, int hb) {
+  return static_cast<size_t>(kTile * (hd + 8) * 2 + kWarps * 16 * kSpLd * 4 + hb * (keys_per_split + 8) * 4);
 }
 
-template <int kHd>
+template <int kHd, int kHB>
 Status launch_decode(const DecodeParams& p, int64_t n, cudaStream_t stream) {
-  auto* fn = &sparse_attention_decode_kernel<kHd>;
-  const size_t smem = decode_smem_bytes(kHd, p.keys_per_split);
+  auto* fn = &sparse_attention_decode_kernel<kHd, kHB>;
+  const size_t smem = decode_smem_bytes(kHd, p.keys_per_split, kHB);
   // Above the default 48 KiB the kernel must opt in (a function attribute, not a stream operation).
   if (smem > 48 * 1024)
     CEDAR_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(n),
-                  static_cast<unsigned>((p.heads + kHeads - 1) / kHeads));
+                  static_cast<unsigned>((p.heads + kHB - 1) / kHB));
   fn<<<grid, kThreads, smem, stream>>>(p);
   CEDAR_RETURN_IF_ERROR(launch_status("sparse_attention_decode_kernel"));
   if (p.splits == 1) return Status::Ok();
@@ -673,9 +785,14 @@ bool sparse_attention_decode_supported(int64_t n, int64_t head_dim) {
 SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_t heads, int64_t head_dim,
                                                                int64_t window, int64_t topk_width) {
   if (!sparse_attention_decode_supported(n, head_dim) || heads <= 0 || window <= 0) return {};
-  const DecodePlan d = decode_plan(n, heads, window + std::max<int64_t>(0, topk_width));
-  if (d.splits <= 1) return {};
-  return SparseAttnWorkspaceSize{decode_ws_floats(n, d.splits, heads, head_dim), 0};
+  // Covers both plans and every head group the head-split plan may be given (none splits more than the
+  // legacy plan today: the max keeps that true by construction).
+  const int64_t keys = window + std::max<int64_t>(0, topk_width);
+  int splits = decode_plan(n, heads, keys).splits;
+  for (int hb = smallest_head_group(head_dim); hb <= kHeads; hb *= 2)
+    splits = std::max(splits, head_split_plan(n, heads, head_dim, keys, hb).splits);
+  if (splits <= 1) return {};
+  return SparseAttnWorkspaceSize{decode_ws_floats(n, splits, heads, head_dim), 0};
 }
 
 bool sparse_attention_decode_fits(int64_t n, int64_t heads, int64_t head_dim, int64_t window, int64_t topk_width,
@@ -694,11 +811,14 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
   const std::string who = "cuda::sparse_attention_decode: ";
   const int64_t hd = a.head_dim;
   if (hd != 128 && hd != 256 && hd != 512) return make_error(who + "head_dim " + str(hd) + " (128, 256 or 512)");
+  const int hb_forced = a.decode_head_split ? a.decode_heads_per_block : 0;
+  if (hb_forced != 0 && !head_group_allowed(hd, hb_forced))
+    return make_error(who + "decode_heads_per_block " + str(hb_forced) + " at head_dim " + str(hd) +
+                      " (16 needs head_dim >= 256; else 32 or 64; 0: the plan picks)");
   if (a.heads <= 0 || a.window <= 0) return make_error(who + "heads " + str(a.heads) + ", window " + str(a.window));
   if (a.n < 0 || a.n > kSparseDecodeMaxRows)
     return make_error(who + "n=" + str(a.n) + " rows (at most " + str(kSparseDecodeMaxRows) +
                       "; more: sparse_attention)");
-  if (a.heads > 64 * 65535) return make_error(who + str(a.heads) + " heads");
   if (a.rope.cos_sin == nullptr || a.rope.rope_dim <= 0 || a.rope.rope_dim % 2 != 0 || a.rope.rope_dim > hd)
     return make_error(who + "RoPE table with rope_dim " + str(a.rope.rope_dim) + " does not fit head_dim " + str(hd));
   if (a.topk != nullptr && (a.topk_width <= 0 || a.kv_seqs == nullptr))
@@ -708,11 +828,14 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
       a.out == nullptr)
     return make_error(who + "null query, sink, tokens, records, rings or output");
   const int64_t topk_width = a.topk != nullptr ? a.topk_width : 0;
-  const DecodePlan d = decode_plan(a.n, a.heads, a.window + topk_width);
+  const DecodePlan d = a.decode_head_split ? head_split_plan(a.n, a.heads, hd, a.window + topk_width, hb_forced)
+                                           : decode_plan(a.n, a.heads, a.window + topk_width);
   const SparseAttnWorkspaceSize need = sparse_attention_decode_workspace_size(a.n, a.heads, hd, a.window, topk_width);
   if (need.floats > 0 && (ws.floats == nullptr || ws.float_count < need.floats))
     return make_error(who + str(d.splits) + " key ranges need " + str(need.floats) + " workspace floats, got " +
                       str(ws.floats ? ws.float_count : 0));
+  if ((a.heads + d.heads_per_block - 1) / d.heads_per_block > 65535)
+    return make_error(who + str(a.heads) + " heads (grid z: " + str(d.heads_per_block) + " per block)");
   DecodeParams p{};
   p.q = a.q;
   p.sink = a.sink;
@@ -740,19 +863,31 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
     p.ws_l = ws.floats + nh2;
     p.ws_acc = ws.floats + 2 * nh2;
   }
-  switch (hd) {
-    case 128:
-      return launch_decode<128>(p, a.n, stream);
-    case 256:
-      return launch_decode<256>(p, a.n, stream);
+  switch (hd * 1000 + d.heads_per_block) {
+    case 128 * 1000 + 32:
+      return launch_decode<128, 32>(p, a.n, stream);
+    case 128 * 1000 + 64:
+      return launch_decode<128, 64>(p, a.n, stream);
+    case 256 * 1000 + 16:
+      return launch_decode<256, 16>(p, a.n, stream);
+    case 256 * 1000 + 32:
+      return launch_decode<256, 32>(p, a.n, stream);
+    case 256 * 1000 + 64:
+      return launch_decode<256, 64>(p, a.n, stream);
+    case 512 * 1000 + 16:
+      return launch_decode<512, 16>(p, a.n, stream);
+    case 512 * 1000 + 32:
+      return launch_decode<512, 32>(p, a.n, stream);
+    case 512 * 1000 + 64:
+      return launch_decode<512, 64>(p, a.n, stream);
     default:
-      return launch_decode<512>(p, a.n, stream);
+      return make_error(who + str(d.heads_per_block) + " heads per block at head_dim " + str(hd));
   }
 }
 
 // For the catalog's loadability check.
 const void* sparse_attention_decode_kernel_ptr() {
-  return reinterpret_cast<const void*>(&sparse_attention_decode_kernel<512>);
+  return reinterpret_cast<const void*>(&sparse_attention_decode_kernel<512, 64>);
 }
 
 }  // namespace cedar::cuda

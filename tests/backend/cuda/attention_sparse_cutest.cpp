@@ -51,6 +51,72 @@ struct SparseCase {
   uint32_t seed = 1;
 };
 
+// The first output whose bits differ, or got.size().
+size_t first_bit_difference(const std::vector<float>& got, const std::vector<float>& want) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], 4) != 0) return i;
+  return got.size();
+}
+
+// The decode kernel's head-split plan (SparseAttnArgs::decode_head_split) on a check_sparse case: every
+// head group the head_dim allows (16 needs head_dim >= 256) and the plan's own pick, each against the
+// CPU oracle with the same allowance (phase A sums its channel parts in another order than the 64-head
+// kernel, so its bits are not the legacy plan's), no unwritten output, two runs bit-identical; for the
+// plan's pick also the legacy merge and q_before_rope bit for bit, as for the legacy plan.
+void check_head_split(const SparseAttnArgs& a, const RopeTableView& rope, const std::vector<float>& q,
+                      const std::vector<float>& want, const std::vector<float>& allow, const Tolerance& tol,
+                      const std::string& tag, const SparseAttnWorkspace& ws) {
+  auto run = [&](const SparseAttnArgs& x, const std::string& what, std::vector<float>& got) {
+    ASSERT_EQ(cudaMemset(x.out, 0xFF, got.size() * sizeof(float)), cudaSuccess);
+    const Status s = sparse_attention_decode(x, nullptr, ws);
+    ASSERT_TRUE(s.ok()) << what << ": " << s.error().message;
+    ASSERT_EQ(cudaMemcpy(got.data(), x.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  };
+  const size_t count = want.size();
+  for (int hb : {0, 16, 32, 64}) {
+    if (hb == 16 && a.head_dim < 256) continue;
+    SparseAttnArgs ha = a;
+    ha.decode_head_split = true;
+    ha.decode_heads_per_block = hb;
+    const std::string htag = tag + " head-split " + (hb != 0 ? std::to_string(hb) + " heads/block" : "(plan)");
+    std::vector<float> got(count), again(count);
+    run(ha, htag, got);
+    size_t unwritten = 0;
+    for (float v : got) unwritten += std::isnan(v) ? 1 : 0;
+    EXPECT_EQ(unwritten, 0u) << htag << ": NaN outputs (unwritten heads/channels, or a NaN in the arithmetic)";
+    EXPECT_TRUE(parity(htag, got, want, tol, allow));
+    run(ha, htag, again);
+    const size_t at = first_bit_difference(again, got);
+    EXPECT_EQ(at, count) << htag << ": two runs differ, first at output " << at << " (" << got[at < count ? at : 0]
+                         << " vs " << again[at < count ? at : 0] << ")";
+    if (hb != 0) continue;
+    SparseAttnArgs la = ha;
+    la.legacy_decode_merge = true;
+    std::vector<float> leg(count);
+    run(la, htag + " legacy merge", leg);
+    const size_t lat = first_bit_difference(leg, got);
+    EXPECT_EQ(lat, count) << htag << ": the prefetching merge differs from the legacy merge, first at output " << lat
+                          << " (" << got[lat < count ? lat : 0] << " vs " << leg[lat < count ? lat : 0]
+                          << "); they must agree bit for bit";
+    auto droped = to_device(q);
+    ASSERT_TRUE(rope_apply(rope,
+                           {.x = droped.get(), .rows = a.n, .n_vec = a.heads, .width = a.head_dim, .tokens = a.tokens},
+                           nullptr)
+                    .ok());
+    SparseAttnArgs ra = ha;
+    ra.q = droped.get();
+    std::vector<float> rotated(count), fused(count);
+    run(ra, htag + " after rope_apply", rotated);
+    SparseAttnArgs fa = ha;
+    fa.q_before_rope = true;
+    run(fa, htag + " q_before_rope", fused);
+    const size_t fat = first_bit_difference(fused, rotated);
+    EXPECT_EQ(fat, count) << htag << ": q_before_rope differs from rope_apply + the kernel, first at output " << fat
+                          << " (" << fused[fat < count ? fat : 0] << " vs " << rotated[fat < count ? fat : 0]
+                          << "); they must agree bit for bit";
+  }
+}
+
 void check_sparse(const SparseCase& c, const std::string& name) {
   const int64_t H = c.heads, hd = c.head_dim, W = c.window, S = static_cast<int64_t>(c.seqs.size());
   const int64_t rb = swa_record_bytes(hd);
@@ -288,6 +354,7 @@ void check_sparse(const SparseCase& c, const std::string& name) {
                          << "kernel in " << fdiff << " of " << fused.size() << " outputs; they must agree bit for bit";
     // The tiled kernel refuses the option (it reads q after rope_apply).
     EXPECT_FALSE(sparse_attention_tiled(fa, nullptr, ws).ok()) << tag << ": tiled kernel accepted q_before_rope";
+    check_head_split(a, dr.view, q, want, allow, tol, tag, ws);
   }
 }
 
@@ -337,7 +404,8 @@ TEST(CudaSparseAttention, PrefillChunksMatchCpu) {
                "sparse_attn tiny swa-only");
 }
 
-// ---- the decode kernel (split-K over the keys, 64 heads per block) ----
+// ---- the decode kernel (split-K over the keys, 64 heads per block; every case below and the decode
+// cases above also run the head-split plan at 16 / 32 / 64 heads per block: check_head_split) ----
 
 // A row at the released shape: full window + 512 selected, so 640 keys in 20 ranges of one tile.
 const SeqSpec kFullRow{.pos0 = 5000, .entries = 5001, .selected = 512};
@@ -428,6 +496,16 @@ TEST(CudaSparseAttentionDecode, RejectsBadArguments) {
   const SparseAttnArgs a{.n = 1, .heads = 64, .head_dim = 512, .window = 128};
   EXPECT_FALSE(sparse_attention_picks_decode(a, {}));
   EXPECT_GT(sparse_attention_decode_workspace_size(1, 64, 512, 128, 512).floats, 0);
+  // The head-split plan's forced head groups: 16 heads need head_dim >= 256 (16 parts of >= 16 channels).
+  for (int hb : {16, 48}) {
+    SparseAttnArgs h{.n = 1, .heads = 64, .head_dim = 128, .window = 8};
+    h.decode_head_split = true;
+    h.decode_heads_per_block = hb;
+    s = sparse_attention_decode(h, nullptr);
+    ASSERT_FALSE(s.ok()) << hb << " heads per block at head_dim 128 accepted";
+    EXPECT_NE(s.error().message.find("decode_heads_per_block " + std::to_string(hb)), std::string::npos)
+        << s.error().message;
+  }
 }
 
 TEST(CudaAttentionOutput, MatchesCpuProjection) {
