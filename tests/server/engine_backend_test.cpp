@@ -48,6 +48,50 @@ struct EngineServer {
   }
 };
 
+// A small paged KV pool (8-token blocks, one stream) under a PoolCacheBudget, the fake runner on it
+// and an EngineBackend on that budget (as `cedar serve` runs with a prefix cache), served on a port.
+struct PooledEngineServer {
+  engine::PoolCacheLayout layout;
+  std::unique_ptr<engine::PoolCacheBudget> budget;
+  std::unique_ptr<engine::FakeModelRunner> runner;
+  std::unique_ptr<EngineBackend> backend;
+  std::unique_ptr<Server> server;
+  std::thread thread;
+  int port = 0;
+  PooledEngineServer() {
+    layout.tokens_per_block = 8;
+    layout.streams = {{1, 8, 8 * 16}};
+    layout.bytes_per_sequence = 64;
+    auto b = engine::PoolCacheBudget::create(layout, int64_t{1} << 24);
+    if (!b.ok()) return;  // budget_ok() is false
+    budget = std::move(*b);
+    engine::FakeModelOptions fo = EngineServer::model_options();
+    fo.pool = budget->pool();
+    fo.layout = layout;
+    runner = std::make_unique<engine::FakeModelRunner>(fo);
+  }
+  bool budget_ok() const { return budget != nullptr; }
+  // Starts the backend (`eo` with this budget and a 4096-token context) and the server.
+  void start(EngineBackendOptions eo) {
+    eo.budget = budget.get();
+    eo.context_length = 4096;
+    backend = std::make_unique<EngineBackend>(*runner, *testing::v41_tokenizer(), eo);
+    ServerOptions so;
+    so.port = 0;
+    server = std::make_unique<Server>(*backend, so);
+    port = *server->bind();
+    thread = std::thread([this] { (void)server->serve(); });
+  }
+  void stop() {
+    server->stop();
+    thread.join();
+    backend->shutdown();
+  }
+  ~PooledEngineServer() {
+    if (thread.joinable()) stop();
+  }
+};
+
 TEST(EngineBackend, StreamEqualsNonStreamAndCancelFrees) {
   CEDAR_REQUIRE_TOKENIZER();
   EngineServer es;
@@ -121,26 +165,11 @@ TEST(EngineBackend, CancelEndsTheStreamAndFreesTheSequence) {
 // every usage dialect (OpenAI, DeepSeek, Anthropic) and in /metrics.
 TEST(EngineBackend, RepeatedPromptsReportCachedTokensInUsage) {
   CEDAR_REQUIRE_TOKENIZER();
-  engine::PoolCacheLayout layout;
-  layout.tokens_per_block = 8;
-  layout.streams = {{1, 8, 8 * 16}};
-  layout.bytes_per_sequence = 64;
-  auto budget = engine::PoolCacheBudget::create(layout, int64_t{1} << 24);
-  ASSERT_TRUE(budget.ok());
-  engine::FakeModelOptions fo = EngineServer::model_options();
-  fo.pool = (*budget)->pool();
-  fo.layout = layout;
-  engine::FakeModelRunner runner(fo);
-  EngineBackendOptions eo;
-  eo.budget = budget->get();
-  eo.context_length = 4096;
-  EngineBackend backend(runner, *testing::v41_tokenizer(), eo);
-  ServerOptions so;
-  so.port = 0;
-  Server server(backend, so);
-  const int port = *server.bind();
-  std::thread thread([&] { (void)server.serve(); });
-  httplib::Client c("127.0.0.1", port);
+  PooledEngineServer es;
+  ASSERT_TRUE(es.budget_ok());
+  es.start({});
+  EngineBackend& backend = *es.backend;
+  httplib::Client c("127.0.0.1", es.port);
   const std::string text(400, 'a');  // a long user message: several cache blocks
   const Json body = {{"messages", Json::array({Json{{"role", "user"}, {"content", "Summarize: " + text}}})},
                      {"max_tokens", 3},
@@ -194,9 +223,7 @@ TEST(EngineBackend, RepeatedPromptsReportCachedTokensInUsage) {
   EXPECT_NE(metrics->body.find("cedar_prefix_cache_window_replay_restores_total 0\n"), std::string::npos);
   EXPECT_NE(metrics->body.find("cedar_kv_disk_enabled 0\n"), std::string::npos);  // no SSD tier
   EXPECT_EQ(metrics->body.find("cedar_kv_disk_files"), std::string::npos);
-  server.stop();
-  thread.join();
-  backend.shutdown();
+  es.stop();
   EXPECT_EQ(backend.stats().kv_used_bytes, 0);  // the sequences are gone; the cached prefixes stay
   EXPECT_GT(backend.stats().prefix_cache_index_bytes, 0);
 }
@@ -205,16 +232,6 @@ TEST(EngineBackend, RepeatedPromptsReportCachedTokensInUsage) {
 // without SWA snapshots the repeated prompt is a replay restore (the exact bounded replay).
 TEST(EngineBackend, MetricsExportTheSsdTierAndReplayCounters) {
   CEDAR_REQUIRE_TOKENIZER();
-  engine::PoolCacheLayout layout;
-  layout.tokens_per_block = 8;
-  layout.streams = {{1, 8, 8 * 16}};
-  layout.bytes_per_sequence = 64;
-  auto budget = engine::PoolCacheBudget::create(layout, int64_t{1} << 24);
-  ASSERT_TRUE(budget.ok());
-  engine::FakeModelOptions fo = EngineServer::model_options();
-  fo.pool = (*budget)->pool();
-  fo.layout = layout;
-  engine::FakeModelRunner runner(fo);
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("cedar-backend-kv-disk-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -227,19 +244,15 @@ TEST(EngineBackend, MetricsExportTheSsdTierAndReplayCounters) {
   ko.log = [](const std::string&) {};
   auto store = KvDiskStore::open(ko);
   ASSERT_TRUE(store.ok()) << store.error().message;
+  PooledEngineServer es;  // after the store: the backend goes first
+  ASSERT_TRUE(es.budget_ok());
   EngineBackendOptions eo;
-  eo.budget = budget->get();
-  eo.context_length = 4096;
   eo.prefix_cache.store = store->get();
   eo.prefix_cache.swa_pool_bytes = 0;  // no snapshots: hits replay
   eo.kv_disk = store->get();
-  EngineBackend backend(runner, *testing::v41_tokenizer(), eo);
-  ServerOptions so;
-  so.port = 0;
-  Server server(backend, so);
-  const int port = *server.bind();
-  std::thread thread([&] { (void)server.serve(); });
-  httplib::Client c("127.0.0.1", port);
+  es.start(eo);
+  EngineBackend& backend = *es.backend;
+  httplib::Client c("127.0.0.1", es.port);
   const Json body = {{"messages", Json::array({Json{{"role", "user"}, {"content", std::string(300, 'b')}}})},
                      {"max_tokens", 2},
                      {"thinking", Json{{"type", "disabled"}}}};
@@ -278,9 +291,7 @@ TEST(EngineBackend, MetricsExportTheSsdTierAndReplayCounters) {
   EXPECT_EQ(value("cedar_prefix_cache_approximate_restores_total"), 0);
   EXPECT_GT(value("cedar_prefix_cache_replayed_tokens_total"), 0);
   EXPECT_LT(value("cedar_prefix_cache_replayed_tokens_total"), cached);  // bounded: not the whole prefix
-  server.stop();
-  thread.join();
-  backend.shutdown();
+  es.stop();
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

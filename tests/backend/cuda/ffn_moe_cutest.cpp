@@ -18,6 +18,7 @@
 #include "cuda_test_util.h"
 #include "ffn_test_util.h"
 #include "model/moe.h"
+#include "router_test_util.h"
 
 namespace cedar::cuda {
 namespace {
@@ -70,44 +71,6 @@ TEST(CudaEmbed, GatherExpandsStreamsBitExact) {
 
 // ---- router ----------------------------------------------------------------------------------------
 
-struct RouterCase {
-  int64_t n = 0, d = 0, E = 0, K = 0;
-  std::vector<float> x, gate, bias, bias_vl;
-  std::vector<uint8_t> image;
-  MoeParams p;
-};
-
-RouterCase make_router_case(int64_t n, int64_t d, int64_t E, int64_t K, uint32_t seed) {
-  RouterCase c;
-  c.n = n;
-  c.d = d;
-  c.E = E;
-  c.K = K;
-  c.x = random_acts(n * d, seed, 1.0f, -3, 2);
-  c.gate = random_bf16(E * d, seed + 1, 0.03f);
-  std::mt19937 rng(seed + 2);
-  std::normal_distribution<float> nd(0.0f, 0.2f);
-  c.bias.resize(E);
-  c.bias_vl.resize(E);
-  for (auto& b : c.bias) b = nd(rng);
-  for (auto& b : c.bias_vl) b = nd(rng);
-  c.image.assign(n, 0);
-  if (n > 1) c.image[1] = 1;
-  c.p.topk = K;
-  c.p.route_scale = 1.5;
-  return c;
-}
-
-MoeWeights router_weights(const RouterCase& c, std::vector<ExpertWeights>& experts) {
-  experts.assign(c.E, ExpertWeights{});
-  MoeWeights w;
-  w.gate = c.gate;
-  w.bias = c.bias;
-  w.bias_vl = c.bias_vl;
-  w.experts = experts;
-  return w;
-}
-
 // Checks the GPU's selection against the CPU's: slot k must hold an expert whose (CPU) biased score is
 // within `tol` of the CPU's k-th, the experts must be distinct; returns slots that are not identical.
 int64_t check_selection(const RouterCase& c, const MoeRouting& r, const std::vector<int32_t>& got, double tol,
@@ -134,43 +97,6 @@ int64_t check_selection(const RouterCase& c, const MoeRouting& r, const std::vec
   std::printf("PARITY %-40s n=%lld slots=%lld differing=%lld (allowed only at near-ties <= %.3g)\n", what.c_str(),
               static_cast<long long>(c.n), static_cast<long long>(c.n * c.K), static_cast<long long>(differing), tol);
   return differing;
-}
-
-struct RouterDevice {
-  DeviceBuffer<float> x, bias, bias_vl, logits, scores, weights;
-  DeviceBuffer<uint16_t> gate;
-  DeviceBuffer<uint8_t> image;
-  DeviceBuffer<int32_t> experts;
-  RouterArgs args;
-};
-
-RouterDevice upload_router(const RouterCase& c) {
-  RouterDevice dv;
-  dv.x = upload(c.x);
-  dv.gate = upload(bf16_bits(c.gate));
-  dv.bias = upload(c.bias);
-  dv.bias_vl = upload(c.bias_vl);
-  dv.image = upload(c.image);
-  dv.logits = alloc<float>(c.n * c.E);
-  dv.scores = alloc<float>(c.n * c.E);
-  dv.experts = alloc<int32_t>(c.n * c.K);
-  dv.weights = alloc<float>(c.n * c.K);
-  RouterArgs& a = dv.args;
-  a.n = c.n;
-  a.d = c.d;
-  a.n_experts = c.E;
-  a.topk = c.K;
-  a.x = dv.x.get();
-  a.gate = dv.gate.get();
-  a.bias = dv.bias.get();
-  a.bias_vl = dv.bias_vl.get();
-  a.is_image = dv.image.get();
-  a.route_scale = static_cast<float>(c.p.route_scale);
-  a.logits = dv.logits.get();
-  a.scores = dv.scores.get();
-  a.experts = dv.experts.get();
-  a.weights = dv.weights.get();
-  return dv;
 }
 
 TEST(CudaRouter, LogitsWithinTheFp32SumBound) {

@@ -20,41 +20,18 @@ namespace cedar::cuda {
 namespace {
 
 using testing::alloc;
+using testing::device_view;
 using testing::download;
 using testing::parity;
+using testing::pool;
 using testing::QuantWeightHost;
 using testing::Tolerance;
 using testing::upload;
-
-ThreadPool& pool() {
-  static ThreadPool p(0);
-  return p;
-}
-
-#define CEDAR_REQUIRE_BLAS(ctx)                                        \
-  auto ctx##_r = BlasContext::create();                                \
-  if (!ctx##_r.ok()) {                                                 \
-    std::printf("[  SKIP    ] %s\n", ctx##_r.error().message.c_str()); \
-    GTEST_SKIP() << ctx##_r.error().message;                           \
-  }                                                                    \
-  BlasContext& ctx = **ctx##_r
 
 // quant_gemm's tolerance (gemm_quant_cutest.cpp): every product is exact on both sides; here the sums
 // run in cuBLAS's fp32 order instead of per-32 blocks added in K order — a reassociation of exact
 // products like split-K. One bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms|.
 const Tolerance kGemmTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
-
-QuantWeightView device_view(const QuantWeightHost& w, const DeviceBuffer<uint8_t>& data,
-                            const DeviceBuffer<uint8_t>& scales) {
-  return QuantWeightView{
-      .format = w.cpu.format == WeightFormat::MXFP4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block,
-      .out = w.cpu.out,
-      .in = w.cpu.in,
-      .data = data.get(),
-      .scales = scales.get(),
-      .block_out = w.cpu.block_out,
-      .block_in = w.cpu.block_in};
-}
 
 size_t count_bit_mismatches(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, std::string* first) {
   size_t bad = 0;
@@ -228,97 +205,37 @@ TEST(CudaGemmBlas, QuantGemmMatchesCpuLinear) {
 }
 
 // The shared expert through cuBLASLt: swiglu_gemm (blas) then quant_gemm (blas), with
-// gemm_quant_cutest.cpp's three checks: h vs the CPU's h (<= 0.1 % of the quantized values may differ:
-// only a bf16 rounding of g / u or exp's float rounding falling the other way changes one), W2 of the
-// GPU's h vs cpu::linear (GEMM tolerance), end to end vs expert_forward (NMSE).
+// testing::check_swiglu_expert's three checks (those of gemm_quant_cutest.cpp): h vs the CPU's h
+// (<= 0.1 % of the quantized values may differ: only a bf16 rounding of g / u or exp's float rounding
+// falling the other way changes one), W2 of the GPU's h vs cpu::linear (GEMM tolerance), end to end vs
+// expert_forward (NMSE).
 void check_blas_swiglu(BlasContext& blas, bool fp4, int64_t inter, int64_t d, int64_t m, int64_t act_block,
                        bool weighted, uint32_t seed, const std::string& name) {
-  auto mk = [&](int64_t out, int64_t in, uint32_t s) {
-    return fp4 ? testing::random_mxfp4_weight(out, in, s, 112)
-               : testing::random_fp8_weight(out, in, act_block == 128 ? 128 : 32, s, 112);
-  };
-  const QuantWeightHost w1 = mk(inter, d, seed), w3 = mk(inter, d, seed + 1), w2 = mk(d, inter, seed + 2);
-  const auto x = testing::random_acts(static_cast<size_t>(m * d), seed + 3, 0x1p-2f);
-  std::vector<float> row_w;
-  if (weighted) {
-    std::mt19937 rng(seed + 4);
-    std::uniform_real_distribution<float> ud(0.05f, 1.5f);
-    for (int64_t t = 0; t < m; ++t) row_w.push_back(ud(rng));
-  }
-  std::vector<float> g(static_cast<size_t>(m * inter));
-  ASSERT_TRUE(cpu::linear(w1.cpu, x, m, g, {.bf16_output = true, .act_block = act_block}, &pool()).ok());
-  std::vector<float> ag = testing::abs_values(g);
-  std::nth_element(ag.begin(), ag.begin() + ag.size() / 2, ag.end());
-  const float limit = round_to_bf16(std::max(ag[ag.size() / 2], 1e-3f));  // about half the gates clamp
-  const auto h_want = testing::cpu_swiglu_h(w1.cpu, w3.cpu, x, m, act_block, row_w, limit, &pool());
-
-  auto d1 = upload(w1.data), s1 = upload(w1.scales), d3 = upload(w3.data), s3 = upload(w3.scales);
-  auto d2 = upload(w2.data), s2 = upload(w2.scales);
-  auto dx = upload(x), drw = upload(row_w);
-  auto dxc = alloc<uint16_t>(static_cast<size_t>(m * d));
-  auto dxs = alloc<float>(static_cast<size_t>(m * d / act_block));
-  auto dhc = alloc<uint16_t>(static_cast<size_t>(m * inter));
-  auto dhs = alloc<float>(static_cast<size_t>(m * inter / act_block));
-  auto dy = alloc<float>(static_cast<size_t>(m * d));
-  ASSERT_TRUE(quantize_act_fp8_blocked(dx.get(), m, d, act_block, dxc.get(), dxs.get(), nullptr).ok());
-  SwigluGemmArgs a{.w1 = device_view(w1, d1, s1),
-                   .w3 = device_view(w3, d3, s3),
-                   .act_codes = dxc.get(),
-                   .act_scales = dxs.get(),
-                   .m = m,
-                   .act_block = act_block,
-                   .row_weights = weighted ? drw.get() : nullptr,
-                   .swiglu_limit = limit,
-                   .h_codes = dhc.get(),
-                   .h_scales = dhs.get()};
-  const SwigluBlasSizes sz = swiglu_gemm_blas_sizes(a.w1, m, false);
-  auto bscratch = alloc<uint16_t>(static_cast<size_t>(sz.bf16_elems));
-  auto gu = alloc<float>(static_cast<size_t>(sz.floats));
-  a.blas = &blas;
-  a.bf16_scratch = bscratch.get();
-  a.bf16_scratch_elems = sz.bf16_elems;
-  a.gu_scratch = gu.get();
-  a.gu_scratch_floats = sz.floats;
-  Status st = swiglu_gemm(a, nullptr);
-  ASSERT_TRUE(st.ok()) << st.error().message;
-  const QuantWeightView v2 = device_view(w2, d2, s2);
-  QuantGemmArgs b{.w = v2,
-                  .act_codes = dhc.get(),
-                  .act_scales = dhs.get(),
-                  .m = m,
-                  .act_block = act_block,
-                  .y = dy.get(),
-                  .bf16_output = true};
-  b.blas = &blas;
-  const int64_t e2 = quant_gemm_blas_elems(v2, m, false);
-  auto s2b = alloc<uint16_t>(static_cast<size_t>(e2));
-  QuantGemmWorkspace ws;
-  ws.bf16 = s2b.get();
-  ws.bf16_elems = e2;
-  st = quant_gemm(b, ws, nullptr);
-  ASSERT_TRUE(st.ok()) << st.error().message;
-
-  const std::string tag = name + " inter=" + std::to_string(inter) + " d=" + std::to_string(d) +
-                          " m=" + std::to_string(m) + " cuBLASLt L=" + std::to_string(limit);
-  const auto hc = download(dhc);
-  const auto hs = download(dhs);
-  std::string first;
-  const size_t bad = testing::quantized_mismatches(hc, hs, h_want, act_block, &first);
-  std::printf("PARITY %-60s h: %zu / %zu quantized values differ from the CPU's%s%s\n", tag.c_str(), bad, hc.size(),
-              bad ? ", first " : "", first.c_str());
-  EXPECT_LE(bad, std::max<size_t>(2, hc.size() / 1000)) << tag << ": first " << first;
-  const auto h_gpu = testing::dequantize_rows(hc, hs, act_block);
-  const auto ref2 = testing::reference_rows(w2, h_gpu, m, 0, d, act_block, true, &pool());
-  const auto y = download(dy);
-  EXPECT_TRUE(parity(tag + " W2", y, ref2.want, kGemmTol, ref2.bound));
-  ExpertWeights e{w1.cpu, w2.cpu, w3.cpu};
-  MoeParams p;
-  p.swiglu_limit = limit;
-  p.act_block = act_block;
-  std::vector<float> want(static_cast<size_t>(m * d));
-  ASSERT_TRUE(expert_forward(e, x, m, row_w, p, want, &pool()).ok());
-  const Tolerance e2e{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 1e30, .abs = 0};  // statistics only
-  EXPECT_TRUE(parity(tag + " vs expert_forward", y, want, e2e));
+  DeviceBuffer<uint16_t> bscratch, s2b;
+  DeviceBuffer<float> gu;
+  testing::check_swiglu_expert(
+      {.fp4 = fp4, .inter = inter, .d = d, .m = m, .act_block = act_block, .weighted = weighted, .seed = seed}, name,
+      "cuBLASLt", kGemmTol,
+      [&](SwigluGemmArgs& a) {
+        const SwigluBlasSizes sz = swiglu_gemm_blas_sizes(a.w1, m, false);
+        bscratch = alloc<uint16_t>(static_cast<size_t>(sz.bf16_elems));
+        gu = alloc<float>(static_cast<size_t>(sz.floats));
+        a.blas = &blas;
+        a.bf16_scratch = bscratch.get();
+        a.bf16_scratch_elems = sz.bf16_elems;
+        a.gu_scratch = gu.get();
+        a.gu_scratch_floats = sz.floats;
+        return swiglu_gemm(a, nullptr);
+      },
+      [&](QuantGemmArgs& b) {
+        b.blas = &blas;
+        const int64_t e2 = quant_gemm_blas_elems(b.w, m, false);
+        s2b = alloc<uint16_t>(static_cast<size_t>(e2));
+        QuantGemmWorkspace ws;
+        ws.bf16 = s2b.get();
+        ws.bf16_elems = e2;
+        return quant_gemm(b, ws, nullptr);
+      });
 }
 
 TEST(CudaGemmBlas, SwigluMatchesCpu) {

@@ -16,22 +16,9 @@ namespace {
 using testing::alloc;
 using testing::download;
 using testing::parity;
+using testing::pool;
 using testing::Tolerance;
 using testing::upload;
-
-ThreadPool& pool() {
-  static ThreadPool p(0);
-  return p;
-}
-
-// Skips (printing why) when cuBLASLt cannot be loaded here.
-#define CEDAR_REQUIRE_BLAS(ctx)                                        \
-  auto ctx##_r = BlasContext::create();                                \
-  if (!ctx##_r.ok()) {                                                 \
-    std::printf("[  SKIP    ] %s\n", ctx##_r.error().message.c_str()); \
-    GTEST_SKIP() << ctx##_r.error().message;                           \
-  }                                                                    \
-  BlasContext& ctx = **ctx##_r
 
 struct DenseWeightHost {
   cpu::LinearWeight cpu;

@@ -18,14 +18,10 @@ namespace {
 using testing::alloc;
 using testing::download;
 using testing::parity;
+using testing::pool;
 using testing::QuantWeightHost;
 using testing::Tolerance;
 using testing::upload;
-
-ThreadPool& pool() {
-  static ThreadPool p(0);
-  return p;
-}
 
 // The CPU grouping (model/moe.cpp): entries (t, k) per expert in (t, k) order; invalid ids dropped.
 struct HostPermutation {
@@ -154,7 +150,8 @@ TEST(CudaMoeCombine, SumsInExpertOrder) {
   auto dshared = upload(shared);
   auto dy = alloc<float>(static_cast<size_t>(n * d));
   const Status s = moe_prefill_combine(
-      MoePrefillCombineArgs{dids.get(), perm.slot_row.get(), dy_rows.get(), dshared.get(), n, k, d, E, dy.get()}, nullptr);
+      MoePrefillCombineArgs{dids.get(), perm.slot_row.get(), dy_rows.get(), dshared.get(), n, k, d, E, dy.get()},
+      nullptr);
   ASSERT_TRUE(s.ok()) << s.error().message;
   std::vector<float> want(static_cast<size_t>(n * d));
   for (int64_t t = 0; t < n; ++t) {
@@ -165,7 +162,8 @@ TEST(CudaMoeCombine, SumsInExpertOrder) {
           for (int64_t c = 0; c < d; ++c) acc[c] += bf16_to_f32(y_rows[slot_row[t * k + j] * d + c]);
     for (int64_t c = 0; c < d; ++c) want[t * d + c] = round_to_bf16(acc[c] + shared[t * d + c]);
   }
-  EXPECT_TRUE(parity("moe_prefill_combine", download(dy), want, Tolerance{.max_nmse = 0, .min_cosine = 0, .rel = 0, .abs = 0}));
+  EXPECT_TRUE(
+      parity("moe_prefill_combine", download(dy), want, Tolerance{.max_nmse = 0, .min_cosine = 0, .rel = 0, .abs = 0}));
 }
 
 // The whole routed + shared MoE of a chunk against moe_forward, with the intermediate results checked
@@ -268,17 +266,8 @@ void check_moe(const MoeCase& c, uint32_t seed) {
   auto dshc = alloc<uint16_t>(static_cast<size_t>(n * inter));
   auto dshs = alloc<float>(static_cast<size_t>(n * inter / ab));
   auto dshared = alloc<float>(static_cast<size_t>(n * d));
-  auto view = [](const QuantWeightHost& w, const DeviceBuffer<uint8_t>& dd, const DeviceBuffer<uint8_t>& ss) {
-    return QuantWeightView{.format = QuantWeightFormat::FP8Block,
-                           .out = w.cpu.out,
-                           .in = w.cpu.in,
-                           .data = dd.get(),
-                           .scales = ss.get(),
-                           .block_out = w.cpu.block_out,
-                           .block_in = w.cpu.block_in};
-  };
-  st = swiglu_gemm(SwigluGemmArgs{.w1 = view(s1, ds1, ss1),
-                                  .w3 = view(s3, ds3, ss3),
+  st = swiglu_gemm(SwigluGemmArgs{.w1 = testing::device_view(s1, ds1, ss1),
+                                  .w3 = testing::device_view(s3, ds3, ss3),
                                   .act_codes = dxc.get(),
                                   .act_scales = dxs.get(),
                                   .m = n,
@@ -289,7 +278,7 @@ void check_moe(const MoeCase& c, uint32_t seed) {
                                   .h_scales = dshs.get()},
                    nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
-  st = quant_gemm(QuantGemmArgs{.w = view(s2, ds2, ss2),
+  st = quant_gemm(QuantGemmArgs{.w = testing::device_view(s2, ds2, ss2),
                                 .act_codes = dshc.get(),
                                 .act_scales = dshs.get(),
                                 .m = n,
@@ -299,8 +288,8 @@ void check_moe(const MoeCase& c, uint32_t seed) {
                   {}, nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
   auto dy = alloc<float>(static_cast<size_t>(n * d));
-  st = moe_prefill_combine(MoePrefillCombineArgs{dids.get(), perm.slot_row.get(), dyr.get(), dshared.get(), n, K, d, E, dy.get()},
-                   nullptr);
+  st = moe_prefill_combine(
+      MoePrefillCombineArgs{dids.get(), perm.slot_row.get(), dyr.get(), dshared.get(), n, K, d, E, dy.get()}, nullptr);
   ASSERT_TRUE(st.ok()) << st.error().message;
 
   // (1) The permutation is the CPU's grouping.

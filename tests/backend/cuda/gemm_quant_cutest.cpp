@@ -17,16 +17,13 @@ namespace cedar::cuda {
 namespace {
 
 using testing::alloc;
+using testing::device_view;
 using testing::download;
 using testing::parity;
+using testing::pool;
 using testing::QuantWeightHost;
 using testing::Tolerance;
 using testing::upload;
-
-ThreadPool& pool() {
-  static ThreadPool p(0);
-  return p;
-}
 
 // Every product q_a·q_w is exact on both sides and, unsplit, the K blocks are added in the same
 // (ascending) order; what differs is the tensor core's fp32 block sum (fewer guard bits than IEEE:
@@ -34,18 +31,6 @@ ThreadPool& pool() {
 // order of the partial sums, and for 128-wide activation blocks (V4) the per-32 promotion inside a
 // block. Per element: one bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms| — the GEMV's tolerance.
 const Tolerance kGemmTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
-
-QuantWeightView device_view(const QuantWeightHost& w, const DeviceBuffer<uint8_t>& data,
-                            const DeviceBuffer<uint8_t>& scales) {
-  return QuantWeightView{
-      .format = w.cpu.format == WeightFormat::MXFP4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block,
-      .out = w.cpu.out,
-      .in = w.cpu.in,
-      .data = data.get(),
-      .scales = scales.get(),
-      .block_out = w.cpu.block_out,
-      .block_in = w.cpu.block_in};
-}
 
 struct Plan {
   int tile_m = 0, splits = 0;  // 0: automatic
@@ -201,97 +186,23 @@ TEST(CudaQuantGemm, ActQuant128BitExact) {
   EXPECT_EQ(bad, 0u);
 }
 
-// The shared expert in prefill: swiglu_gemm (W1, W3, SwiGLU, FP8 quantization of h) then quant_gemm (W2).
-// Three checks: (1) h against the CPU's h (bf16 g/u, clamps, silu, weight) quantized the same way —
-// equal except where a bf16 rounding of g/u or the float rounding of exp falls the other way (rare;
-// at most 0.1 % of the values may differ, an indexing or formula bug changes most of them); (2) W2 of
-// the GPU's h against cpu::linear of the same h (the GEMM tolerance); (3) end to end against
-// expert_forward (NMSE).
+// The shared expert in prefill through the tiled kernels (swiglu_gemm with `tile_m`, quant_gemm with its
+// split-K workspace): testing::check_swiglu_expert's three checks, W2 with the GEMM tolerance.
 void check_swiglu(bool fp4, int64_t inter, int64_t d, int64_t m, int64_t act_block, bool weighted, int tile_m,
                   uint32_t seed, const std::string& name) {
-  auto mk = [&](int64_t out, int64_t in, uint32_t s) {
-    return fp4 ? testing::random_mxfp4_weight(out, in, s, 112)
-               : testing::random_fp8_weight(out, in, act_block == 128 ? 128 : 32, s, 112);
-  };
-  const QuantWeightHost w1 = mk(inter, d, seed), w3 = mk(inter, d, seed + 1), w2 = mk(d, inter, seed + 2);
-  const auto x = testing::random_acts(static_cast<size_t>(m * d), seed + 3, 0x1p-2f);
-  std::vector<float> row_w;
-  if (weighted) {
-    std::mt19937 rng(seed + 4);
-    std::uniform_real_distribution<float> ud(0.05f, 1.5f);
-    for (int64_t t = 0; t < m; ++t) row_w.push_back(ud(rng));
-  }
-  // Clamp limit at the median |g|: about half of the gate values are clamped.
-  std::vector<float> g(static_cast<size_t>(m * inter));
-  ASSERT_TRUE(cpu::linear(w1.cpu, x, m, g, {.bf16_output = true, .act_block = act_block}, &pool()).ok());
-  std::vector<float> ag = testing::abs_values(g);
-  std::nth_element(ag.begin(), ag.begin() + ag.size() / 2, ag.end());
-  const float limit = round_to_bf16(std::max(ag[ag.size() / 2], 1e-3f));
-  const auto h_want = testing::cpu_swiglu_h(w1.cpu, w3.cpu, x, m, act_block, row_w, limit, &pool());
-
-  auto d1 = upload(w1.data), s1 = upload(w1.scales), d3 = upload(w3.data), s3 = upload(w3.scales);
-  auto d2 = upload(w2.data), s2 = upload(w2.scales);
-  auto dx = upload(x);
-  auto drw = upload(row_w);
-  auto dxc = alloc<uint16_t>(static_cast<size_t>(m * d));
-  auto dxs = alloc<float>(static_cast<size_t>(m * d / act_block));
-  auto dhc = alloc<uint16_t>(static_cast<size_t>(m * inter));
-  auto dhs = alloc<float>(static_cast<size_t>(m * inter / act_block));
-  auto dy = alloc<float>(static_cast<size_t>(m * d));
-  ASSERT_TRUE(quantize_act_fp8_blocked(dx.get(), m, d, act_block, dxc.get(), dxs.get(), nullptr).ok());
-  SwigluGemmArgs a{.w1 = device_view(w1, d1, s1),
-                   .w3 = device_view(w3, d3, s3),
-                   .act_codes = dxc.get(),
-                   .act_scales = dxs.get(),
-                   .m = m,
-                   .act_block = act_block,
-                   .row_weights = weighted ? drw.get() : nullptr,
-                   .swiglu_limit = limit,
-                   .h_codes = dhc.get(),
-                   .h_scales = dhs.get(),
-                   .force_tile_m = tile_m};
-  Status st = swiglu_gemm(a, nullptr);
-  ASSERT_TRUE(st.ok()) << st.error().message;
-  const QuantWeightView v2 = device_view(w2, d2, s2);
-  QuantGemmArgs b{.w = v2,
-                  .act_codes = dhc.get(),
-                  .act_scales = dhs.get(),
-                  .m = m,
-                  .act_block = act_block,
-                  .y = dy.get(),
-                  .bf16_output = true};
-  const int64_t wsf = quant_gemm_workspace_floats(v2, m);
-  auto dpart = alloc<float>(static_cast<size_t>(wsf));
-  st = quant_gemm(b, QuantGemmWorkspace{dpart.get(), wsf}, nullptr);
-  ASSERT_TRUE(st.ok()) << st.error().message;
-
-  const std::string tag = name + " inter=" + std::to_string(inter) + " d=" + std::to_string(d) +
-                          " m=" + std::to_string(m) + " tile" + std::to_string(tile_m) + " L=" + std::to_string(limit);
-  const auto hc = download(dhc);
-  const auto hs = download(dhs);
-  std::string first;
-  const size_t bad = testing::quantized_mismatches(hc, hs, h_want, act_block, &first);
-  std::printf("PARITY %-60s h: %zu / %zu quantized values differ from the CPU's%s%s\n", tag.c_str(), bad, hc.size(),
-              bad ? ", first " : "", first.c_str());
-  EXPECT_LE(bad, std::max<size_t>(2, hc.size() / 1000)) << tag << ": first " << first;
-
-  // (2) W2 over the GPU's own h.
-  const auto h_gpu = testing::dequantize_rows(hc, hs, act_block);
-  const auto ref2 = testing::reference_rows(w2, h_gpu, m, 0, d, act_block, true, &pool());
-  const auto y = download(dy);
-  EXPECT_TRUE(parity(tag + " W2", y, ref2.want, kGemmTol, ref2.bound));
-
-  // (3) End to end against the CPU expert.
-  ExpertWeights e{w1.cpu, w2.cpu, w3.cpu};
-  MoeParams p;
-  p.swiglu_limit = limit;
-  p.act_block = act_block;
-  std::vector<float> want(static_cast<size_t>(m * d));
-  ASSERT_TRUE(expert_forward(e, x, m, row_w, p, want, &pool()).ok());
-  const Tolerance e2e{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 1e30, .abs = 0};  // statistics only
-  EXPECT_TRUE(parity(tag + " vs expert_forward", y, want, e2e));
-  std::printf("EXACT  %-60s %zu / %zu outputs bit-equal to expert_forward\n", tag.c_str(),
-              testing::count_equal(y, want), y.size());
+  DeviceBuffer<float> dpart;
+  testing::check_swiglu_expert(
+      {.fp4 = fp4, .inter = inter, .d = d, .m = m, .act_block = act_block, .weighted = weighted, .seed = seed}, name,
+      "tile" + std::to_string(tile_m), kGemmTol,
+      [&](SwigluGemmArgs& a) {
+        a.force_tile_m = tile_m;
+        return swiglu_gemm(a, nullptr);
+      },
+      [&](QuantGemmArgs& b) {
+        const int64_t wsf = quant_gemm_workspace_floats(b.w, m);
+        dpart = alloc<float>(static_cast<size_t>(wsf));
+        return quant_gemm(b, QuantGemmWorkspace{dpart.get(), wsf}, nullptr);
+      });
 }
 
 TEST(CudaSwigluGemm, SharedExpertMatchesCpu) {

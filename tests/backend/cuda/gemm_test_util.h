@@ -1,6 +1,7 @@
 // Shared helpers of the prefill-GEMM parity tests (gemm_*_cutest.cpp): device buffers, random
-// bf16 activations and quantized weights in the released formats, and Σ|terms| error bounds computed by
-// the CPU oracle itself (cpu::linear of |W| and |x|).
+// bf16 activations and quantized weights in the released formats, Σ|terms| error bounds computed by
+// the CPU oracle itself (cpu::linear of |W| and |x|), and the shared expert's SwiGLU GEMM check that
+// the tiled and the cuBLASLt paths both run.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,15 +9,36 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gemm_kernels.h"
 #include "core/numeric.h"
+#include "core/threads.h"
+#include "cuda_test_util.h"
+#include "model/moe.h"
+
+// Skips (printing why) when cuBLASLt cannot be loaded here; else binds `ctx` to a BlasContext.
+#define CEDAR_REQUIRE_BLAS(ctx)                                        \
+  auto ctx##_r = BlasContext::create();                                \
+  if (!ctx##_r.ok()) {                                                 \
+    std::printf("[  SKIP    ] %s\n", ctx##_r.error().message.c_str()); \
+    GTEST_SKIP() << ctx##_r.error().message;                           \
+  }                                                                    \
+  BlasContext& ctx = **ctx##_r
 
 namespace cedar::cuda::testing {
+
+// The CPU oracle's thread pool (all hardware threads), shared by the GEMM tests.
+inline ThreadPool& pool() {
+  static ThreadPool p(0);
+  return p;
+}
 
 template <typename T>
 DeviceBuffer<T> upload(const std::vector<T>& v) {
@@ -101,6 +123,19 @@ inline QuantWeightHost random_mxfp4_weight(int64_t out, int64_t in, uint32_t see
   for (auto& s : w.scales) s = static_cast<uint8_t>(scale_lo + rng() % 8);
   w.cpu = {.format = WeightFormat::MXFP4, .out = out, .in = in, .data = w.data.data(), .scale = w.scales.data()};
   return w;
+}
+
+// The device view of a quantized weight uploaded to `data` / `scales`.
+inline QuantWeightView device_view(const QuantWeightHost& w, const DeviceBuffer<uint8_t>& data,
+                                   const DeviceBuffer<uint8_t>& scales) {
+  return QuantWeightView{
+      .format = w.cpu.format == WeightFormat::MXFP4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block,
+      .out = w.cpu.out,
+      .in = w.cpu.in,
+      .data = data.get(),
+      .scales = scales.get(),
+      .block_out = w.cpu.block_out,
+      .block_in = w.cpu.block_in};
 }
 
 // |W| of a quantized weight: sign bits cleared (e4m3 bit 7; e2m1 bit 3 of each nibble).
@@ -238,6 +273,106 @@ inline size_t quantized_mismatches(const std::vector<uint16_t>& codes, const std
     }
   }
   return bad;
+}
+
+// The shared expert in prefill: swiglu_gemm (W1, W3, SwiGLU, FP8 quantization of h) then quant_gemm
+// (W2), on random weights (FP8 or MXFP4, scales from 2^-15), bf16 activations, optional row weights
+// and a clamp limit at the median |g| (about half of the gate values clamp). `swiglu` and `w2`
+// complete the calls with the path's own fields and scratch (kept alive by the caller) and launch
+// them; `path` names the path in the tag. Three checks: (1) h against the CPU's h (bf16 g/u, clamps,
+// silu, weight) quantized the same way — equal except where a bf16 rounding of g/u or the float
+// rounding of exp falls the other way (rare; at most 0.1 % of the values may differ, an indexing or
+// formula bug changes most of them); (2) W2 of the GPU's h against cpu::linear of the same h
+// (`w2_tol`, the path's GEMM tolerance); (3) end to end against expert_forward (NMSE).
+struct SwigluShape {
+  bool fp4 = false;
+  int64_t inter = 0, d = 0, m = 0, act_block = 32;
+  bool weighted = false;
+  uint32_t seed = 0;
+};
+inline void check_swiglu_expert(const SwigluShape& s, const std::string& name, const std::string& path,
+                                const Tolerance& w2_tol, const std::function<Status(SwigluGemmArgs&)>& swiglu,
+                                const std::function<Status(QuantGemmArgs&)>& w2) {
+  const int64_t inter = s.inter, d = s.d, m = s.m, act_block = s.act_block;
+  auto mk = [&](int64_t out, int64_t in, uint32_t seed) {
+    return s.fp4 ? random_mxfp4_weight(out, in, seed, 112)
+                 : random_fp8_weight(out, in, act_block == 128 ? 128 : 32, seed, 112);
+  };
+  const QuantWeightHost w1 = mk(inter, d, s.seed), w3 = mk(inter, d, s.seed + 1), w2w = mk(d, inter, s.seed + 2);
+  const auto x = random_acts(static_cast<size_t>(m * d), s.seed + 3, 0x1p-2f);
+  std::vector<float> row_w;
+  if (s.weighted) {
+    std::mt19937 rng(s.seed + 4);
+    std::uniform_real_distribution<float> ud(0.05f, 1.5f);
+    for (int64_t t = 0; t < m; ++t) row_w.push_back(ud(rng));
+  }
+  // Clamp limit at the median |g|: about half of the gate values are clamped.
+  std::vector<float> g(static_cast<size_t>(m * inter));
+  ASSERT_TRUE(cpu::linear(w1.cpu, x, m, g, {.bf16_output = true, .act_block = act_block}, &pool()).ok());
+  std::vector<float> ag = abs_values(g);
+  std::nth_element(ag.begin(), ag.begin() + ag.size() / 2, ag.end());
+  const float limit = round_to_bf16(std::max(ag[ag.size() / 2], 1e-3f));
+  const auto h_want = cpu_swiglu_h(w1.cpu, w3.cpu, x, m, act_block, row_w, limit, &pool());
+
+  auto d1 = upload(w1.data), s1 = upload(w1.scales), d3 = upload(w3.data), s3 = upload(w3.scales);
+  auto d2 = upload(w2w.data), s2 = upload(w2w.scales);
+  auto dx = upload(x);
+  auto drw = upload(row_w);
+  auto dxc = alloc<uint16_t>(static_cast<size_t>(m * d));
+  auto dxs = alloc<float>(static_cast<size_t>(m * d / act_block));
+  auto dhc = alloc<uint16_t>(static_cast<size_t>(m * inter));
+  auto dhs = alloc<float>(static_cast<size_t>(m * inter / act_block));
+  auto dy = alloc<float>(static_cast<size_t>(m * d));
+  ASSERT_TRUE(quantize_act_fp8_blocked(dx.get(), m, d, act_block, dxc.get(), dxs.get(), nullptr).ok());
+  SwigluGemmArgs a{.w1 = device_view(w1, d1, s1),
+                   .w3 = device_view(w3, d3, s3),
+                   .act_codes = dxc.get(),
+                   .act_scales = dxs.get(),
+                   .m = m,
+                   .act_block = act_block,
+                   .row_weights = s.weighted ? drw.get() : nullptr,
+                   .swiglu_limit = limit,
+                   .h_codes = dhc.get(),
+                   .h_scales = dhs.get()};
+  Status st = swiglu(a);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  QuantGemmArgs b{.w = device_view(w2w, d2, s2),
+                  .act_codes = dhc.get(),
+                  .act_scales = dhs.get(),
+                  .m = m,
+                  .act_block = act_block,
+                  .y = dy.get(),
+                  .bf16_output = true};
+  st = w2(b);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+
+  const std::string tag = name + " inter=" + std::to_string(inter) + " d=" + std::to_string(d) +
+                          " m=" + std::to_string(m) + " " + path + " L=" + std::to_string(limit);
+  const auto hc = download(dhc);
+  const auto hs = download(dhs);
+  std::string first;
+  const size_t bad = quantized_mismatches(hc, hs, h_want, act_block, &first);
+  std::printf("PARITY %-60s h: %zu / %zu quantized values differ from the CPU's%s%s\n", tag.c_str(), bad, hc.size(),
+              bad ? ", first " : "", first.c_str());
+  EXPECT_LE(bad, std::max<size_t>(2, hc.size() / 1000)) << tag << ": first " << first;
+
+  // (2) W2 over the GPU's own h.
+  const auto h_gpu = dequantize_rows(hc, hs, act_block);
+  const auto ref2 = reference_rows(w2w, h_gpu, m, 0, d, act_block, true, &pool());
+  const auto y = download(dy);
+  EXPECT_TRUE(parity(tag + " W2", y, ref2.want, w2_tol, ref2.bound));
+
+  // (3) End to end against the CPU expert.
+  ExpertWeights e{w1.cpu, w2w.cpu, w3.cpu};
+  MoeParams p;
+  p.swiglu_limit = limit;
+  p.act_block = act_block;
+  std::vector<float> want(static_cast<size_t>(m * d));
+  ASSERT_TRUE(expert_forward(e, x, m, row_w, p, want, &pool()).ok());
+  const Tolerance e2e{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 1e30, .abs = 0};  // statistics only
+  EXPECT_TRUE(parity(tag + " vs expert_forward", y, want, e2e));
+  std::printf("EXACT  %-60s %zu / %zu outputs bit-equal to expert_forward\n", tag.c_str(), count_equal(y, want),
+              y.size());
 }
 
 }  // namespace cedar::cuda::testing
