@@ -1,6 +1,6 @@
 // The pipelined streaming (prefill) mHC kernel (MhcFusedArgs::legacy_stream = false, the default): the
-// session-4 streaming kernel (mhc.cu) with its memory and its FMAs overlapped (docs/cuda.md "Session 5:
-// the streaming mHC pipelined").
+// session-4 streaming kernel (mhc.cu) with its memory and its FMAs overlapped (docs/cuda.md "Session 5
+// (s-mhc)").
 //
 // Why the session-4 kernel stopped at 54 % of copy (8 192 rows; its expand / collapse alone reach 84 %):
 // per 32-channel chunk a block waited for the chunk's copies, expanded it (no load in flight), only then
@@ -30,14 +30,14 @@ namespace {
 
 constexpr int kPThreads = 256;
 constexpr int kPWarps = kPThreads / 32;
-constexpr int kPTokens = 64;             // per block; FMA phase: lane = tokens lane and lane + 32
-constexpr int kPCh = 16;                 // channels per chunk
-constexpr int kPValues = kHc * kPCh;     // 64 values (4 streams × 16 channels) per chunk
-constexpr int kPStages = 3;              // the cp.async ring
-constexpr int kPXs = kPTokens + 1;       // row stride of xs [value][token]: conflict-free
+constexpr int kPTokens = 64;                       // per block; FMA phase: lane = tokens lane and lane + 32
+constexpr int kPCh = 16;                           // channels per chunk
+constexpr int kPValues = kHc * kPCh;               // 64 values (4 streams × 16 channels) per chunk
+constexpr int kPStages = 3;                        // the cp.async ring
+constexpr int kPXs = kPTokens + 1;                 // row stride of xs [value][token]: conflict-free
 constexpr int kPCoef = 2 * kHc + kHc * kHc + kHc;  // post[4], comb[16], cw[4] per token
-constexpr int kPCoefStride = kPCoef + 1;  // odd: the half-warps' tokens (16 apart) read distinct banks
-constexpr int kPBlocksPerSm = 2;          // __launch_bounds__ and 100 KB of shared memory per block
+constexpr int kPCoefStride = kPCoef + 1;           // odd: the half-warps' tokens (16 apart) read distinct banks
+constexpr int kPBlocksPerSm = 2;                   // __launch_bounds__ and 100 KB of shared memory per block
 constexpr int kPX = kPTokens * kPValues;           // floats of one X stage [token][stream][16]
 constexpr int kPY = kPTokens * kPCh;               // one y stage [token][16]
 constexpr int kPF = kPValues * kMix;               // one fn stage [value][24]
@@ -104,11 +104,11 @@ __device__ __forceinline__ void pipe_prefetch(const MhcFusedArgs& a, const PipeO
 __global__ void __launch_bounds__(kPThreads, 2) mhc_stream_pipe_kernel(PipeParams p) {
   const MhcFusedArgs& a = p.a;
   extern __shared__ __align__(16) float smem[];
-  float* fs_ring = smem;                       // kPStages × [kPValues][24]
-  float* x_ring = fs_ring + kPStages * kPF;    // kPStages × [token][stream][16]
-  float* y_ring = x_ring + kPStages * kPX;     // kPStages × [token][16]
-  float* xs = y_ring + kPStages * kPY;         // [kPValues][kPXs]
-  float* coef = xs + kPValues * kPXs;          // [kPTokens][kPCoefStride]
+  float* fs_ring = smem;                     // kPStages × [kPValues][24]
+  float* x_ring = fs_ring + kPStages * kPF;  // kPStages × [token][stream][16]
+  float* y_ring = x_ring + kPStages * kPX;   // kPStages × [token][16]
+  float* xs = y_ring + kPStages * kPY;       // [kPValues][kPXs]
+  float* coef = xs + kPValues * kPXs;        // [kPTokens][kPCoefStride]
   detail::pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t d = a.d, width = kHc * d, n = a.n;
@@ -243,8 +243,8 @@ StreamSplit stream_pipe_plan(int64_t n, int64_t d, int64_t resident_blocks, int6
   StreamSplit s;
   s.tiles = (n + kPTokens - 1) / kPTokens;
   const int64_t chunks = d / kPCh;
-  const int64_t want = std::clamp<int64_t>(std::min(resident_blocks / std::max<int64_t>(s.tiles, 1), max_splits),
-                                           1, std::max<int64_t>(chunks, 1));
+  const int64_t want = std::clamp<int64_t>(std::min(resident_blocks / std::max<int64_t>(s.tiles, 1), max_splits), 1,
+                                           std::max<int64_t>(chunks, 1));
   s.chunks_per_split = (chunks + want - 1) / want;
   s.splits = (chunks + s.chunks_per_split - 1) / s.chunks_per_split;  // no empty splits, <= want
   return s;
