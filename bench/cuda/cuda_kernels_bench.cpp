@@ -273,6 +273,8 @@ struct MhcMode {
   bool coefficients = true;  // fn given
   bool collapse = true;
   bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
+  bool legacy_stream = false;  // MhcFusedArgs::legacy_stream (the session-4 streaming kernel)
+  bool wide = false;           // MhcFusedArgs::wide_decode (the tail's round trips cut)
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   const char* name = nullptr;  // row name override
 };
@@ -325,6 +327,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.sinkhorn_iters = sinkhorn_iters;
     a.programmatic_launch = mode.pdl && !mode.cluster;
     a.legacy_decode = mode.legacy;
+    a.legacy_stream = mode.legacy_stream;
+    a.wide_decode = mode.wide;
     if (mode.norm) {
       a.norm_weight = norm_w.get();
       a.normed = normed.get();
@@ -1039,30 +1043,39 @@ int run(int argc, char** argv) {
     MhcMode ec = ws;
     ec.coefficients = false;
     ec.name = "mhc_expand_collapse";
-    for (int64_t n : {1, 8, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ec);
+    for (int64_t n : {1, 8, 2048, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ec);
     MhcMode co = ws;
     co.expand = co.collapse = false;
     co.name = "mhc_coefficients";
     for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, co);
     MhcMode st = ws;
     st.name = "mhc_stream";
-    for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
+    for (int64_t n : {128, 1024, 2048, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
+    // s-mhc: the session-4 streaming kernel (one chunk in flight per block, 2.4 waves) next to the
+    // pipelined default above; same bytes model (fn + X read + y + X_out + collapsed).
+    st.legacy_stream = true;
+    st.name = "mhc_stream_legacy";
+    for (int64_t n : {128, 1024, 2048, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
   }
   {  // p-mhc: the session-3 decode kernel (_legacy: one thread per token's coefficients) vs the current
      // one (a warp per token, inline reciprocals), and a whole site with its RMSNorm: legacy kernel +
      // rms_norm launch vs the norm fused into the last block; _pdl back to back as in the model.
-    for (const bool legacy : {true, false}) {
+     // _wide: MhcFusedArgs::wide_decode (the same bits, the tail's dependent round trips cut).
+    for (const int variant : {0, 1, 2}) {  // legacy, current, wide
+      const std::string suffix = variant == 0 ? "_legacy" : (variant == 2 ? "_wide" : "");
+      const std::string decode = "mhc_decode" + suffix, norm = "mhc_norm" + suffix, pdl = norm + "_pdl";
       MhcMode m;
       m.sized_ws = true;
-      m.legacy = legacy;
-      m.name = legacy ? "mhc_decode_legacy" : "mhc_decode";
+      m.legacy = variant == 0;
+      m.wide = variant == 2;
+      m.name = decode.c_str();
       for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
       bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, m);
       m.norm = true;
-      m.name = legacy ? "mhc_norm_legacy" : "mhc_norm";
+      m.name = norm.c_str();
       for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
       m.pdl = true;
-      m.name = legacy ? "mhc_norm_legacy_pdl" : "mhc_norm_pdl";
+      m.name = pdl.c_str();
       for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
     }
   }

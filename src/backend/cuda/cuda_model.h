@@ -63,6 +63,11 @@ struct CudaKernelPaths {
   // The sites' input RMSNorm requested from mhc_fused (MhcFusedArgs::normed: fused into the decode
   // kernel's last block up to kMhcNormFuseMaxTokens rows, same bits). false: a separate rms_norm launch.
   bool mhc_fused_norm = true;
+  // Prefill (>= kMhcStreamMinTokens rows): the pipelined streaming mHC kernel (mhc_stream.cu). false:
+  // the session-4 one (MhcFusedArgs::legacy_stream). X / collapsed the same bits, the mix sums reordered.
+  bool mhc_stream_pipe = true;
+  // Decode: the mHC kernel with its tail's dependent round trips cut (MhcFusedArgs::wide_decode). Same bits.
+  bool mhc_wide = true;
   // Decode (<= kGemvMaxRows rows): wq_a + wkv (x's codes) and, on index-source layers, wq_b + the
   // indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
   bool gemv_multi = true;

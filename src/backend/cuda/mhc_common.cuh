@@ -137,13 +137,23 @@ __device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[k
 // reciprocals4 (no shuffles or divisions in the 20-iteration chain: ~50 cycles per half-step). m: the
 // token's 25 sums (e.g. shared memory, read by every lane). out: the mix row; lanes 0..7 store pre /
 // post, lane 0 the comb.
-__device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedArgs& a, float* out, int lane) {
+// Lane l's scale and base entries of finish_mix_warp (weights: the wide decode kernel loads them at its
+// start instead of after the cross-block reduction).
+struct MixLaneConsts {
+  float scale, base;
+};
+__device__ __forceinline__ MixLaneConsts mix_lane_consts(const MhcFusedArgs& a, int lane) {
+  const int i = lane < kMix ? lane : kMix - 1;
+  return MixLaneConsts{__ldg(a.scale + (i < kHc ? 0 : (i < 2 * kHc ? 1 : 2))), __ldg(a.base + i)};
+}
+__device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedArgs& a, float* out, int lane,
+                                                MixLaneConsts lc) {
   const float width = static_cast<float>(kHc * a.d);
   const float rstd = 1.0f / sqrtf(m[kMix] / width + a.norm_eps);
   const float eps = a.hc_eps;
   const int i = lane < kMix ? lane : kMix - 1;
-  const float s = a.scale[i < kHc ? 0 : (i < 2 * kHc ? 1 : 2)];
-  const float z = __fadd_rn(__fmul_rn(__fmul_rn(m[i], rstd), s), a.base[i]);
+  const float s = lc.scale;
+  const float z = __fadd_rn(__fmul_rn(__fmul_rn(m[i], rstd), s), lc.base);
   if (lane < kHc)
     out[lane] = __fadd_rn(sigmoidf(z), eps);
   else if (lane < 2 * kHc)
@@ -194,6 +204,9 @@ __device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedAr
       for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
   }
 }
+__device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedArgs& a, float* out, int lane) {
+  finish_mix_warp(m, a, out, lane, mix_lane_consts(a, lane));
+}
 
 // Reduce-scatter of 32 values per lane over a warp (31 shuffles): afterwards lane i holds the warp's
 // sum of value i in v[0], in a fixed order (deterministic). One level per template instance, so
@@ -214,5 +227,22 @@ __device__ __forceinline__ void warp_reduce_scatter32(float (&v)[32], int lane) 
   reduce_scatter_level<2>(v, (lane & 2) != 0);
   reduce_scatter_level<1>(v, (lane & 1) != 0);
 }
+
+// ---- host: the streaming (prefill) launches shared by mhc.cu and mhc_stream.cu ------------------
+
+// A streaming kernel's grid: tiles of 64 tokens × splits of chunks_per_split chunks.
+struct StreamSplit {
+  int64_t tiles = 0, splits = 0, chunks_per_split = 0;
+};
+// The pipelined kernel's plan (16-channel chunks): one wave of resident_blocks, at most max_splits
+// splits (the workspace is sized for the session-4 plan's splits), no empty split.
+StreamSplit stream_pipe_plan(int64_t n, int64_t d, int64_t resident_blocks, int64_t max_splits);
+// The pipelined streaming kernel (mhc_stream.cu) and the finish kernel after it; partials holds
+// max_splits·n·kSlot floats.
+Status mhc_stream_pipe(const MhcFusedArgs& a, float* partials, int64_t max_splits, cudaStream_t stream);
+// mhc_stream_finish_kernel (mhc.cu): the splits' partial sums added in split order, then each token's
+// coefficients (finish_mix).
+Status mhc_stream_finish(const MhcFusedArgs& a, const float* partials, int splits, cudaStream_t stream);
+const void* mhc_stream_pipe_kernel_ptr();
 
 }  // namespace cedar::cuda::mhc_detail

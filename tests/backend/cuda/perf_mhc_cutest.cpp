@@ -4,6 +4,8 @@
 // tolerances, and the paths against each other where their arithmetic is the same.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -12,6 +14,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mhc_split.h"
 #include "core/numeric.h"
 #include "cuda_test_util.h"
 #include "ffn_test_util.h"
@@ -104,7 +107,7 @@ struct GpuRun {
 // Runs one site on the GPU: mix rows in place (strided, mix_stride = 24) or copied to packed arrays;
 // mix_out written with stride `mix_stride` (the gaps must stay untouched).
 GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bool in_place, Ws ws_kind, bool strided,
-                int64_t mix_stride = 0, bool pdl = false) {
+                int64_t mix_stride = 0, bool pdl = false, bool legacy_stream = false) {
   const int64_t n = s.n, d = s.d, ms = mix_stride ? mix_stride : kMix;
   std::vector<float> post(n * 4), comb(n * 16), cw(n * 4);
   for (int64_t t = 0; t < n; ++t) {
@@ -139,6 +142,7 @@ GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bo
   if (strided) a.post_stride = a.comb_stride = a.collapse_w_stride = kMix;
   a.mix_stride = mix_stride;
   a.programmatic_launch = pdl;
+  a.legacy_stream = legacy_stream;
   MhcWorkspace ws{dpart.get(), dcnt.get()};
   if (ws_kind == Ws::Sized) {
     ws.partial_floats = floats;
@@ -210,6 +214,55 @@ TEST(CudaMhcPaths, StreamingPrefill) {
   check_site(make_site(130, 5120, 85), true, false, true, false, Ws::Sized, true, "stream n=130 no-collapse", 40);
 }
 
+// The pipelined streaming kernel (the default) against the session-4 one (legacy_stream): X_out and
+// collapsed bit for bit (the same expressions), the mix rows within mhc_fused's bounds of each other
+// (the 25 sums in another blocked order), and both against the CPU oracle. Shapes: the model's width
+// at 2048 rows (8 splits of 40 chunks on 132 SMs), in place + strided, partial tiles, no expand, no
+// collapse, small d (splits of one chunk), more tiles than resident blocks (one split, several waves).
+TEST(CudaMhcPaths, PipelinedStreamMatchesTheSessionFourKernel) {
+  CEDAR_REQUIRE_GPU();
+  struct Case {
+    int64_t n, d;
+    bool expand, collapse, in_place, strided;
+    int64_t mix_stride;
+  };
+  const Case cases[] = {{2048, 5120, true, true, false, false, 0}, {200, 5120, true, true, true, true, 0},
+                        {kMhcStreamMinTokens + 5, 1024, true, true, false, false, 0},
+                        {300, 256, false, true, false, false, 0},   {130, 5120, true, false, false, true, 40},
+                        {1000, 96, true, true, false, false, 0},    {20000, 128, true, true, false, true, 0}};
+  uint32_t seed = 141;
+  for (const Case& c : cases) {
+    const Site s = make_site(c.n, c.d, seed++);
+    const std::string tag = " n=" + std::to_string(c.n) + " d=" + std::to_string(c.d) + (c.expand ? "" : " no-expand") +
+                            (c.collapse ? "" : " no-collapse") + (c.in_place ? " in-place" : "") +
+                            (c.strided ? " strided" : "");
+    const GpuRun now = gpu_site(s, c.expand, c.collapse, true, c.in_place, Ws::Sized, c.strided, c.mix_stride);
+    const GpuRun old =
+        gpu_site(s, c.expand, c.collapse, true, c.in_place, Ws::Sized, c.strided, c.mix_stride, false, true);
+    if (c.expand) {
+      EXPECT_TRUE(parity("mhc stream pipelined vs session 4: X" + tag, now.X_out, old.X_out, kExact));
+    }
+    if (c.collapse) {
+      EXPECT_TRUE(parity("mhc stream pipelined vs session 4: collapsed" + tag, now.collapsed, old.collapsed, kExact));
+    }
+    EXPECT_TRUE(parity("mhc stream pipelined vs session 4: mix" + tag, now.mix, old.mix, kCoeff));
+    std::printf("mhc stream pipelined vs session 4%s: %zu of %zu mix values differ in their bits\n", tag.c_str(),
+                [&] {
+                  size_t k = 0;
+                  for (size_t i = 0; i < now.mix.size() && i < old.mix.size(); ++i)
+                    k += std::memcmp(&now.mix[i], &old.mix[i], sizeof(float)) != 0;
+                  return k;
+                }(),
+                now.mix.size());
+    const Want w = cpu_site(s, c.expand, c.collapse, true);
+    EXPECT_TRUE(parity("mhc stream pipelined vs cpu: mix" + tag, now.mix, w.mix, kCoeff));
+    EXPECT_TRUE(parity("mhc stream session 4 vs cpu: mix" + tag, old.mix, w.mix, kCoeff));
+    if (c.expand) {
+      EXPECT_TRUE(parity("mhc stream pipelined vs cpu: X" + tag, now.X_out, w.X_new, kExact));
+    }
+  }
+}
+
 // fn == null: expand and/or collapse only (the final collapse; the expand before Engram), any n.
 TEST(CudaMhcPaths, ExpandCollapseOnly) {
   CEDAR_REQUIRE_GPU();
@@ -233,11 +286,25 @@ TEST(CudaMhcPaths, ProgrammaticLaunchKeepsTheOrder) {
 
 // ---- the current decode kernel against the session-3 one, and the fused RMSNorm ------------------
 
+// What normed holds before a run: not a bf16 value (its low 16 bits are set), so no written output
+// (round_bf16 of anything) can equal it. (The first sentinel, -3.0f, is a value the norm produces:
+// on WideDecodeIsBitIdentical's d = 5120 sites cpu::rms_norm gives exactly -3.0f 5 times at n = 2
+// unweighted, twice at n = 4 weighted, 15 times at n = 8: the "never written" outputs seen on the H200.)
+const float kNormedSentinel = std::bit_cast<float>(0xC0400001u);  // -3.0000002
+
+// Index of the first element still equal to `sentinel` (by bits), or -1.
+int64_t first_unwritten(const std::vector<float>& v, float sentinel) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (std::memcmp(&v[i], &sentinel, sizeof(float)) == 0) return static_cast<int64_t>(i);
+  return -1;
+}
+
 struct DecodeRun {
   std::vector<float> X_out, collapsed, mix, normed;
 };
 struct DecodeOpts {
   bool legacy = false;   // MhcFusedArgs::legacy_decode
+  bool wide = false;     // MhcFusedArgs::wide_decode
   bool norm = false;     // normed requested
   bool weighted = true;  // norm_weight given
   bool pdl = false;
@@ -249,7 +316,7 @@ DecodeRun run_decode(const Site& s, const std::vector<float>& norm_w, const Deco
   auto dX = upload(s.X), dy = upload(s.y), dfn = upload(s.fn), dbase = upload(s.base), dscale = upload(s.scale);
   auto dprev = upload(s.prev_mix), dw = upload(norm_w);
   auto dcol = alloc<float>(n * d);
-  auto dnormed = upload(std::vector<float>(n * d, -3.0f));
+  auto dnormed = upload(std::vector<float>(n * d, kNormedSentinel));
   auto dmix = upload(std::vector<float>(n * kMix, -7.0f));
   const int64_t floats = mhc_workspace_floats(n, d), counters = mhc_workspace_counters(n);
   auto dpart = alloc<float>(floats);
@@ -273,6 +340,7 @@ DecodeRun run_decode(const Site& s, const std::vector<float>& norm_w, const Deco
   a.sinkhorn_iters = o.sinkhorn_iters;
   a.programmatic_launch = o.pdl;
   a.legacy_decode = o.legacy;
+  a.wide_decode = o.wide;
   if (o.norm) {
     a.normed = dnormed.get();
     a.norm_weight = o.weighted ? dw.get() : nullptr;
@@ -359,6 +427,85 @@ TEST(CudaMhcPaths, NormedIsTheRmsNormOfCollapsed) {
         }
       }
     }
+  }
+}
+
+// The wide decode kernel (the tail's loads batched, one ticket fence pair, base / scale / norm weight
+// early) performs the current kernel's operations in the same order: every output bit for bit, with
+// and without the fused norm (weighted / unweighted), with PDL, and at d = 96 (one block owns 32
+// channels: the partial-channel path).
+TEST(CudaMhcPaths, WideDecodeIsBitIdentical) {
+  CEDAR_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+  for (const int64_t d : {int64_t{5120}, int64_t{96}}) {
+    std::vector<float> w(d);
+    for (auto& v : w) v = round_to_bf16(ud(rng));
+    for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
+      const Site s = make_site(n, d, 151 + static_cast<uint32_t>(n + d));
+      for (const int norm : {0, 1, 2}) {  // none, weighted, unweighted
+        for (const bool pdl : {false, true}) {
+          DecodeOpts o{.norm = norm != 0, .weighted = norm == 1, .pdl = pdl};
+          const DecodeRun now = run_decode(s, w, o);
+          o.wide = true;
+          const DecodeRun wide = run_decode(s, w, o);
+          const std::string tag = " n=" + std::to_string(n) + " d=" + std::to_string(d) + " norm=" +
+                                  std::to_string(norm) + (pdl ? " pdl" : "");
+          EXPECT_EQ(bits_differ(wide.X_out, now.X_out), 0u) << "X_out" << tag;
+          EXPECT_EQ(bits_differ(wide.collapsed, now.collapsed), 0u) << "collapsed" << tag;
+          EXPECT_EQ(bits_differ(wide.mix, now.mix), 0u) << "mix" << tag;
+          EXPECT_EQ(bits_differ(wide.normed, now.normed), 0u) << "normed" << tag;
+          ASSERT_EQ(wide.mix.size(), now.mix.size());
+          ASSERT_EQ(wide.normed.size(), now.normed.size());
+          // Both wrote their outputs (the run fills mix with -7, impossible for a mix value, and normed
+          // with kNormedSentinel, impossible for a bf16 output, first).
+          EXPECT_EQ(first_unwritten(wide.mix, -7.0f), -1) << "mix value never written (index shown)" << tag;
+          EXPECT_EQ(first_unwritten(now.mix, -7.0f), -1) << "mix value never written (index shown)" << tag;
+          if (norm != 0) {
+            const int64_t iw = first_unwritten(wide.normed, kNormedSentinel);
+            const int64_t in = first_unwritten(now.normed, kNormedSentinel);
+            EXPECT_EQ(iw, -1) << "wide: normed[" << iw / d << "][" << iw % d << "] never written" << tag;
+            EXPECT_EQ(in, -1) << "current: normed[" << in / d << "][" << in % d << "] never written" << tag;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The wide tail's work split (mhc_split.h, the index maps wide_tail uses), checked on the host: for
+// every row count it fuses (1..4) each (token, slot) sum is taken by exactly one (warp, round, q), for
+// every block count up to the fast path's 128 each partial block by one (lane, r), and for every
+// d = 32..5120 each normed channel by one (thread, q). No GPU needed.
+TEST(CudaMhcPaths, WideTailSplitCoversEveryOutputOnce) {
+  using namespace mhc_split;
+  for (int nt = 1; nt <= kNormRows; ++nt) {
+    const int slots = nt * kSlot;
+    std::vector<int> taken(slots, 0);
+    for (int w = 0; w < kWarps; ++w)
+      for (int rd = 0; rd < kRounds; ++rd) {
+        const int s0 = tail_slot0(w, rd);
+        if (s0 >= slots) break;  // as wide_tail: the warp's later rounds start further on
+        for (int q = 0; q < kSlotsPerWarp; ++q)
+          if (s0 + q < slots) ++taken[s0 + q];
+      }
+    for (int s = 0; s < slots; ++s)
+      ASSERT_EQ(taken[s], 1) << "nt=" << nt << ": sum of token " << s / kSlot << " slot " << s % kSlot << " taken "
+                             << taken[s] << " times";
+  }
+  for (int64_t G = 1; G <= 32 * kBlocksPerLane; ++G) {
+    std::vector<int> taken(G, 0);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < kBlocksPerLane; ++r)
+        if (tail_block(lane, r) < G) ++taken[tail_block(lane, r)];
+    for (int64_t b = 0; b < G; ++b) ASSERT_EQ(taken[b], 1) << "G=" << G << ": partial block " << b;
+  }
+  for (int64_t d = 32; d <= int64_t{kThreads} * kNormBatch; d += 32) {
+    std::vector<int> taken(d, 0);
+    for (int tid = 0; tid < kThreads; ++tid)
+      for (int q = 0; q < kNormBatch; ++q)
+        if (tail_norm_channel(tid, q) < d) ++taken[tail_norm_channel(tid, q)];
+    for (int64_t c = 0; c < d; ++c) ASSERT_EQ(taken[c], 1) << "d=" << d << ": normed channel " << c;
   }
 }
 
