@@ -801,6 +801,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"legacy: mhc_batched 1 vs 0", with(old, "mhc_batched=1"), old},
       // The input norm fused into mhc_fused's decode kernel repeats rms_norm's arithmetic op for op.
       {"defaults: mhc_fused_norm 1 vs 0", fast, with(fast, "mhc_fused_norm=0")},
+      // mhc_wide: the decode tail's work split changes, not its additions (MhcFusedArgs::wide_decode).
+      {"defaults: mhc_wide 1 vs 0", fast, with(fast, "mhc_wide=0")},
   };
   for (const Case& c : cases) {
     g.set_paths(c.a);
