@@ -320,6 +320,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.blas_min_rows = INT64_MAX;
   p.moe_items_max_rows = kGemvMaxRows;
   p.fused_q_rope = false;
+  p.gemv_staged = false;
   return p;
 }
 
@@ -340,6 +341,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"mhc_fused_norm", &p.mhc_fused_norm, nullptr},
           {"gemv_multi", &p.gemv_multi, nullptr},
           {"fused_q_rope", &p.fused_q_rope, nullptr},
+          {"gemv_staged", &p.gemv_staged, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

@@ -77,6 +77,10 @@ struct CudaKernelPaths {
   // Decode-shaped attention (sparse_attention_decode): q's RoPE applied by the attention kernel as it
   // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
   bool fused_q_rope = true;
+  // The decode GEMVs (FP8 / MXFP4 gemv_quantized*, the packed expert item GEMVs) stream their weights
+  // through a per-thread cp.async ring in shared memory (gemv.cu / gemv_packed.cu "Staged variant").
+  // Bitwise equal to false (the register kernels).
+  bool gemv_staged = true;
   static CudaKernelPaths legacy();
 };
 
