@@ -86,6 +86,10 @@ struct CudaKernelPaths {
   // at batch 1..8, so an SWA-only layer at batch 1 runs 16 blocks instead of 4). Not bit-identical to the
   // 64-head plan (phase A's channel parts summed in another order); same CPU-oracle bounds.
   bool attn_head_split = true;
+  // The decode GEMVs (FP8 / MXFP4 gemv_quantized*, the packed expert item GEMVs) stream their weights
+  // through a per-thread cp.async ring in shared memory (gemv.cu / gemv_packed.cu "Staged variant").
+  // Bitwise equal to false (the register kernels).
+  bool gemv_staged = true;
   static CudaKernelPaths legacy();
 };
 

@@ -803,6 +803,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: mhc_fused_norm 1 vs 0", fast, with(fast, "mhc_fused_norm=0")},
       // mhc_wide: the decode tail's work split changes, not its additions (MhcFusedArgs::wide_decode).
       {"defaults: mhc_wide 1 vs 0", fast, with(fast, "mhc_wide=0")},
+      // The staged GEMVs feed the register kernels' math the same values in the same order.
+      {"defaults: gemv_staged 1 vs 0", fast, with(fast, "gemv_staged=0")},
   };
   for (const Case& c : cases) {
     g.set_paths(c.a);
