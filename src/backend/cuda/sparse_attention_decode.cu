@@ -23,7 +23,7 @@
 //
 // Plans (DecodePlan): the legacy one (64 heads per block, key ranges for ~132 blocks) and the head-split
 // one (SparseAttnArgs::decode_head_split): 16 heads per block (32 at head_dim 128) while rows × head
-// groups <= 33, so batch 1 of an SWA-only layer (128 keys) runs 4 ranges × 4 groups = 16 blocks, not 4;
+// groups <= 33 and rows × key tiles <= 64 (measured: more key tiles pay the 4× dequantization), so batch 1 of an SWA-only layer (128 keys) runs 4 ranges × 4 groups = 16 blocks, not 4;
 // 64 heads from there on (batch 64: the legacy split). Each block dequantizes its key tiles once for its
 // heads, so a key is dequantized once per head group (4× at 16 heads: 32 × 512 values per tile, ~100
 // instructions per thread, against a block chain that loses 3/4 of its Q loads, MMAs and partials).
@@ -718,15 +718,21 @@ int smallest_head_group(int64_t hd) { return hd >= 256 ? 16 : 32; }
 // 64) replaces the choice.
 DecodePlan head_split_plan(int64_t n, int64_t heads, int64_t hd, int64_t max_keys, int forced_hb) {
   int hb = forced_hb;
+  const int64_t key_tiles = std::max<int64_t>(1, (max_keys + kTile - 1) / kTile);
   if (hb == 0) {
     hb = kHeads;
-    for (int c = smallest_head_group(hd); c < kHeads; c *= 2)
-      if (n * ((heads + c - 1) / c) * 4 <= kTargetBlocks) {
-        hb = c;
-        break;
-      }
+    // Measured on the H200 (s5 run 4): 16 heads per block wins at 1 row (640 keys 13.5 vs 18.7 µs, 128
+    // keys 9.9 vs 15.6) and at 8 rows of 128 keys (12.3 vs 17.0) but loses at 8 rows of 640 keys (36.9 vs
+    // 27.8): each group dequantizes the tiles again. So: rows × key tiles <= 64.
+    if (n * key_tiles <= 64) {
+      for (int c = smallest_head_group(hd); c < kHeads; c *= 2)
+        if (n * ((heads + c - 1) / c) * 4 <= kTargetBlocks) {
+          hb = c;
+          break;
+        }
+    }
   }
-  const int64_t tiles = std::max<int64_t>(1, (max_keys + kTile - 1) / kTile);
+  const int64_t tiles = key_tiles;
   const int64_t groups = (heads + hb - 1) / hb;
   const int64_t wave = kTargetBlocks * (hb == 16 ? decode_min_blocks<16>() : 1);
   const int64_t target = std::max<int64_t>(1, wave / std::max<int64_t>(1, n * groups));
