@@ -90,8 +90,9 @@ struct CudaKernelPaths {
   bool attn_head_split = true;
   // The decode GEMVs (FP8 / MXFP4 gemv_quantized*, the packed expert item GEMVs) stream their weights
   // through a per-thread cp.async ring in shared memory (gemv.cu / gemv_packed.cu "Staged variant").
-  // Bitwise equal to false (the register kernels).
-  bool gemv_staged = true;
+  // Bitwise equal to false (the register kernels). Off: slower on the H200 at every model shape (wo_b
+  // 16.5 → 21.8 µs, packed experts w1+w3 41.2 → 43.4 µs; docs/cuda.md "Session 5 on the H200").
+  bool gemv_staged = false;
   static CudaKernelPaths legacy();
 };
 

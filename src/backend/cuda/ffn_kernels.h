@@ -151,7 +151,7 @@ enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
 // cp.async-ring kernel (bitwise equal to staged = false).
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
-                            bool staged = true);
+                            bool staged = false);
 
 // ---- SwiGLU (§3.8) ------------------------------------------------------------------------------------
 // h = bf16(w_row · silu(min(g, L)) · clamp(u, ±L)) per row (clamps only if limit > 0; NaN passes as in
@@ -197,9 +197,9 @@ Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* pack
 // the balanced schedule of Mxfp4Layout::PackedBalanced. staged: the cp.async-ring kernel (gemv_packed.cu
 // "Staged variant"; bitwise equal to staged = false for the same schedule).
 Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                         float* y, bool bf16_output, cudaStream_t stream, bool balanced = false, bool staged = true);
+                         float* y, bool bf16_output, cudaStream_t stream, bool balanced = false, bool staged = false);
 Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                                 bool bf16_output, cudaStream_t stream, bool balanced = false, bool staged = true);
+                                 bool bf16_output, cudaStream_t stream, bool balanced = false, bool staged = false);
 
 // ---- Engram (§3.9) ---------------------------------------------------------------------------------
 // Hash on the device, so decode needs no host round trip for the next token's rows (the sampled token
