@@ -67,9 +67,6 @@ struct CudaKernelPaths {
   // the session-4 one (MhcFusedArgs::legacy_stream). X / collapsed the same bits, the mix sums reordered.
   // Off: measured slower on the H200 (8 192 rows 879 vs 719 µs; docs/cuda.md "Session 5 on the H200").
   bool mhc_stream_pipe = false;
-  // Decode: the mHC kernel with its tail's dependent round trips cut (MhcFusedArgs::wide_decode). Same bits.
-  // Off: no faster at batch 1 on the H200 (mHC + norm 16.5 vs 14.1 µs; docs/cuda.md "Session 5 on the H200").
-  bool mhc_wide = false;
   // Decode (<= kGemvMaxRows rows): wq_a + wkv (x's codes) and, on index-source layers, wq_b + the
   // indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
   bool gemv_multi = true;
