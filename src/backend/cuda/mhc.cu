@@ -31,7 +31,6 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mhc_common.cuh"
-#include "backend/cuda/mhc_split.h"
 #include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
@@ -73,10 +72,6 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 constexpr int kNormBatch = 20;
 constexpr int kTailBlocksPerLane = 4;  // the last block's partial loads in flight per lane and slot: G <= 128
 constexpr int kWideNormRows = static_cast<int>(kMhcNormFuseMaxTokens);  // the wide tail's rows in registers
-static_assert(mhc_split::kThreads == kDecThreads && mhc_split::kNormBatch == kNormBatch &&
-                  mhc_split::kBlocksPerLane == kTailBlocksPerLane && mhc_split::kNormRows == kWideNormRows &&
-                  mhc_split::kSlot == kSlot,
-              "mhc_split.h describes wide_tail's split");
 __device__ void fused_norm_row(const float* xr, const float* weight, int64_t dim, float eps, float* yr,
                                float* warp_sums) {
   const int tid = threadIdx.x;
@@ -128,7 +123,7 @@ __device__ __forceinline__ void wide_tail(const MhcFusedArgs& a, const float* pa
   const int slots = nt * kSlot;
   // Partials: warp w takes slots w·4 .. w·4 + 3 (slots <= 100 <= 8 · 4 · 4: at most 4 rounds) — the
   // rounds of the current tail (s0 = warp·4 + 32·round), all issued before any is added.
-  using mhc_split::kRounds;
+  constexpr int kRounds = (kWideNormRows * kSlot + 31) / 32;
   float v[kRounds][4][kTailBlocksPerLane];
   const bool fast_part = G <= 32 * kTailBlocksPerLane;
 #pragma unroll
@@ -137,8 +132,8 @@ __device__ __forceinline__ void wide_tail(const MhcFusedArgs& a, const float* pa
     for (int q = 0; q < 4; ++q)
 #pragma unroll
       for (int r = 0; r < kTailBlocksPerLane; ++r) {
-        const int s0 = mhc_split::tail_slot0(warp, rd);
-        const int64_t b = mhc_split::tail_block(lane, r);
+        const int s0 = warp * 4 + 32 * rd;
+        const int64_t b = lane + 32 * r;
         v[rd][q][r] = fast_part && s0 < slots && b < G
                           ? __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b)
                           : 0.0f;
@@ -146,14 +141,14 @@ __device__ __forceinline__ void wide_tail(const MhcFusedArgs& a, const float* pa
   float xv[kWideNormRows][kNormBatch], wv[kNormBatch];
 #pragma unroll
   for (int q = 0; q < kNormBatch; ++q) {
-    const int64_t c = mhc_split::tail_norm_channel(tid, q);
+    const int64_t c = tid + int64_t{kDecThreads} * q;
     wv[q] = c < d && a.norm_weight ? __ldg(a.norm_weight + c) : 0.0f;
 #pragma unroll
     for (int t = 0; t < kWideNormRows; ++t) xv[t][q] = t < nt && c < d ? __ldcg(a.collapsed + (t0 + t) * d + c) : 0.0f;
   }
 #pragma unroll
   for (int rd = 0; rd < kRounds; ++rd) {
-    const int s0 = mhc_split::tail_slot0(warp, rd);
+    const int s0 = warp * 4 + 32 * rd;
     if (s0 >= slots) break;  // warp-uniform
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (fast_part) {
@@ -161,7 +156,7 @@ __device__ __forceinline__ void wide_tail(const MhcFusedArgs& a, const float* pa
       for (int r = 0; r < kTailBlocksPerLane; ++r)
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-          if (mhc_split::tail_block(lane, r) < G) acc[q] += v[rd][q][r];
+          if (lane + 32 * r < G) acc[q] += v[rd][q][r];
     } else {
       for (int64_t b = lane; b < G; b += 32) {
         float u[4];
@@ -184,7 +179,7 @@ __device__ __forceinline__ void wide_tail(const MhcFusedArgs& a, const float* pa
     float ss = 0.0f;
 #pragma unroll
     for (int q = 0; q < kNormBatch; ++q)
-      if (mhc_split::tail_norm_channel(tid, q) < d) ss = fmaf(xv[t][q], xv[t][q], ss);
+      if (tid + int64_t{kDecThreads} * q < d) ss = fmaf(xv[t][q], xv[t][q], ss);
     ss = detail::warp_sum(ss);
     if (lane == 0) warp_sums[t * (kDecThreads / 32) + warp] = ss;
   }
@@ -198,7 +193,7 @@ __device__ __forceinline__ void wide_tail(const MhcFusedArgs& a, const float* pa
     float* yr = a.normed + (t0 + t) * d;
 #pragma unroll
     for (int q = 0; q < kNormBatch; ++q) {
-      const int64_t c = mhc_split::tail_norm_channel(tid, q);
+      const int64_t c = tid + int64_t{kDecThreads} * q;
       const float x = __fmul_rn(xv[t][q], r);
       if (c < d) yr[c] = detail::round_bf16(a.norm_weight ? __fmul_rn(wv[q], x) : x);
     }
