@@ -278,7 +278,6 @@ struct MhcMode {
   bool collapse = true;
   bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
   bool legacy_stream = false;  // MhcFusedArgs::legacy_stream (the session-4 streaming kernel)
-  bool wide = false;           // MhcFusedArgs::wide_decode (the tail's round trips cut)
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   const char* name = nullptr;  // row name override
 };
@@ -332,7 +331,6 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.programmatic_launch = mode.pdl && !mode.cluster;
     a.legacy_decode = mode.legacy;
     a.legacy_stream = mode.legacy_stream;
-    a.wide_decode = mode.wide;
     if (mode.norm) {
       a.norm_weight = norm_w.get();
       a.normed = normed.get();
@@ -1092,22 +1090,18 @@ int run(int argc, char** argv) {
   {  // p-mhc: the session-3 decode kernel (_legacy: one thread per token's coefficients) vs the current
      // one (a warp per token, inline reciprocals), and a whole site with its RMSNorm: legacy kernel +
      // rms_norm launch vs the norm fused into the last block; _pdl back to back as in the model.
-     // _wide: MhcFusedArgs::wide_decode (the same bits, the tail's dependent round trips cut).
-    for (const int variant : {0, 1, 2}) {  // legacy, current, wide
-      const std::string suffix = variant == 0 ? "_legacy" : (variant == 2 ? "_wide" : "");
-      const std::string decode = "mhc_decode" + suffix, norm = "mhc_norm" + suffix, pdl = norm + "_pdl";
+    for (const bool legacy : {true, false}) {
       MhcMode m;
       m.sized_ws = true;
-      m.legacy = variant == 0;
-      m.wide = variant == 2;
-      m.name = decode.c_str();
+      m.legacy = legacy;
+      m.name = legacy ? "mhc_decode_legacy" : "mhc_decode";
       for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
       bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, m);
       m.norm = true;
-      m.name = norm.c_str();
+      m.name = legacy ? "mhc_norm_legacy" : "mhc_norm";
       for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
       m.pdl = true;
-      m.name = pdl.c_str();
+      m.name = legacy ? "mhc_norm_legacy_pdl" : "mhc_norm_pdl";
       for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
     }
   }

@@ -153,8 +153,6 @@ struct MhcFusedArgs {
   // issued after its expand. false: the pipelined kernel (mhc_stream.cu: a 3-stage ring, one wave;
   // X_out / collapsed the same bits, the mix rows' sums in another order).
   bool legacy_stream = false;
-  // The decode kernel with its tail's dependent round trips cut (mhc.cu "Wide"): the same bits.
-  bool wide_decode = false;
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).

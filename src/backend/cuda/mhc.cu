@@ -71,7 +71,6 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // so `normed` has rms_norm's bits. Batches of kNormBatch loads per thread: one round trip at d = 5120.
 constexpr int kNormBatch = 20;
 constexpr int kTailBlocksPerLane = 4;  // the last block's partial loads in flight per lane and slot: G <= 128
-constexpr int kWideNormRows = static_cast<int>(kMhcNormFuseMaxTokens);  // the wide tail's rows in registers
 __device__ void fused_norm_row(const float* xr, const float* weight, int64_t dim, float eps, float* yr,
                                float* warp_sums) {
   const int tid = threadIdx.x;
@@ -111,122 +110,18 @@ __device__ void fused_norm_row(const float* xr, const float* weight, int64_t dim
   __syncthreads();  // warp_sums is reused by the next row
 }
 
-// The wide kernel's last block with the fused norm (nt <= kWideNormRows rows, d <= 256 · kNormBatch):
-// every load of the tail — the blocks' partials, the collapsed rows, the norm weight — in one batch,
-// then the same additions as the current kernel's tail and fused_norm_row's (thread t: channels
-// t + 256q with FMAs in q order, warp_sum, the warps in order), one barrier, then the coefficients
-// (warp < nt) and the normed stores from registers.
-__device__ __forceinline__ void wide_tail(const MhcFusedArgs& a, const float* part, int64_t G, int nt, int64_t t0,
-                                          MixLaneConsts lc, float (*m_all)[kSlot], float* warp_sums) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t d = a.d;
-  const int slots = nt * kSlot;
-  // Partials: warp w takes slots w·4 .. w·4 + 3 (slots <= 100 <= 8 · 4 · 4: at most 4 rounds) — the
-  // rounds of the current tail (s0 = warp·4 + 32·round), all issued before any is added.
-  constexpr int kRounds = (kWideNormRows * kSlot + 31) / 32;
-  float v[kRounds][4][kTailBlocksPerLane];
-  const bool fast_part = G <= 32 * kTailBlocksPerLane;
-#pragma unroll
-  for (int rd = 0; rd < kRounds; ++rd)
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int r = 0; r < kTailBlocksPerLane; ++r) {
-        const int s0 = warp * 4 + 32 * rd;
-        const int64_t b = lane + 32 * r;
-        v[rd][q][r] = fast_part && s0 < slots && b < G
-                          ? __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b)
-                          : 0.0f;
-      }
-  float xv[kWideNormRows][kNormBatch], wv[kNormBatch];
-#pragma unroll
-  for (int q = 0; q < kNormBatch; ++q) {
-    const int64_t c = tid + int64_t{kDecThreads} * q;
-    wv[q] = c < d && a.norm_weight ? __ldg(a.norm_weight + c) : 0.0f;
-#pragma unroll
-    for (int t = 0; t < kWideNormRows; ++t) xv[t][q] = t < nt && c < d ? __ldcg(a.collapsed + (t0 + t) * d + c) : 0.0f;
-  }
-#pragma unroll
-  for (int rd = 0; rd < kRounds; ++rd) {
-    const int s0 = warp * 4 + 32 * rd;
-    if (s0 >= slots) break;  // warp-uniform
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (fast_part) {
-#pragma unroll
-      for (int r = 0; r < kTailBlocksPerLane; ++r)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (lane + 32 * r < G) acc[q] += v[rd][q][r];
-    } else {
-      for (int64_t b = lane; b < G; b += 32) {
-        float u[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) u[q] = __ldcg(part + static_cast<int64_t>(min(s0 + q, slots - 1)) * G + b);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[q] += u[q];
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float s = detail::warp_sum(acc[q]);
-      if (lane == 0 && s0 + q < slots) m_all[(s0 + q) / kSlot][(s0 + q) % kSlot] = s;
-    }
-  }
-  // warp_sums holds [kWideNormRows][8] here (the caller's array is sized for it).
-#pragma unroll
-  for (int t = 0; t < kWideNormRows; ++t) {
-    if (t >= nt) break;
-    float ss = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kNormBatch; ++q)
-      if (tid + int64_t{kDecThreads} * q < d) ss = fmaf(xv[t][q], xv[t][q], ss);
-    ss = detail::warp_sum(ss);
-    if (lane == 0) warp_sums[t * (kDecThreads / 32) + warp] = ss;
-  }
-  __syncthreads();  // m_all and warp_sums complete
-#pragma unroll
-  for (int t = 0; t < kWideNormRows; ++t) {
-    if (t >= nt) break;
-    float total = 0.0f;
-    for (int w = 0; w < kDecThreads / 32; ++w) total += warp_sums[t * (kDecThreads / 32) + w];
-    const float r = 1.0f / sqrtf(total / static_cast<float>(d) + a.normed_eps);
-    float* yr = a.normed + (t0 + t) * d;
-#pragma unroll
-    for (int q = 0; q < kNormBatch; ++q) {
-      const int64_t c = tid + int64_t{kDecThreads} * q;
-      const float x = __fmul_rn(xv[t][q], r);
-      if (c < d) yr[c] = detail::round_bf16(a.norm_weight ? __fmul_rn(wv[q], x) : x);
-    }
-  }
-  if (warp < nt) finish_mix_warp(m_all[warp], a, a.mix_out + (t0 + warp) * a.mix_stride, lane, lc);
-}
-
-// Legacy: the session-3 kernel (coefficients by one thread per token; collapsed after the ticket; no
-// fused norm), kept for the parity test and the bench rows. Current: the last block runs the
+// kLegacy: the session-3 kernel (coefficients by one thread per token; collapsed after the ticket; no
+// fused norm), kept for the parity test and the bench rows. The current one: the last block runs the
 // coefficients with one warp per token (finish_mix_warp) and, when p.fuse_norm, the RMSNorm of
 // collapsed (stored before the ticket so that the last block can read every channel).
-// Wide (MhcFusedArgs::wide_decode): the current kernel with its tail's dependent round trips cut, the
-// same operations in the same order (bit-identical):
-//   - the ticket: one fence + atomic by thread 0 after the barrier (the acquire fence before the next
-//     barrier), instead of a fence in every thread before it and again in the last block after its
-//     X_out / collapsed stores (that second fence waited for those stores' acknowledgements);
-//   - the finish's base / scale (weights) loaded at the start, not after the reduction (an HBM trip);
-//   - the norm weight prefetched into L2 by every block at the start (its own 64 channels);
-//   - the fused norm: the last block loads the partials, its <= 4 collapsed rows and the norm weight
-//     in one batch (registers), instead of partials, then collapsed, then collapsed + weight again;
-//     one barrier before the coefficients and the normed stores.
-enum class DecodeVariant { kLegacy, kCurrent, kWide };
-
-template <DecodeVariant kVariant>
+template <bool kLegacy>
 __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams p) {
-  constexpr bool kLegacy = kVariant == DecodeVariant::kLegacy;
-  constexpr bool kWide = kVariant == DecodeVariant::kWide;
   const MhcFusedArgs& a = p.a;
   __shared__ float coef[kMaxTokens][kCoef];
   __shared__ float red[kMaxTokens][kDecThreads / 32][kSlot];
   __shared__ float m_all[kMaxTokens][kSlot];
   __shared__ float own[kMaxTokens][kDecThreads];
-  __shared__ float warp_sums[kWideNormRows * (kDecThreads / 32)];  // [8] outside the wide tail
+  __shared__ float warp_sums[kDecThreads / 32];
   __shared__ bool is_last;
   detail::pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -244,12 +139,6 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   float fw[kMix];
 #pragma unroll
   for (int i = 0; i < kMix; ++i) fw[i] = cv ? __ldg(a.fn + i * width + k * d + c) : 0.0f;
-  MixLaneConsts lc{0.0f, 0.0f};
-  if constexpr (kWide) {
-    if (warp < nt) lc = mix_lane_consts(a, lane);
-    if (p.fuse_norm && a.norm_weight && cv && k == 0 && (lane & 31) == 0)  // one 128-byte line per warp
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a.norm_weight + c));
-  }
   detail::pdl_wait();
   // X of all 4 streams (this channel) and y for the tile's tokens; tokens past n read token t0 (the
   // current kernel skips them).
@@ -315,19 +204,9 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
     for (int w = 0; w < kDecThreads / 32; ++w) s += red[t][w][i];
     part[static_cast<int64_t>(t * kSlot + i) * G + blockIdx.x] = s;
   }
-  if constexpr (kWide) {
-    __syncthreads();  // the block's partials (and early collapsed) are stored
-    if (tid == 0) {
-      __threadfence();  // release, cumulative over the barrier
-      const bool last = atomicAdd(p.counters + blockIdx.y, 1u) == static_cast<unsigned>(G - 1);
-      if (last) __threadfence();  // acquire, for the whole block through the barrier below
-      is_last = last;
-    }
-  } else {
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) is_last = atomicAdd(p.counters + blockIdx.y, 1u) == static_cast<unsigned>(G - 1);
-  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) is_last = atomicAdd(p.counters + blockIdx.y, 1u) == static_cast<unsigned>(G - 1);
   __syncthreads();
   // X_out (and collapsed unless early) after the ticket: their stores do not delay the fence above.
   if (cv) {
@@ -341,15 +220,7 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
     }
   }
   if (!is_last) return;
-  if constexpr (kWide) {
-    if (p.fuse_norm && nt <= kWideNormRows && d <= int64_t{kDecThreads} * kNormBatch) {
-      wide_tail(a, part, G, nt, t0, lc, m_all, warp_sums);
-      if (tid == 0) p.counters[blockIdx.y] = 0;
-      return;
-    }
-  } else {
-    __threadfence();
-  }
+  __threadfence();
   // Σ over the blocks in block order per (token, slot): warp w takes slots w, w+8, ...; lane l the
   // blocks l, l+32, l+64, ... (sequentially), then a fixed butterfly. 4 slots' loads in flight per lane.
   const int slots = nt * kSlot;
@@ -400,13 +271,7 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
       for (int t = 0; t < nt; ++t)
         fused_norm_row(a.collapsed + (t0 + t) * d, a.norm_weight, d, a.normed_eps, a.normed + (t0 + t) * d, warp_sums);
     }
-    if (warp < nt) {
-      float* out = a.mix_out + (t0 + warp) * a.mix_stride;
-      if constexpr (kWide)
-        finish_mix_warp(m_all[warp], a, out, lane, lc);
-      else
-        finish_mix_warp(m_all[warp], a, out, lane);
-    }
+    if (warp < nt) finish_mix_warp(m_all[warp], a, a.mix_out + (t0 + warp) * a.mix_stride, lane);
   }
   if (tid == 0) p.counters[blockIdx.y] = 0;  // re-armed for the next launch / graph replay
 }
@@ -773,9 +638,7 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
   const bool together =
       tiles == 1 || (ws.partial_floats >= tiles * decode_tile_floats(a.d) && ws.counter_count >= tiles);
   if (tiles > 65535) return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large for the decode path");
-  auto kernel = a.legacy_decode ? mhc_decode_kernel<DecodeVariant::kLegacy>
-                : a.wide_decode   ? mhc_decode_kernel<DecodeVariant::kWide>
-                                  : mhc_decode_kernel<DecodeVariant::kCurrent>;
+  auto kernel = a.legacy_decode ? mhc_decode_kernel<true> : mhc_decode_kernel<false>;
   // The last block normalizes its tile's rows one after another: worth it for a few rows only.
   const bool fuse = a.normed && !a.legacy_decode && a.n <= kMhcNormFuseMaxTokens;
   if (together) {
@@ -803,9 +666,7 @@ Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t 
   return rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, stream, a.programmatic_launch);
 }
 
-const void* mhc_fused_kernel_ptr() {
-  return reinterpret_cast<const void*>(&mhc_decode_kernel<DecodeVariant::kCurrent>);
-}
+const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_decode_kernel<false>); }
 const void* mhc_stream_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_kernel); }
 const void* mhc_stream_finish_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_finish_kernel); }
 const void* mhc_elementwise_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_elementwise_kernel); }

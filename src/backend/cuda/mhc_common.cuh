@@ -137,23 +137,13 @@ __device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[k
 // reciprocals4 (no shuffles or divisions in the 20-iteration chain: ~50 cycles per half-step). m: the
 // token's 25 sums (e.g. shared memory, read by every lane). out: the mix row; lanes 0..7 store pre /
 // post, lane 0 the comb.
-// Lane l's scale and base entries of finish_mix_warp (weights: the wide decode kernel loads them at its
-// start instead of after the cross-block reduction).
-struct MixLaneConsts {
-  float scale, base;
-};
-__device__ __forceinline__ MixLaneConsts mix_lane_consts(const MhcFusedArgs& a, int lane) {
-  const int i = lane < kMix ? lane : kMix - 1;
-  return MixLaneConsts{__ldg(a.scale + (i < kHc ? 0 : (i < 2 * kHc ? 1 : 2))), __ldg(a.base + i)};
-}
-__device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedArgs& a, float* out, int lane,
-                                                MixLaneConsts lc) {
+__device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedArgs& a, float* out, int lane) {
   const float width = static_cast<float>(kHc * a.d);
   const float rstd = 1.0f / sqrtf(m[kMix] / width + a.norm_eps);
   const float eps = a.hc_eps;
   const int i = lane < kMix ? lane : kMix - 1;
-  const float s = lc.scale;
-  const float z = __fadd_rn(__fmul_rn(__fmul_rn(m[i], rstd), s), lc.base);
+  const float s = a.scale[i < kHc ? 0 : (i < 2 * kHc ? 1 : 2)];
+  const float z = __fadd_rn(__fmul_rn(__fmul_rn(m[i], rstd), s), a.base[i]);
   if (lane < kHc)
     out[lane] = __fadd_rn(sigmoidf(z), eps);
   else if (lane < 2 * kHc)
@@ -203,9 +193,6 @@ __device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedAr
 #pragma unroll
       for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
   }
-}
-__device__ __forceinline__ void finish_mix_warp(const float* m, const MhcFusedArgs& a, float* out, int lane) {
-  finish_mix_warp(m, a, out, lane, mix_lane_consts(a, lane));
 }
 
 // Reduce-scatter of 32 values per lane over a warp (31 shuffles): afterwards lane i holds the warp's

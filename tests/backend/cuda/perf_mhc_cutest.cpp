@@ -4,7 +4,6 @@
 // tolerances, and the paths against each other where their arithmetic is the same.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -289,7 +288,6 @@ struct DecodeRun {
 };
 struct DecodeOpts {
   bool legacy = false;   // MhcFusedArgs::legacy_decode
-  bool wide = false;     // MhcFusedArgs::wide_decode
   bool norm = false;     // normed requested
   bool weighted = true;  // norm_weight given
   bool pdl = false;
@@ -325,7 +323,6 @@ DecodeRun run_decode(const Site& s, const std::vector<float>& norm_w, const Deco
   a.sinkhorn_iters = o.sinkhorn_iters;
   a.programmatic_launch = o.pdl;
   a.legacy_decode = o.legacy;
-  a.wide_decode = o.wide;
   if (o.norm) {
     a.normed = dnormed.get();
     a.norm_weight = o.weighted ? dw.get() : nullptr;
@@ -409,44 +406,6 @@ TEST(CudaMhcPaths, NormedIsTheRmsNormOfCollapsed) {
                           std::span<float>(cpu_out.data() + t * d, d));
           EXPECT_TRUE(parity("mhc normed vs cpu::rms_norm" + tag, r.normed, cpu_out,
                              Tolerance{.max_nmse = 1e-6, .min_cosine = 0.99999, .rel = 1e-2, .abs = 1e-6}));
-        }
-      }
-    }
-  }
-}
-
-// The wide decode kernel (the tail's loads batched, one ticket fence pair, base / scale / norm weight
-// early) performs the current kernel's operations in the same order: every output bit for bit, with
-// and without the fused norm (weighted / unweighted), with PDL, and at d = 96 (one block owns 32
-// channels: the partial-channel path).
-TEST(CudaMhcPaths, WideDecodeIsBitIdentical) {
-  CEDAR_REQUIRE_GPU();
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> ud(0.5f, 1.5f);
-  for (const int64_t d : {int64_t{5120}, int64_t{96}}) {
-    std::vector<float> w(d);
-    for (auto& v : w) v = round_to_bf16(ud(rng));
-    for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}}) {
-      const Site s = make_site(n, d, 151 + static_cast<uint32_t>(n + d));
-      for (const int norm : {0, 1, 2}) {  // none, weighted, unweighted
-        for (const bool pdl : {false, true}) {
-          DecodeOpts o{.norm = norm != 0, .weighted = norm == 1, .pdl = pdl};
-          const DecodeRun now = run_decode(s, w, o);
-          o.wide = true;
-          const DecodeRun wide = run_decode(s, w, o);
-          const std::string tag = " n=" + std::to_string(n) + " d=" + std::to_string(d) + " norm=" +
-                                  std::to_string(norm) + (pdl ? " pdl" : "");
-          EXPECT_EQ(bits_differ(wide.X_out, now.X_out), 0u) << "X_out" << tag;
-          EXPECT_EQ(bits_differ(wide.collapsed, now.collapsed), 0u) << "collapsed" << tag;
-          EXPECT_EQ(bits_differ(wide.mix, now.mix), 0u) << "mix" << tag;
-          EXPECT_EQ(bits_differ(wide.normed, now.normed), 0u) << "normed" << tag;
-          ASSERT_EQ(wide.mix.size(), now.mix.size());
-          ASSERT_EQ(wide.normed.size(), now.normed.size());
-          // Both wrote their outputs (the run fills mix with -7 and normed with -3 first).
-          EXPECT_EQ(std::count(wide.mix.begin(), wide.mix.end(), -7.0f), 0) << tag;
-          if (norm != 0) {
-            EXPECT_EQ(std::count(wide.normed.begin(), wide.normed.end(), -3.0f), 0) << tag;
-          }
         }
       }
     }
