@@ -316,7 +316,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.mhc_batched = false;
   p.mhc_cluster = true;  // the loop before the performance pass took the cluster kernel above 4 rows
   p.mhc_fused_norm = false;
-  p.mhc_stream_pipe = false;
   p.gemv_multi = false;
   p.blas_min_rows = INT64_MAX;
   p.moe_items_max_rows = kGemvMaxRows;
@@ -341,7 +340,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"mhc_batched", &p.mhc_batched, nullptr},
           {"mhc_cluster", &p.mhc_cluster, nullptr},
           {"mhc_fused_norm", &p.mhc_fused_norm, nullptr},
-          {"mhc_stream_pipe", &p.mhc_stream_pipe, nullptr},
           {"gemv_multi", &p.gemv_multi, nullptr},
           {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"attn_head_split", &p.attn_head_split, nullptr},

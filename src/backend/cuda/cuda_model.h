@@ -63,10 +63,6 @@ struct CudaKernelPaths {
   // The sites' input RMSNorm requested from mhc_fused (MhcFusedArgs::normed: fused into the decode
   // kernel's last block up to kMhcNormFuseMaxTokens rows, same bits). false: a separate rms_norm launch.
   bool mhc_fused_norm = true;
-  // Prefill (>= kMhcStreamMinTokens rows): the pipelined streaming mHC kernel (mhc_stream.cu). false:
-  // the session-4 one (MhcFusedArgs::legacy_stream). X / collapsed the same bits, the mix sums reordered.
-  // Off: measured slower on the H200 (8 192 rows 879 vs 719 µs; docs/cuda.md "Session 5 on the H200").
-  bool mhc_stream_pipe = false;
   // Decode (<= kGemvMaxRows rows): wq_a + wkv (x's codes) and, on index-source layers, wq_b + the
   // indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
   bool gemv_multi = true;

@@ -193,7 +193,6 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   MhcFusedArgs a = *static_cast<const MhcFusedArgs*>(args_ptr);
   const CudaKernelPaths& p = options_.paths;
   a.programmatic_launch = pdl();
-  a.legacy_stream = !p.mhc_stream_pipe;
   // The cluster kernel (coefficients only) is one launch per 8-token tile without a global workspace;
   // the sized decode kernel runs every tile in one launch and the streaming one covers prefill.
   if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched)) {
