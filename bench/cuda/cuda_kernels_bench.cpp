@@ -277,7 +277,6 @@ struct MhcMode {
   bool coefficients = true;  // fn given
   bool collapse = true;
   bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
-  bool legacy_stream = false;  // MhcFusedArgs::legacy_stream (the session-4 streaming kernel)
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   const char* name = nullptr;  // row name override
 };
@@ -330,7 +329,6 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.sinkhorn_iters = sinkhorn_iters;
     a.programmatic_launch = mode.pdl && !mode.cluster;
     a.legacy_decode = mode.legacy;
-    a.legacy_stream = mode.legacy_stream;
     if (mode.norm) {
       a.norm_weight = norm_w.get();
       a.normed = normed.get();
@@ -1073,19 +1071,14 @@ int run(int argc, char** argv) {
     MhcMode ec = ws;
     ec.coefficients = false;
     ec.name = "mhc_expand_collapse";
-    for (int64_t n : {1, 8, 2048, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ec);
+    for (int64_t n : {1, 8, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, ec);
     MhcMode co = ws;
     co.expand = co.collapse = false;
     co.name = "mhc_coefficients";
     for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, co);
     MhcMode st = ws;
     st.name = "mhc_stream";
-    for (int64_t n : {128, 1024, 2048, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
-    // s-mhc: the session-4 streaming kernel (one chunk in flight per block, 2.4 waves) next to the
-    // pipelined default above; same bytes model (fn + X read + y + X_out + collapsed).
-    st.legacy_stream = true;
-    st.name = "mhc_stream_legacy";
-    for (int64_t n : {128, 1024, 2048, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
+    for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
   }
   {  // p-mhc: the session-3 decode kernel (_legacy: one thread per token's coefficients) vs the current
      // one (a warp per token, inline reciprocals), and a whole site with its RMSNorm: legacy kernel +

@@ -149,10 +149,6 @@ struct MhcFusedArgs {
   // The session-3 decode kernel (coefficients by one thread per token, no fused norm): for the parity
   // test and the bench rows only.
   bool legacy_decode = false;
-  // The session-4 streaming (prefill) kernel: one 32-channel chunk of copies in flight per block,
-  // issued after its expand. false: the pipelined kernel (mhc_stream.cu: a 3-stage ring, one wave;
-  // X_out / collapsed the same bits, the mix rows' sums in another order).
-  bool legacy_stream = false;
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).

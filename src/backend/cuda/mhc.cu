@@ -525,16 +525,6 @@ __global__ void __launch_bounds__(256) mhc_elementwise_kernel(MhcFusedArgs a) {
 
 // ---- host ----------------------------------------------------------------------------------------
 
-}  // namespace
-
-Status mhc_detail::mhc_stream_finish(const MhcFusedArgs& a, const float* partials, int splits, cudaStream_t stream) {
-  const auto grid = static_cast<unsigned>((a.n + 7) / 8);
-  mhc_stream_finish_kernel<<<grid, 256, 0, stream>>>(a, partials, splits);
-  return launch_status("mhc_stream_finish_kernel");
-}
-
-namespace {
-
 struct StreamPlan {
   int64_t tiles = 0, splits = 0, chunks_per_split = 0;
 };
@@ -621,7 +611,6 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
     const StreamPlan sp = stream_plan(a.n, a.d);
     if (sp.tiles > 0x7FFFFFFF || sp.splits > 65535)
       return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large");
-    if (!a.legacy_stream) return mhc_stream_pipe(a, ws.partials, sp.splits, stream);
     const size_t smem = stream_smem_bytes();
     CEDAR_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(mhc_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -215,21 +215,4 @@ __device__ __forceinline__ void warp_reduce_scatter32(float (&v)[32], int lane) 
   reduce_scatter_level<1>(v, (lane & 1) != 0);
 }
 
-// ---- host: the streaming (prefill) launches shared by mhc.cu and mhc_stream.cu ------------------
-
-// A streaming kernel's grid: tiles of 64 tokens × splits of chunks_per_split chunks.
-struct StreamSplit {
-  int64_t tiles = 0, splits = 0, chunks_per_split = 0;
-};
-// The pipelined kernel's plan (16-channel chunks): one wave of resident_blocks, at most max_splits
-// splits (the workspace is sized for the session-4 plan's splits), no empty split.
-StreamSplit stream_pipe_plan(int64_t n, int64_t d, int64_t resident_blocks, int64_t max_splits);
-// The pipelined streaming kernel (mhc_stream.cu) and the finish kernel after it; partials holds
-// max_splits·n·kSlot floats.
-Status mhc_stream_pipe(const MhcFusedArgs& a, float* partials, int64_t max_splits, cudaStream_t stream);
-// mhc_stream_finish_kernel (mhc.cu): the splits' partial sums added in split order, then each token's
-// coefficients (finish_mix).
-Status mhc_stream_finish(const MhcFusedArgs& a, const float* partials, int splits, cudaStream_t stream);
-const void* mhc_stream_pipe_kernel_ptr();
-
 }  // namespace cedar::cuda::mhc_detail
