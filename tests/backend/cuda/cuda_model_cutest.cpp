@@ -801,8 +801,6 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"legacy: mhc_batched 1 vs 0", with(old, "mhc_batched=1"), old},
       // The input norm fused into mhc_fused's decode kernel repeats rms_norm's arithmetic op for op.
       {"defaults: mhc_fused_norm 1 vs 0", fast, with(fast, "mhc_fused_norm=0")},
-      // The staged GEMVs feed the register kernels' math the same values in the same order.
-      {"defaults: gemv_staged 1 vs 0", with(fast, "gemv_staged=1"), fast},
   };
   for (const Case& c : cases) {
     g.set_paths(c.a);
