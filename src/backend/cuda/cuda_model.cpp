@@ -321,7 +321,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.moe_items_max_rows = kGemvMaxRows;
   p.fused_q_rope = false;
   p.attn_head_split = false;
-  p.gemv_staged = false;
   return p;
 }
 
@@ -343,7 +342,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"gemv_multi", &p.gemv_multi, nullptr},
           {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"attn_head_split", &p.attn_head_split, nullptr},
-          {"gemv_staged", &p.gemv_staged, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

@@ -78,14 +78,10 @@ struct CudaKernelPaths {
   // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
   bool fused_q_rope = true;
   // Decode-shaped attention: the head-split plan (SparseAttnArgs::decode_head_split: 16 heads per block
-  // at batch 1..8, so an SWA-only layer at batch 1 runs 16 blocks instead of 4). Not bit-identical to the
+  // while rows × key tiles <= 64, so an SWA-only layer at batch 1 runs 16 blocks, not 4; −0.41 ms per step at
+  // batch 1 on the H200). Not bit-identical to the
   // 64-head plan (phase A's channel parts summed in another order); same CPU-oracle bounds.
   bool attn_head_split = true;
-  // The decode GEMVs (FP8 / MXFP4 gemv_quantized*, the packed expert item GEMVs) stream their weights
-  // through a per-thread cp.async ring in shared memory (gemv.cu / gemv_packed.cu "Staged variant").
-  // Bitwise equal to false (the register kernels). Off: slower on the H200 at every model shape (wo_b
-  // 16.5 → 21.8 µs, packed experts w1+w3 41.2 → 43.4 µs; docs/cuda.md "Session 5 on the H200").
-  bool gemv_staged = false;
   static CudaKernelPaths legacy();
 };
 

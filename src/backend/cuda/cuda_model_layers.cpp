@@ -115,9 +115,7 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
   if (w.format != DeviceFormat::Fp8Block && w.format != DeviceFormat::Mxfp4)
     return make_error("qlinear: weight format " + std::string(device_format_name(w.format)) + " is not quantized");
   Workspace& ws = *ws_;
-  if (n <= kGemvMaxRows)
-    return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, cs(), splitk(), pdl(),
-                          options_.paths.gemv_staged);
+  if (n <= kGemvMaxRows) return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, cs(), splitk(), pdl());
   QuantGemmArgs a;
   a.w = w.quant();
   a.act_codes = codes;
@@ -422,8 +420,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     const QuantWeightView mats[2] = {L.wq_a.quant(), L.wkv.quant()};
     const GemvGroupItem items[2] = {{L.wq_a.data, L.wq_a.scales, w.act_a, w.act_a_scales, w.qr},
                                     {L.wkv.data, L.wkv.scales, w.act_a, w.act_a_scales, w.kvw}};
-    CEDAR_RETURN_IF_ERROR(
-        gemv_quantized_multi(mats, items, 2, n, true, cs(), splitk(), pdl(), options_.paths.gemv_staged));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_multi(mats, items, 2, n, true, cs(), splitk(), pdl()));
     CEDAR_RETURN_IF_ERROR(mark("attn.wq_a+wkv", L.wq_a.bytes() + L.wkv.bytes()));
   }
   // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
@@ -435,8 +432,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
       const QuantWeightView mats[2] = {L.wq_b.quant(), L.wq_b_i.quant()};
       const GemvGroupItem items[2] = {{L.wq_b.data, L.wq_b.scales, w.act_b, w.act_b_scales, w.q},
                                       {L.wq_b_i.data, L.wq_b_i.scales, w.act_b, w.act_b_scales, w.qi}};
-      CEDAR_RETURN_IF_ERROR(
-          gemv_quantized_multi(mats, items, 2, n, true, cs(), splitk(), pdl(), options_.paths.gemv_staged));
+      CEDAR_RETURN_IF_ERROR(gemv_quantized_multi(mats, items, 2, n, true, cs(), splitk(), pdl()));
     } else {
       CEDAR_RETURN_IF_ERROR(qlinear(L.wq_b, w.act_b, w.act_b_scales, n, w.q));
     }
@@ -787,8 +783,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
     shape13.data = shape2.data = nullptr;
     shape13.scales = shape2.scales = nullptr;
-    CEDAR_RETURN_IF_ERROR(
-        gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), options_.paths.gemv_staged));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs()));
     SwigluArgs sw;
     sw.rows = P;
     sw.inter = inter;
@@ -799,8 +794,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     sw.codes = w.h_codes;
     sw.scales = w.h_scales;
     CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
-    CEDAR_RETURN_IF_ERROR(
-        gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs(), options_.paths.gemv_staged));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs()));
     const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
     return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);
   };
@@ -809,8 +803,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     if (n > kGemvMaxRows) return shared_expert_gemm(l, r);  // item tables above the GEMV tile
     const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
                                   {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl(),
-                                                 options_.paths.gemv_staged));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
     SwigluArgs ss;
     ss.rows = n;
     ss.inter = inter;
@@ -820,8 +813,8 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     ss.codes = w.sh_codes;
     ss.scales = w.sh_scales;
     CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
-    CEDAR_RETURN_IF_ERROR(gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(),
-                                         splitk(), pdl(), options_.paths.gemv_staged));
+    CEDAR_RETURN_IF_ERROR(
+        gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk(), pdl()));
     return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
   };
   CEDAR_RETURN_IF_ERROR(parallel(branches(r), routed, shared));
