@@ -189,49 +189,46 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
     must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
     const double act_bytes = static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0);
     const double bytes = static_cast<double>(w_bytes + s_bytes) + act_bytes + 4.0 * n * s.out;
-    // _staged: the cp.async-ring kernel (gemv.cu "Staged variant"), same shapes and bytes.
-    for (const bool staged : {false, true}) {
-      const double us = time_graph_us(stream, copies, [&](int i) {
-        must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, false, staged));
+    const double us = time_graph_us(stream, copies, [&](int i) {
+      must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk));
+    });
+    Row r{fp4 ? "gemv_mxfp4" : "gemv_fp8", std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n,
+          us, bytes};
+    r.gbps = bytes / (us * 1e-6) / 1e9;
+    r.pct_copy = 100.0 * r.gbps / copy_gbps;
+    rows.push_back(r);
+    // The whole linear(): activation quantization + GEMV (two graph nodes).
+    const double us2 = time_graph_us(stream, copies, [&](int i) {
+      must(linear_quantized(view(i), x.get(), n, ActWorkspace{codes.get(), ascales.get(), n * s.in, splitk}, y.get(), true,
+                            stream));
+    });
+    Row r2 = r;
+    r2.kernel += "+quant";
+    r2.us = us2;
+    r2.bytes = bytes + 4.0 * n * s.in;
+    r2.gbps = r2.bytes / (us2 * 1e-6) / 1e9;
+    r2.pct_copy = 100.0 * r2.gbps / copy_gbps;
+    rows.push_back(r2);
+    if (n == 1) {  // back-to-back with programmatic dependent launch: the next GEMV's launch and first
+                   // weight lines overlap the previous one (what a PDL decode graph gets)
+      const double us3 = try_time_graph_us(stream, copies, [&](int i) {
+        return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
       });
-      Row r{std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + (staged ? "_staged" : ""),
-            std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes};
-      r.gbps = bytes / (us * 1e-6) / 1e9;
-      r.pct_copy = 100.0 * r.gbps / copy_gbps;
-      rows.push_back(r);
-      // The whole linear(): activation quantization + GEMV (two graph nodes).
-      const double us2 = time_graph_us(stream, copies, [&](int i) {
-        must(linear_quantized(view(i), x.get(), n, ActWorkspace{codes.get(), ascales.get(), n * s.in, splitk}, y.get(),
-                              true, stream, false, staged));
-      });
-      Row r2 = r;
-      r2.kernel += "+quant";
-      r2.us = us2;
-      r2.bytes = bytes + 4.0 * n * s.in;
-      r2.gbps = r2.bytes / (us2 * 1e-6) / 1e9;
-      r2.pct_copy = 100.0 * r2.gbps / copy_gbps;
-      rows.push_back(r2);
-      if (n == 1) {  // back-to-back with programmatic dependent launch: the next GEMV's launch and first
-                     // weight lines overlap the previous one (what a PDL decode graph gets)
-        const double us3 = try_time_graph_us(stream, copies, [&](int i) {
-          return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true, staged);
-        });
-        if (us3 > 0) {
-          Row r3 = r;
-          r3.kernel += "_pdl";
-          r3.us = us3;
-          r3.gbps = bytes / (us3 * 1e-6) / 1e9;
-          r3.pct_copy = 100.0 * r3.gbps / copy_gbps;
-          rows.push_back(r3);
-        }
+      if (us3 > 0) {
+        Row r3 = r;
+        r3.kernel += "_pdl";
+        r3.us = us3;
+        r3.gbps = bytes / (us3 * 1e-6) / 1e9;
+        r3.pct_copy = 100.0 * r3.gbps / copy_gbps;
+        rows.push_back(r3);
       }
-    }  // staged
+    }
   }
 }
 
 // One launch for `count` matrices of one shape (a token's routed experts): weights rotate as above.
 void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, cudaStream_t stream,
-                   std::vector<Row>& rows, bool staged = false) {
+                   std::vector<Row>& rows) {
   const bool fp4 = s.format == QuantWeightFormat::MXFP4;
   const size_t w_bytes = fp4 ? s.out * s.in / 2 : s.out * s.in;
   const size_t s_bytes = fp4 ? s.out * s.in / 32 : ((s.out + 31) / 32) * (s.in / 32);
@@ -256,12 +253,11 @@ void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, c
                                sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
                                y.get() + static_cast<size_t>(i) * n * s.out};
     must(gemv_quantized_grouped(shape, items.data(), count, n, true, stream,
-                                SplitKWorkspace{part.get(), counters.get(), split.partial_floats, split.counters},
-                                false, staged));
+                                SplitKWorkspace{part.get(), counters.get(), split.partial_floats, split.counters}));
   });
   const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
                        4.0 * n * s.out * count;
-  Row r{std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + (staged ? "_staged" : "") + " x" + std::to_string(count),
+  Row r{std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + " x" + std::to_string(count),
         std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes};
   r.gbps = bytes / (us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
@@ -375,7 +371,7 @@ Row make_row(const std::string& kernel, const std::string& shape, int64_t n, dou
 // Packed-layout MXFP4 GEMV next to the plain rows above (same shapes, same byte accounting). Weight
 // values do not change the timing; the packed kernel reads the same bytes in another order.
 void bench_packed(const GemvShape& s, int count, int64_t n, double copy_gbps, cudaStream_t stream,
-                  std::vector<Row>& rows, bool balanced = false, bool staged = false) {
+                  std::vector<Row>& rows, bool balanced = false) {
   const size_t w_bytes = s.out * s.in / 2, s_bytes = s.out * s.in / 32;
   const size_t group_bytes = (w_bytes + s_bytes) * count;
   const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / group_bytes + 1));
@@ -393,12 +389,12 @@ void bench_packed(const GemvShape& s, int count, int64_t n, double copy_gbps, cu
       items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
                                sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
                                y.get() + static_cast<size_t>(i) * n * s.out};
-    must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream, balanced, staged));
+    must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream, balanced));
   });
   const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
                        4.0 * n * s.out * count;
   rows.push_back(make_row(std::string(balanced ? "gemv_mxfp4_packbal" : "gemv_mxfp4_packed") +
-                              (staged ? "_staged" : "") + (count > 1 ? " x" + std::to_string(count) : ""),
+                              (count > 1 ? " x" + std::to_string(count) : ""),
                           std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes,
                           copy_gbps));
 }
@@ -486,38 +482,22 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   const double bytes2 = mean_distinct * (w2 + s2) + act2 + 4.0 * P * d;
   const std::string shape = "top6/384 n=" + std::to_string(n) + " (" + std::to_string(static_cast<int>(mean_distinct + 0.5)) +
                             " experts)";
-  // _staged: the cp.async-ring packed kernel (gemv_packed.cu), next to the register kernel's row.
-  struct Variant {
-    Mxfp4Layout layout;
-    bool staged;
-  };
-  for (const Variant v :
-       {Variant{Mxfp4Layout::Plain, false}, Variant{Mxfp4Layout::Packed, false}, Variant{Mxfp4Layout::Packed, true},
-        Variant{Mxfp4Layout::PackedBalanced, false}, Variant{Mxfp4Layout::PackedBalanced, true}}) {
-    const Mxfp4Layout packed = v.layout;
-    const bool staged = v.staged;
-    const std::string tag = std::string(packed == Mxfp4Layout::Plain    ? ""
-                                        : packed == Mxfp4Layout::Packed ? "_packed"
-                                                                        : "_packbal") +
-                            (staged ? "_staged" : "");
+  for (const Mxfp4Layout packed : {Mxfp4Layout::Plain, Mxfp4Layout::Packed, Mxfp4Layout::PackedBalanced}) {
+    const std::string tag = packed == Mxfp4Layout::Plain ? "" : packed == Mxfp4Layout::Packed ? "_packed" : "_packbal";
     double us = time_graph_us(stream, kSteps, [&](int c) {
-      must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
-                                staged));
+      must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream));
     });
     rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
     us = time_graph_us(stream, kSteps, [&](int c) {
-      must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream,
-                                staged));
+      must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream));
     });
     rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     // The routed path of one layer: dispatch + w1/w3 + SwiGLU/quant + w2 (4 graph nodes).
     us = time_graph_us(stream, kSteps, [&](int c) {
       dispatch(c);
-      must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
-                                staged));
+      must(gemv_quantized_items(shape13, packed, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream));
       must(swiglu(SwigluArgs{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()}, stream));
-      must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream,
-                                staged));
+      must(gemv_quantized_items(shape2, packed, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream));
     });
     rows.push_back(make_row("moe_routed_path" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
   }
@@ -770,8 +750,7 @@ void bench_attn_input(double copy_gbps, cudaStream_t stream, std::vector<Row>& r
       QuantWeightView v = mats[i];
       v.data = base(c, i);
       v.scales = base(c, i) + wb[i];
-      must(gemv_quantized(v, codes.get(), ascales.get(), 1, i == 0 ? y0.get() : y1.get(), true, stream, ws, false,
-                          false));
+      must(gemv_quantized(v, codes.get(), ascales.get(), 1, i == 0 ? y0.get() : y1.get(), true, stream, ws));
     }
   });
   rows.push_back(make_row("gemv_fp8 wq_a, wkv", "1280+512 x5120 (2 calls)", 1, us, bytes, copy_gbps));
@@ -779,17 +758,9 @@ void bench_attn_input(double copy_gbps, cudaStream_t stream, std::vector<Row>& r
     GemvGroupItem items[2];
     for (int i = 0; i < 2; ++i)
       items[i] = GemvGroupItem{base(c, i), base(c, i) + wb[i], codes.get(), ascales.get(), i == 0 ? y0.get() : y1.get()};
-    must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws, false, false));
+    must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws));
   });
   rows.push_back(make_row("gemv_fp8_multi wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
-  us = time_graph_us(stream, copies, [&](int c) {  // the cp.async-ring kernel
-    GemvGroupItem items[2];
-    for (int i = 0; i < 2; ++i)
-      items[i] =
-          GemvGroupItem{base(c, i), base(c, i) + wb[i], codes.get(), ascales.get(), i == 0 ? y0.get() : y1.get()};
-    must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws, false, true));
-  });
-  rows.push_back(make_row("gemv_fp8_multi_staged wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
 }
 
 // wo_a (8 groups of [1024, 4096] over o's slices): gemv_bf16 on the BF16 weight (67 MB, the reference's
@@ -1052,9 +1023,6 @@ int run(int argc, char** argv) {
     bench_grouped(shapes[5], 12, n, copy_gbps, stream->get(), rows);
     bench_grouped(shapes[6], 6, n, copy_gbps, stream->get(), rows);
   }
-  // The shared expert's w1 + w3 (one grouped launch in the model), register vs staged kernel.
-  for (int64_t n : {1, 8})
-    for (const bool staged : {false, true}) bench_grouped(shapes[3], 2, n, copy_gbps, stream->get(), rows, staged);
   for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows);
   bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows);
   {  // cuda-perf: the sized workspace (decode tiles in one launch; streaming path for prefill sizes),
@@ -1105,20 +1073,18 @@ int run(int argc, char** argv) {
   bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, cl);
   cl.pdl = true;
   for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, cl);  // back-to-back, PDL
-  for (const bool staged : {false, true}) {  // _staged: the cp.async-ring kernel, same shapes
-    bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows, false, staged);
-    bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows, false, staged);
-    for (int64_t n : {1, 4}) {
-      bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows, false, staged);
-      bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, false, staged);
-    }
-    bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, false, staged);
-    for (int64_t n : {1, 4}) {
-      bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows, true, staged);
-      bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, true, staged);
-    }
-    bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, true, staged);
+  bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows);
+  bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows);
+  for (int64_t n : {1, 4}) {
+    bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows);
+    bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows);
   }
+  bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows);
+  for (int64_t n : {1, 4}) {
+    bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows, true);
+    bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, true);
+  }
+  bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, true);
   {
     DeviceBuffer<uint8_t> expert_pool;
     for (int64_t n : {1, 8, 64}) bench_moe_items(n, expert_pool, copy_gbps, stream->get(), rows);

@@ -147,11 +147,9 @@ enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
 // GEMVs of a device item table: item i computes y[y_row[j]] = W_i · act[act_row[j]] for its rows, as
 // gemv_quantized does (same arithmetic, bit-equal to it for Plain / Packed). `shape` gives out, in, the
 // format and the FP8 block; `layout` the MXFP4 layout (Plain for FP8). `capacity` bounds *count (the grid
-// is sized from it; blocks loop over the live items). No split-K. staged: the packed layouts run the
-// cp.async-ring kernel (bitwise equal to staged = false).
+// is sized from it; blocks loop over the live items). No split-K.
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
-                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
-                            bool staged = false);
+                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream);
 
 // ---- SwiGLU (§3.8) ------------------------------------------------------------------------------------
 // h = bf16(w_row · silu(min(g, L)) · clamp(u, ±L)) per row (clamps only if limit > 0; NaN passes as in
@@ -194,12 +192,11 @@ Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* pack
 // gemv_quantized / gemv_quantized_grouped for packed MXFP4 weights (view.format must be MXFP4):
 // 32 rows per warp (two m16 tiles share each activation fragment), 16-byte weight loads. balanced =
 // false: the plain kernel's K partition and summation order without split-K (bit-equal to it); true:
-// the balanced schedule of Mxfp4Layout::PackedBalanced. staged: the cp.async-ring kernel (gemv_packed.cu
-// "Staged variant"; bitwise equal to staged = false for the same schedule).
+// the balanced schedule of Mxfp4Layout::PackedBalanced.
 Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                         float* y, bool bf16_output, cudaStream_t stream, bool balanced = false, bool staged = false);
+                         float* y, bool bf16_output, cudaStream_t stream, bool balanced = false);
 Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                                 bool bf16_output, cudaStream_t stream, bool balanced = false, bool staged = false);
+                                 bool bf16_output, cudaStream_t stream, bool balanced = false);
 
 // ---- Engram (§3.9) ---------------------------------------------------------------------------------
 // Hash on the device, so decode needs no host round trip for the next token's rows (the sampled token

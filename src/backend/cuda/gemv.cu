@@ -108,11 +108,6 @@ struct ChunkPointers {
   const float* as1;
 };
 
-template <int kU>
-__device__ __forceinline__ void chunk_math(const uint32_t (&w_lo)[kU][2], const uint32_t (&w_hi)[kU][2],
-                                           const uint4 (&act)[kU], const float (&sw_lo)[kU], const float (&sw_hi)[kU],
-                                           const float (&sa0)[kU], const float (&sa1)[kU], float (&acc)[4]);
-
 // kU consecutive K blocks from kb0 into acc (the MMA accumulator layout). kFull: all inside the range.
 template <bool kFp4, bool kFull>
 __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
@@ -163,14 +158,6 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
     sa0[u] = k_ok ? __ldg(a0p + off) : 0.0f;
     sa1[u] = k_ok ? __ldg(a1p + off) : 0.0f;
   }
-  chunk_math<kU>(w_lo, w_hi, act, sw_lo, sw_hi, sa0, sa1, acc);
-}
-
-// The MMAs and the scaled accumulation of kU loaded K blocks (gemv_chunk and the staged kernel).
-template <int kU>
-__device__ __forceinline__ void chunk_math(const uint32_t (&w_lo)[kU][2], const uint32_t (&w_hi)[kU][2],
-                                           const uint4 (&act)[kU], const float (&sw_lo)[kU], const float (&sw_hi)[kU],
-                                           const float (&sa0)[kU], const float (&sa1)[kU], float (&acc)[4]) {
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -194,16 +181,7 @@ __device__ __forceinline__ void chunk_math(const uint32_t (&w_lo)[kU][2], const 
 // accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
 // ksplit > 1 the K ranges' sums meet in split_partials and the last block of the row tile (atomic
 // ticket) adds them in split order, so the result does not depend on scheduling.
-//
-// kStaged: the weight bytes go through a per-thread cp.async ring in shared memory (see "Staged
-// variant" below the kernel) instead of registers; everything else is the same code.
 template <bool kFp4>
-constexpr int kStagedStages = kFp4 ? 4 : 3;
-constexpr int kStagedSlotBytes = 2 * 32 * 32;  // per warp and stage: 2 rows × 32 lanes × 32 bytes (kU blocks)
-template <bool kFp4>
-constexpr size_t kStagedSmemBytes = static_cast<size_t>(kGemvWarps * kStagedSlotBytes) * kStagedStages<kFp4>;
-
-template <bool kFp4, bool kStaged = false>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
   constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
@@ -234,125 +212,31 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
   const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
 
+  detail::pdl_launch_dependents();
+  {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
+     // the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
+     // on it; activations, outputs and the split-K workspace wait for it.
+    constexpr int kWBytes = kFp4 ? 16 : 32;
+    const int kb0 = kb_begin + warp * kU;
+    if (kb0 < kb_end) {
+      const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * (kFp4 ? 4 : 8);
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + first));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + first));
+      if (kb0 + kU <= kb_end) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + last));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + last));
+      }
+    }
+  }
+  detail::pdl_wait();
+  ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if constexpr (kStaged) {
-    // Staged variant. Each thread copies exactly the weight bytes it will consume — per chunk (kU K
-    // blocks) kU pieces of rows g and g + 8, 4 (MXFP4) or 8 (FP8) bytes each, 64 bytes in all — into
-    // slot [warp][stage], laid out [piece][lane] so a warp's shared loads are contiguous (conflict-
-    // free); only commit_group / wait_group order the ring. The warp's chunks (5 for in = 5120 without
-    // split-K) are requested kStagedStages at a time from the start, and before the PDL wait: the
-    // weights do not depend on the previous kernel. Activations and scales stay __ldg (L1/L2-resident).
-    // The values reaching chunk_math, and its order, are gemv_chunk's: bitwise equal results.
-    constexpr int kS = kStagedStages<kFp4>;
-    constexpr int kWB = kFp4 ? 4 : 8;        // bytes per piece
-    constexpr int kWBytes = kFp4 ? 16 : 32;  // bytes per row and K block
-    extern __shared__ __align__(16) uint8_t ring[];
-    uint8_t* my_ring = ring + static_cast<size_t>(warp) * kS * kStagedSlotBytes;
-    const int first = kb_begin + warp * kU;
-    const int n_chunks = first < kb_end ? (kb_end - first + kGemvWarps * kU - 1) / (kGemvWarps * kU) : 0;
-    int ic = 0, islot = 0;
-    auto issue = [&]() {  // one commit group per call (empty past the last chunk)
-      if (ic < n_chunks) {
-        const int kb0 = first + ic * kGemvWarps * kU;
-        uint8_t* slot = my_ring + islot * kStagedSlotBytes;
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int kbc = kb0 + u < kb_end ? kb0 + u : kb_begin;  // past the range: a valid block (sa = 0)
-          if constexpr (kFp4) {
-            cp_async4(slot + (2 * u * 32 + lane) * kWB, w_lo_ptr + kbc * kWBytes);
-            cp_async4(slot + ((2 * u + 1) * 32 + lane) * kWB, w_hi_ptr + kbc * kWBytes);
-          } else {
-            cp_async8(slot + (2 * u * 32 + lane) * kWB, w_lo_ptr + kbc * kWBytes);
-            cp_async8(slot + ((2 * u + 1) * 32 + lane) * kWB, w_hi_ptr + kbc * kWBytes);
-          }
-        }
-        ++ic;
-      }
-      islot = islot + 1 == kS ? 0 : islot + 1;
-      cp_async_commit();
-    };
-    detail::pdl_launch_dependents();
-#pragma unroll
-    for (int s = 0; s < kS; ++s) issue();
-    detail::pdl_wait();
-    int cslot = 0;
-    for (int c = 0; c < n_chunks; ++c) {
-      const int kb0 = first + c * kGemvWarps * kU;
-      uint32_t w_lo[kU][2], w_hi[kU][2];
-      uint4 act[kU];
-      float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const bool k_ok = kb0 + u < kb_end;
-        const int kbc = k_ok ? kb0 + u : kb_begin;
-        act[u] = __ldg(reinterpret_cast<const uint4*>(a_row + kbc * 32));
-        if constexpr (kFp4) {
-          sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(s_lo + kbc));  // 2^6: the e2m1 → e4m3 shift
-          sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(s_hi + kbc));
-        } else {
-          sw_lo[u] = detail::ue8m0_scale(__ldg(s_lo + (kbc >> p.kb_shift)));
-          sw_hi[u] = sw_lo[u];
-        }
-        sa0[u] = k_ok ? __ldg(as0 + kbc) : 0.0f;
-        sa1[u] = k_ok ? __ldg(as1 + kbc) : 0.0f;
-      }
-      cp_async_wait<kS - 1>();  // this thread's copies of the oldest slot have landed
-      const uint8_t* slot = my_ring + cslot * kStagedSlotBytes;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        if constexpr (kFp4) {
-          const uint32_t lo = *reinterpret_cast<const uint32_t*>(slot + (2 * u * 32 + lane) * kWB);
-          const uint32_t hi = *reinterpret_cast<const uint32_t*>(slot + ((2 * u + 1) * 32 + lane) * kWB);
-          const uint32_t lo_even = e2m1x4_to_e4m3x4(lo & 0x0F0F0F0Fu),
-                         lo_odd = e2m1x4_to_e4m3x4((lo >> 4) & 0x0F0F0F0Fu);
-          const uint32_t hi_even = e2m1x4_to_e4m3x4(hi & 0x0F0F0F0Fu),
-                         hi_odd = e2m1x4_to_e4m3x4((hi >> 4) & 0x0F0F0F0Fu);
-          w_lo[u][0] = __byte_perm(lo_even, lo_odd, 0x5140);
-          w_lo[u][1] = __byte_perm(lo_even, lo_odd, 0x7362);
-          w_hi[u][0] = __byte_perm(hi_even, hi_odd, 0x5140);
-          w_hi[u][1] = __byte_perm(hi_even, hi_odd, 0x7362);
-        } else {
-          const uint2 lo = *reinterpret_cast<const uint2*>(slot + (2 * u * 32 + lane) * kWB);
-          const uint2 hi = *reinterpret_cast<const uint2*>(slot + ((2 * u + 1) * 32 + lane) * kWB);
-          w_lo[u][0] = lo.x;
-          w_lo[u][1] = lo.y;
-          w_hi[u][0] = hi.x;
-          w_hi[u][1] = hi.y;
-        }
-      }
-      chunk_math<kU>(w_lo, w_hi, act, sw_lo, sw_hi, sa0, sa1, acc);
-      issue();  // the slot's values are consumed (the MMAs depend on them): refill it
-      cslot = cslot + 1 == kS ? 0 : cslot + 1;
-    }
-    cp_async_wait<0>();
-  } else {
-    detail::pdl_launch_dependents();
-    {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
-       // the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
-       // on it; activations, outputs and the split-K workspace wait for it.
-      constexpr int kWBytes = kFp4 ? 16 : 32;
-      const int kb0 = kb_begin + warp * kU;
-      if (kb0 < kb_end) {
-        const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * (kFp4 ? 4 : 8);
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + first));
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + first));
-        if (kb0 + kU <= kb_end) {
-          asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + last));
-          asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + last));
-        }
-      }
-    }
-    detail::pdl_wait();
-    ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
-    // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
-    // chunk reaching past the K range clamps its block indices.
-    for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
-      if (kb0 + kU <= kb_end)
-        gemv_chunk<kFp4, true>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
-      else
-        gemv_chunk<kFp4, false>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
-    }
-  }  // kStaged
+  // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
+  // chunk reaching past the K range clamps its block indices.
+  for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
+    if (kb0 + kU <= kb_end) gemv_chunk<kFp4, true>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
+    else gemv_chunk<kFp4, false>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
+  }
   partial[warp][g][tok0] = acc[0];
   partial[warp][g][tok1] = acc[1];
   partial[warp][g + 8][tok0] = acc[2];
@@ -447,29 +331,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
   }
 }
 
-// One gemv_quantized_kernel launch: format × staged (the staged kernels opt in to their shared memory).
-Status launch_gemv(const GemvParams& p, dim3 grid, bool fp4, bool staged, cudaStream_t stream, bool pdl) {
-  const dim3 block(kGemvWarps * 32);
-  if (!staged) {
-    return fp4 ? launch_kernel(gemv_quantized_kernel<true>, grid, block, 0, stream, pdl, "gemv_quantized_kernel<MXFP4>",
-                               p)
-               : launch_kernel(gemv_quantized_kernel<false>, grid, block, 0, stream, pdl,
-                               "gemv_quantized_kernel<FP8Block>", p);
-  }
-  const size_t smem = fp4 ? kStagedSmemBytes<true> : kStagedSmemBytes<false>;
-  const cudaError_t e = fp4 ? cudaFuncSetAttribute(gemv_quantized_kernel<true, true>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem))
-                            : cudaFuncSetAttribute(gemv_quantized_kernel<false, true>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess)
-    return make_error(std::string("gemv_quantized_kernel (staged): cannot allow ") + std::to_string(smem) +
-                      " bytes of shared memory: " + cudaGetErrorString(e));
-  return fp4 ? launch_kernel(gemv_quantized_kernel<true, true>, grid, block, smem, stream, pdl,
-                             "gemv_quantized_kernel<MXFP4, staged>", p)
-             : launch_kernel(gemv_quantized_kernel<false, true>, grid, block, smem, stream, pdl,
-                             "gemv_quantized_kernel<FP8Block, staged>", p);
-}
-
 Status check_weight(const QuantWeightView& w) {
   if (w.out <= 0 || w.in <= 0 || w.data == nullptr || w.scales == nullptr)
     return make_error("cuda::gemv_quantized: empty weight (out=" + std::to_string(w.out) + ", in=" +
@@ -531,7 +392,7 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
 
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
                               bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
-                              bool programmatic_launch, bool staged) {
+                              bool programmatic_launch) {
   if (count < 0 || (count > 0 && items == nullptr))
     return make_error("cuda::gemv_quantized_grouped: count=" + std::to_string(count));
   if (n < 0) return make_error("cuda::gemv_quantized: n=" + std::to_string(n));
@@ -573,8 +434,13 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.split_partials = splitk.partials;
       p.split_counters = splitk.counters;
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
-      CEDAR_RETURN_IF_ERROR(
-          launch_gemv(p, grid, shape.format == QuantWeightFormat::MXFP4, staged, stream, programmatic_launch));
+      if (shape.format == QuantWeightFormat::MXFP4) {
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                            programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
+      } else {
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                            programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
+      }
     }
   }
   return Status::Ok();
@@ -596,7 +462,7 @@ SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t coun
 
 Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
                             bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
-                            bool programmatic_launch, bool staged) {
+                            bool programmatic_launch) {
   if (count < 1 || count > kMaxGroup || mats == nullptr || items == nullptr)
     return make_error("cuda::gemv_quantized_multi: count=" + std::to_string(count) + " (1.." +
                       std::to_string(kMaxGroup) + ", mats and items required)");
@@ -645,18 +511,22 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
     p.split_partials = splitk.partials;
     p.split_counters = splitk.counters;
-    CEDAR_RETURN_IF_ERROR(
-        launch_gemv(p, grid, tallest.format == QuantWeightFormat::MXFP4, staged, stream, programmatic_launch));
+    if (tallest.format == QuantWeightFormat::MXFP4) {
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                          programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
+    } else {
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(kGemvWarps * 32), 0, stream,
+                                          programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
+    }
   }
   return Status::Ok();
 }
 
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
-                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
-                            bool staged) {
+                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream) {
   if (layout != Mxfp4Layout::Plain)
     return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
-                                   layout == Mxfp4Layout::PackedBalanced, staged);
+                                   layout == Mxfp4Layout::PackedBalanced);
   QuantWeightView w = shape;
   w.data = w.scales = reinterpret_cast<const uint8_t*>(&shape);  // per-item pointers live on the device
   CEDAR_RETURN_IF_ERROR(check_weight(w));
@@ -686,21 +556,21 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   return launch_status("gemv_items_kernel<FP8Block>");
 }
 
-Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n, float* y,
-                      bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk, bool programmatic_launch,
-                      bool staged) {
+Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
+                      bool programmatic_launch) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
-  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk, programmatic_launch, staged);
+  return gemv_quantized_grouped(w, &item, 1, n, bf16_output, stream, splitk, programmatic_launch);
 }
 
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
-                        bool bf16_output, cudaStream_t stream, bool programmatic_launch, bool staged) {
+                        bool bf16_output, cudaStream_t stream, bool programmatic_launch) {
   CEDAR_RETURN_IF_ERROR(check_weight(w));
   if (n * w.in > ws.capacity_values)
     return make_error("cuda::linear_quantized: workspace holds " + std::to_string(ws.capacity_values) +
                       " activation values, need " + std::to_string(n * w.in));
   CEDAR_RETURN_IF_ERROR(quantize_act_fp8(x, n, w.in, ws.codes, ws.scales, stream, programmatic_launch));
-  return gemv_quantized(w, ws.codes, ws.scales, n, y, bf16_output, stream, ws.splitk, programmatic_launch, staged);
+  return gemv_quantized(w, ws.codes, ws.scales, n, y, bf16_output, stream, ws.splitk, programmatic_launch);
 }
 
 // Exposed to catalog.cu for the loadability check.

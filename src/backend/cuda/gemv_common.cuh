@@ -63,27 +63,6 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t v, uint32_t& w0, uint32_
   w1 = __byte_perm(even, odd, 0x7362);  // values 4,5,6,7
 }
 
-// cp.async (global → shared without registers; the staged GEMVs' rings): 16 bytes bypassing L1, 8 and
-// 4 bytes through L1 (cp.async.cg takes 16 only). Per thread: commit_group closes a group of copies,
-// wait_group<N> returns once at most N of the thread's groups are pending.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // Multiprocessors of the current device (132 on an H200; 132 if the query fails): sizes persistent grids.
 inline int device_sm_count() {
   int dev = 0, sms = 0;
@@ -95,6 +74,6 @@ inline int device_sm_count() {
 
 // gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu).
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced, bool staged);
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced);
 
 }  // namespace cedar::cuda::gemv_detail

@@ -205,177 +205,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
   }
 }
 
-// ---- Staged variant: a per-thread cp.async ring -------------------------------------------------------
-// The kernel above holds a group's loads in registers and has none in flight while it computes, and a
-// unit is only ~2-5 groups per warp before the block reduction: latency-bound at 25 % occupancy. Here
-// each thread copies exactly the weight and scale bytes it will itself consume into a ring of
-// kStages slots in shared memory (cp.async: no registers held by loads in flight), so only
-// commit_group / wait_group order the ring — no block barrier. A warp's (unit, group) pairs over all
-// units of its block form one flat stream: while it computes the last groups of a unit and joins the
-// reduction, the next unit's first groups are already in flight. Activations (small, L1/L2-resident)
-// stay __ldg. The compute (compute_group) and the group order per warp are the kernel's above: bitwise
-// identical results for the same schedule (plain or balanced).
-constexpr int kStages = 4;
-// Per thread and slot: 4 weight vectors (16 B, one per row) and 4 scale words; [warp][stage][i][lane]
-// so a warp's 16-byte shared loads are 512 contiguous bytes (conflict-free).
-constexpr int kSlotWeightBytes = 4 * 32 * 16;
-constexpr int kSlotBytes = kSlotWeightBytes + 4 * 32 * 4;  // 2 560 per warp and stage
-
-size_t staged_smem_bytes(int warps) { return static_cast<size_t>(warps) * kStages * kSlotBytes; }
-
-// The j-th group (in compute order) of a warp within a unit: plain schedule, runs of 2 groups strided
-// by 8 warps (the loop of the kernel above); balanced, warp + j·W.
-__device__ __forceinline__ int group_of(bool balanced, int warp, int W, int j) {
-  return balanced ? warp + j * W : 2 * warp + kGemvWarps * 2 * (j >> 1) + (j & 1);
-}
-
-template <bool kDeviceItems>
-__device__ __forceinline__ void unit_weights(const PackedParams& p, int64_t unit, int g, int t, int n_kb,
-                                             const uint8_t* (&wp)[4], const uint8_t* (&sp)[4]) {
-  const int64_t m = unit / p.tiles;
-  const int64_t row0 = (unit % p.tiles) * kPackedRows;
-  const uint8_t* w;
-  const uint8_t* ws;
-  if constexpr (kDeviceItems) {
-    w = p.items[m].data;
-    ws = p.items[m].scales;
-  } else {
-    w = p.ops[m].w;
-    ws = p.ops[m].w_scales;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t r = row0 + g + 8 * i;
-    const int64_t rr = r < p.out ? r : 0;
-    wp[i] = w + rr * (p.in / 2) + t * 16;
-    sp[i] = ws + rr * n_kb;
-  }
-}
-
-template <bool kDeviceItems>
-__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>)
-    gemv_mxfp4_packed_staged_kernel(PackedParams p) {
-  extern __shared__ __align__(16) uint8_t ring[];  // [warp][stage][kSlotBytes]
-  __shared__ float partial[kGemvWarps][kPackedRows][kTokensPerTile];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int tok0 = 2 * t, tok1 = 2 * t + 1;
-  const int n_kb = static_cast<int>(p.in / 32);  // a multiple of 4
-  const int n_groups = n_kb / 4, W = p.warps;
-  int64_t matrices = p.group;
-  if constexpr (kDeviceItems) {
-    matrices = *p.count;
-    matrices = matrices < 0 ? 0 : (matrices > p.capacity ? p.capacity : matrices);
-  }
-  const int64_t units = matrices * p.tiles;
-  // Groups of this warp per unit (the same for every unit).
-  int per_unit = 0;
-  while (group_of(p.balanced, warp, W, per_unit) < n_groups) ++per_unit;
-  uint8_t* my_ring = ring + static_cast<size_t>(warp) * kStages * kSlotBytes;
-
-  // Issue cursor: the next (unit, j) of the flat stream whose bytes are not yet requested.
-  int64_t iunit = blockIdx.x;
-  int ij = 0;
-  int islot = 0;
-  const uint8_t* wp[4];
-  const uint8_t* sp[4];
-  if (per_unit > 0 && iunit < units) unit_weights<kDeviceItems>(p, iunit, g, t, n_kb, wp, sp);
-  // One commit group per call (empty past the stream's end) keeps wait_group's count uniform.
-  auto issue = [&]() {
-    if (per_unit > 0 && iunit < units) {
-      const int q = group_of(p.balanced, warp, W, ij);
-      uint8_t* slot = my_ring + islot * kSlotBytes;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        cp_async16(slot + (i * 32 + lane) * 16, wp[i] + q * 64);
-        cp_async4(slot + kSlotWeightBytes + (i * 32 + lane) * 4, sp[i] + q * 4);
-      }
-      if (++ij == per_unit) {
-        ij = 0;
-        iunit += gridDim.x;
-        if (iunit < units) unit_weights<kDeviceItems>(p, iunit, g, t, n_kb, wp, sp);
-      }
-    }
-    islot = islot + 1 == kStages ? 0 : islot + 1;
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int s = 0; s < kStages; ++s) issue();
-
-  int cslot = 0;
-  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int64_t m = unit / p.tiles;
-    const int64_t row0 = (unit % p.tiles) * kPackedRows;
-    UnitOperands op;
-    if constexpr (kDeviceItems) {
-      const DeviceGemvItem* it = p.items + m;
-      op = UnitOperands{it->data,       it->scales, it->act_codes,
-                        it->act_scales, it->y,      min(max(it->n, 0), kTokensPerTile),
-                        it->act_row,    it->y_row};
-    } else {
-      const GemvOperands& o = p.ops[m];
-      op = UnitOperands{o.w, o.w_scales, o.act, o.act_scales, o.y, p.n, nullptr, nullptr};
-    }
-    const uint16_t* a_row = op.act + row_of(op.act_row, g < op.n ? g : 0) * p.in + t * 8;
-    const float* as0 = op.as + row_of(op.act_row, tok0 < op.n ? tok0 : 0) * n_kb;
-    const float* as1 = op.as + row_of(op.act_row, tok1 < op.n ? tok1 : 0) * n_kb;
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    for (int j = 0; j < per_unit; ++j) {
-      const int q = group_of(p.balanced, warp, W, j);
-      GroupLoads L;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) L.act[u] = __ldg(reinterpret_cast<const uint4*>(a_row + (q * 4 + u) * 32));
-      L.sa0 = __ldg(reinterpret_cast<const float4*>(as0 + q * 4));
-      L.sa1 = __ldg(reinterpret_cast<const float4*>(as1 + q * 4));
-      cp_async_wait<kStages - 1>();  // this thread's copies of the oldest slot have landed
-      const uint8_t* slot = my_ring + cslot * kSlotBytes;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        L.w[i] = *reinterpret_cast<const uint4*>(slot + (i * 32 + lane) * 16);
-        L.s[i] = *reinterpret_cast<const uint32_t*>(slot + kSlotWeightBytes + (i * 32 + lane) * 4);
-      }
-      compute_group(L, acc);
-      // The slot's values are consumed (the MMAs depend on them): refill it with the stream's next group.
-      issue();
-      cslot = cslot + 1 == kStages ? 0 : cslot + 1;
-    }
-#pragma unroll
-    for (int rt = 0; rt < 2; ++rt) {
-      partial[warp][16 * rt + g][tok0] = acc[rt][0];
-      partial[warp][16 * rt + g][tok1] = acc[rt][1];
-      partial[warp][16 * rt + g + 8][tok0] = acc[rt][2];
-      partial[warp][16 * rt + g + 8][tok1] = acc[rt][3];
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < kPackedRows * kTokensPerTile; e += blockDim.x) {
-      const int row = e / kTokensPerTile, tok = e % kTokensPerTile;
-      float sum = 0.0f;
-      for (int ww = 0; ww < p.warps; ++ww) sum += partial[ww][row][tok];  // warp order, as the plain kernel
-      if (tok < op.n && row0 + row < p.out)
-        op.y[row_of(op.y_row, tok) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
-    }
-    __syncthreads();  // `partial` is reused by the next unit
-  }
-  cp_async_wait<0>();  // nothing real is pending (the stream ended), but leave no copy behind
-}
-
-// Launches the staged or the register kernel (dynamic shared memory above 48 KiB needs the opt-in).
-template <bool kDeviceItems>
-Status launch_packed(const PackedParams& p, unsigned grid, bool staged, cudaStream_t stream, const char* name) {
-  if (!staged) {
-    gemv_mxfp4_packed_kernel<kDeviceItems><<<grid, p.warps * 32, 0, stream>>>(p);
-    return launch_status(name);
-  }
-  const size_t smem = staged_smem_bytes(p.warps);
-  const cudaError_t e = cudaFuncSetAttribute(gemv_mxfp4_packed_staged_kernel<kDeviceItems>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess)
-    return make_error(std::string(name) + " (staged): cannot allow " + std::to_string(smem) +
-                      " bytes of shared memory: " + cudaGetErrorString(e));
-  gemv_mxfp4_packed_staged_kernel<kDeviceItems><<<grid, p.warps * 32, smem, stream>>>(p);
-  return launch_status(name);
-}
-
 Status check_packed_shape(const QuantWeightView& w, const char* who) {
   if (w.format != QuantWeightFormat::MXFP4) return make_error(std::string(who) + ": the packed layout is MXFP4 only");
   if (!mxfp4_packable(w.out, w.in))
@@ -429,7 +258,7 @@ Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* pack
 }
 
 Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
-                                 bool bf16_output, cudaStream_t stream, bool balanced, bool staged) {
+                                 bool bf16_output, cudaStream_t stream, bool balanced) {
   const char* who = "cuda::gemv_mxfp4_packed";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (count < 0 || (count > 0 && items == nullptr) || n < 0)
@@ -463,21 +292,22 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
       p.balanced = balanced;
       p.warps = packed_warps(shape.in, balanced);
       const auto grid = static_cast<unsigned>(std::min<int64_t>(tiles * group, 0x7FFFFFFF));
-      CEDAR_RETURN_IF_ERROR(launch_packed<false>(p, grid, staged, stream, "gemv_mxfp4_packed_kernel"));
+      gemv_mxfp4_packed_kernel<false><<<grid, p.warps * 32, 0, stream>>>(p);
+      CEDAR_RETURN_IF_ERROR(launch_status("gemv_mxfp4_packed_kernel"));
     }
   }
   return Status::Ok();
 }
 
 Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
-                         float* y, bool bf16_output, cudaStream_t stream, bool balanced, bool staged) {
+                         float* y, bool bf16_output, cudaStream_t stream, bool balanced) {
   const GemvGroupItem item{w.data, w.scales, act_codes, act_scales, y};
-  return gemv_mxfp4_packed_grouped(w, &item, 1, n, bf16_output, stream, balanced, staged);
+  return gemv_mxfp4_packed_grouped(w, &item, 1, n, bf16_output, stream, balanced);
 }
 
 namespace gemv_detail {
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced, bool staged) {
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced) {
   const char* who = "cuda::gemv_quantized_items(packed)";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
@@ -495,7 +325,8 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   p.warps = packed_warps(shape.in, balanced);
   const int64_t wave = static_cast<int64_t>(kMinBlocksPerSm<true>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  return launch_packed<true>(p, grid, staged, stream, "gemv_mxfp4_packed_kernel<items>");
+  gemv_mxfp4_packed_kernel<true><<<grid, p.warps * 32, 0, stream>>>(p);
+  return launch_status("gemv_mxfp4_packed_kernel<items>");
 }
 }  // namespace gemv_detail
 

@@ -61,11 +61,10 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
 
 // y[t, out] = Σ_kblocks (Σ q_a·q_w) · s_a · s_w for n tokens of quantized activations (quantize_act_fp8);
 // bf16_output rounds y to bf16 (what the reference's linear() returns). Any n ≥ 1 (tiles of 8 tokens).
-// Deterministic: split-K partials are added in a fixed order. staged: the weights stream through a
-// per-thread cp.async ring in shared memory (gemv.cu "Staged variant"; bitwise equal to staged = false).
-Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n, float* y,
-                      bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
-                      bool programmatic_launch = false, bool staged = false);
+// Deterministic: split-K partials are added in a fixed order.
+Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
+                      float* y, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
+                      bool programmatic_launch = false);
 
 // Several matrices of one shape and format in one launch (grid.z): e.g. the w1/w3 of a token's routed
 // experts (12 × 2304×5120 MXFP4 for top-6), whose per-matrix launches would each pay the fixed
@@ -80,7 +79,7 @@ struct GemvGroupItem {
 };
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
                               bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
-                              bool programmatic_launch = false, bool staged = false);
+                              bool programmatic_launch = false);
 
 // Matrices of one format, `in` and FP8 block but different heights (`out`) that read the same kind of
 // input, in one launch: e.g. wq_a [1280, 5120] and wkv [512, 5120] of the attention input (one fixed
@@ -90,7 +89,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
 SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t count);
 Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
                             bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
-                            bool programmatic_launch = false, bool staged = false);
+                            bool programmatic_launch = false);
 
 // Workspace for linear_quantized: codes [n·in] f16 + scales [n·in/32] floats (+ optional split-K).
 struct ActWorkspace {
@@ -101,7 +100,7 @@ struct ActWorkspace {
 };
 // quantize_act_fp8 + gemv_quantized: the FP8 / MXFP4 `linear()` of the reference (cpu::linear).
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
-                        bool bf16_output, cudaStream_t stream, bool programmatic_launch = false, bool staged = false);
+                        bool bf16_output, cudaStream_t stream, bool programmatic_launch = false);
 
 // ---- fused single-pass mHC (§3.3) -------------------------------------------------------------
 // One kernel per mHC site and step, for n tokens with hc = 4 streams of width d (d % 32 == 0):
