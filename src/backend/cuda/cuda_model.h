@@ -236,6 +236,7 @@ class CudaModel {
   Status indexer(int64_t layer, const Rows& r, bool qi_ready);  // qi_ready: wq_b_i ran with wq_b
   Status ffn_site(int64_t layer, const Rows& r);
   Status moe(int64_t layer, const Rows& r);
+  Status route(int64_t layer, const Rows& r);  // router logits + top-k into the layer's expert ids
   Status moe_gemv(int64_t layer, const Rows& r);
   Status moe_gemm(int64_t layer, const Rows& r);
   Status shared_expert_gemm(int64_t layer, const Rows& r);  // fused SwiGLU GEMM + W2 (shared → w.shared)
