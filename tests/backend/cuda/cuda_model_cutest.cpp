@@ -50,31 +50,15 @@
 #include "model/deepseek_v41.h"
 #include "model/moe.h"
 #include "model/tiny_checkpoint.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar::cuda {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path engram_map() {
-  if (const char* env = std::getenv("CEDAR_ENGRAM_MAP")) return env;
-  const fs::path rel = fs::path("assets") / "engram" / "deepseek_v41_token_map.npy";
-  if (fs::exists(fs::path(CEDAR_SOURCE_DIR) / rel)) return fs::path(CEDAR_SOURCE_DIR) / rel;
-  return fs::absolute(rel);
-}
-
 // A fixed pseudo-random prompt of real token ids (< 128000: no special tokens).
-std::vector<int64_t> prompt(int64_t n, uint64_t seed) {
-  std::vector<int64_t> ids;
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 12345;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    ids.push_back(static_cast<int64_t>(x % 128000));
-  }
-  return ids;
-}
+std::vector<int64_t> prompt(int64_t n, uint64_t seed) { return test_support::xorshift_prompt(n, seed, 12345); }
 
 // Discrete decisions by (layer, position): the indexer top-k ids (index sources) and the router's
 // experts (sorted), of the CPU or the GPU.
@@ -130,7 +114,7 @@ Model* model_for(const std::string& profile) {
   }
   m->pool = std::make_unique<ThreadPool>(0);
   LoadOptions lo;
-  lo.engram_map = engram_map();
+  lo.engram_map = testing::engram_map_path();
   lo.pool = m->pool.get();
   auto cpu = DeepseekV41Model::load(m->dir, lo);
   if (!cpu.ok()) {

@@ -16,30 +16,14 @@
 #include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "model/tiny_checkpoint.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar::cuda {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path engram_map() {
-  if (const char* env = std::getenv("CEDAR_ENGRAM_MAP")) return env;
-  const fs::path rel = fs::path("assets") / "engram" / "deepseek_v41_token_map.npy";
-  if (fs::exists(fs::path(CEDAR_SOURCE_DIR) / rel)) return fs::path(CEDAR_SOURCE_DIR) / rel;
-  return fs::absolute(rel);
-}
-
-std::vector<int64_t> prompt(int64_t n, uint64_t seed) {
-  std::vector<int64_t> ids;
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 777;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    ids.push_back(static_cast<int64_t>(x % 120000));
-  }
-  return ids;
-}
+std::vector<int64_t> prompt(int64_t n, uint64_t seed) { return test_support::xorshift_prompt(n, seed, 777); }
 
 constexpr int64_t kChunk = 64;  // prompts longer than this span several prefill calls
 
@@ -71,7 +55,7 @@ Fixture& fixture() {
     o.kv.max_context = 1024;
     o.kv.token_capacity = 8192;
     o.headroom_bytes = uint64_t{1} << 30;
-    o.engram_map = engram_map();
+    o.engram_map = testing::engram_map_path();
     o.pool = x->pool.get();
     auto m = CudaModel::load(x->dir, o);
     if (!m.ok()) {

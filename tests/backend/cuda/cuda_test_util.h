@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,16 @@ inline std::string gpu_unavailable_reason() {
       GTEST_SKIP() << "no usable GPU: " << cedar_reason_;                            \
     }                                                                                \
   } while (0)
+
+// The Engram token map of the model tests: $CEDAR_ENGRAM_MAP, the source tree's asset, or ./assets (the
+// device runs the tests from a copy of the repository root, where the compiled-in source path is absent).
+inline std::filesystem::path engram_map_path() {
+  if (const char* env = std::getenv("CEDAR_ENGRAM_MAP")) return env;
+  const std::filesystem::path rel = std::filesystem::path("assets") / "engram" / "deepseek_v41_token_map.npy";
+  if (std::filesystem::exists(std::filesystem::path(CEDAR_SOURCE_DIR) / rel))
+    return std::filesystem::path(CEDAR_SOURCE_DIR) / rel;
+  return std::filesystem::absolute(rel);
+}
 
 struct Tolerance {
   double max_nmse = 1e-5;     // Σ(g−w)² / Σw²

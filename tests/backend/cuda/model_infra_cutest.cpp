@@ -35,15 +35,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The Engram token map: $CEDAR_ENGRAM_MAP, the source tree's asset, or ./assets (the device runs the
-// tests from a copy of the repository root, where the compiled-in source path does not exist).
-fs::path engram_map() {
-  if (const char* env = std::getenv("CEDAR_ENGRAM_MAP")) return env;
-  const fs::path rel = fs::path("assets") / "engram" / "deepseek_v41_token_map.npy";
-  if (fs::exists(fs::path(CEDAR_SOURCE_DIR) / rel)) return fs::path(CEDAR_SOURCE_DIR) / rel;
-  return fs::absolute(rel);
-}
-
 // One tiny V4.1 checkpoint (make-tiny, seed 3) per process.
 class CudaModelInfra : public ::testing::Test {
  protected:
@@ -56,7 +47,7 @@ class CudaModelInfra : public ::testing::Test {
     const Status st = make_tiny_checkpoint(o, *dir_, false);
     ASSERT_TRUE(st.ok()) << st.error().message;
     LoadOptions lo;
-    lo.engram_map = engram_map();
+    lo.engram_map = testing::engram_map_path();
     auto m = DeepseekV41Model::load(*dir_, lo);
     ASSERT_TRUE(m.ok()) << m.error().message << " (Engram map " << lo.engram_map << ")";
     host_ = new DeepseekV41Model(std::move(*m));
@@ -416,7 +407,7 @@ TEST_F(CudaModelInfra, ModelLoadsWithItsPlanPrefillsAndDecodes) {
   o.kv.max_sequences = 3;
   o.kv.max_context = 256;
   o.kv.token_capacity = 512;
-  o.engram_map = engram_map();
+  o.engram_map = testing::engram_map_path();
   auto m = CudaModel::load(*dir_, o);
   ASSERT_TRUE(m.ok()) << m.error().message;
   const DeviceMemoryPlan& plan = (*m)->memory_plan();
