@@ -30,7 +30,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-const CommandSpec kSpec{
+CommandSpec bench_spec() {
+  CommandSpec spec{
     "bench",
     "Benchmark the engine: offered load at several concurrencies and prompt/output lengths (TTFT, TPOT,\n"
     "throughput) and CED vs exact prefill time across prompt lengths. MODEL defaults to the embedded tiny\n"
@@ -55,16 +56,6 @@ const CommandSpec kSpec{
         {"threads", "worker threads (0 = all cores)", true, "0", "N"},
         kv_cache_option_spec(),
         {"json", "write the JSON here instead of stdout", true, "", "FILE"},
-        // prefix_cache_option_specs() (generation_setup.h), spelled out for this static spec:
-        {"no-prefix-cache", "do not reuse the global KV of earlier requests' prefixes", false, "", ""},
-        {"swa-pool-mb", "host memory for SWA snapshots of cached prefixes, MiB (0: hits replay: --swa-replay)", true,
-         "1024", "N"},
-        {"swa-ttl-s", "seconds an SWA snapshot stays after its last use", true, "600", "S"},
-        {"swa-history", "extra SWA ring slots per sequence (default: sliding window + 64)", true, "", "N"},
-        {"swa-replay",
-         "hits without an SWA snapshot: 'exact' replays the rows that make the result bitwise exact (ced: "
-         "(encoder + boundary layers) x (window - 1)), 'window' (ced mode) only the last window, approximate",
-         true, "exact", "exact|window"},
         {"device", "cpu (the engine on the CPU backend) or cuda (the GPU benchmark)", true, "cpu", "DEVICE"},
         {"batches", "--device cuda: decode batch sizes", true, "1,8,64", "LIST"},
         {"prefill-lens", "--device cuda: prompt lengths of the prefill runs", true, "1024,8192,32768", "LIST"},
@@ -84,6 +75,9 @@ const CommandSpec kSpec{
          "first prefill length), 0 = skip",
          true, "1", "N"},
     }};
+  for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
+  return spec;
+}
 
 // Deterministic pseudo-random ordinary-text token ids (< 128000: no control tokens).
 std::vector<int64_t> random_prompt(int64_t n, uint64_t seed, int64_t bos) {
@@ -241,13 +235,14 @@ Result<std::vector<int64_t>> parse_positive_list(const std::string& text, const 
 }
 
 int cmd_bench(const Args& args) {
-  auto parsed = parse_args(kSpec, args);
+  const CommandSpec spec = bench_spec();
+  auto parsed = parse_args(spec, args);
   if (!parsed.ok()) {
     if (parsed.error().message == "help") {
-      std::printf("%s", usage(kSpec).c_str());
+      std::printf("%s", usage(spec).c_str());
       return 0;
     }
-    std::fprintf(stderr, "cedar bench: %s\n%s", parsed.error().message.c_str(), usage(kSpec).c_str());
+    std::fprintf(stderr, "cedar bench: %s\n%s", parsed.error().message.c_str(), usage(spec).c_str());
     return 2;
   }
   const ParsedArgs& a = *parsed;

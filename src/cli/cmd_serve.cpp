@@ -144,55 +144,46 @@ int cmd_serve(const Args& args) {
   } else {
     auto mode = parse_forward_mode(a.get("mode"));
     if (!mode.ok()) return std::fprintf(stderr, "cedar serve: --mode: %s\n", mode.error().message.c_str()), 2;
-    const std::string device = a.get("device");
-    if (device != "cpu" && device != "cuda")
-      return std::fprintf(stderr, "cedar serve: --device must be cpu or cuda, got '%s'\n", device.c_str()), 2;
-    if (device == "cuda" && a.has("kv-cache-dir"))
-      return std::fprintf(stderr, "cedar serve: --kv-cache-dir needs --device cpu (no prefix cache on the GPU yet)\n"), 2;
+    auto cuda = cuda_device_requested(a);
+    if (!cuda.ok()) return std::fprintf(stderr, "cedar serve: %s\n", cuda.error().message.c_str()), 2;
     pool = std::make_unique<ThreadPool>(static_cast<int>(*threads));
     auto loaded = load_for_generation(LoadRequest{a.positional(0), pool.get(), true, "serve"});
     if (!loaded.ok()) return std::fprintf(stderr, "cedar serve: %s\n", loaded.error().message.c_str()), 1;
     model = std::make_unique<LoadedModel>(std::move(*loaded));
-    if (device == "cuda") {
-      auto g = cuda_runner(CudaRunnerRequest{model->path, std::max<int64_t>(1, *max_running), std::max<int64_t>(1, *kv_bytes),
-                                             pool.get()});
-      if (!g.ok()) return std::fprintf(stderr, "cedar serve: --device cuda: %s\n", g.error().message.c_str()), 1;
-      gpu = std::move(*g);
-      std::fprintf(stderr, "cedar serve: %s\n", gpu.summary.c_str());
-      server::EngineBackendOptions eo;
-      eo.kv_capacity_bytes = gpu.kv_capacity_bytes;  // a ByteCacheBudget over the device pool
-      eo.prefix_cache.enabled = false;
-      eo.max_running = gpu.max_running;
-      eo.mode = *mode;
-      eo.context_length = std::min<int64_t>(model->model->config().max_position_embeddings, gpu.context_length);
-      eo.bos_token = model->model->config().bos_token_id;
-      backend = std::make_unique<server::EngineBackend>(*gpu.runner, *model->tokenizer, eo);
-    }
-  }
-  if (!backend) {  // the CPU backend
-    auto mode = parse_forward_mode(a.get("mode"));  // checked above
-    auto prefix = prefix_cache_from_args(a, *model->model);
-    if (!prefix.ok()) return std::fprintf(stderr, "cedar serve: %s\n", prefix.error().message.c_str()), 2;
-    // One paged pool for every sequence's global KV, so cached prefixes are shared by reference.
-    auto setup = kv_cache_setup(*model->model, std::max<int64_t>(1, *kv_bytes), swa_history_of(*prefix));
-    if (!setup.ok()) return std::fprintf(stderr, "cedar serve: --kv-bytes: %s\n", setup.error().message.c_str()), 2;
-    kv_cache = std::make_unique<KvCacheSetup>(std::move(*setup));
-    auto disk = kv_disk_store_from_args(a, *model->model, model->path, kv_cache->kv.tokens_per_block);
-    if (!disk.ok()) return std::fprintf(stderr, "cedar serve: %s\n", disk.error().message.c_str()), 2;
-    kv_disk = std::move(*disk);
-    prefix->store = kv_disk.get();
     server::EngineBackendOptions eo;
-    eo.kv_capacity_bytes = *kv_bytes;
-    eo.budget = kv_cache->budget.get();
-    eo.prefix_cache = *prefix;
-    eo.kv_disk = kv_disk.get();
     eo.max_running = std::max<int64_t>(1, *max_running);
     eo.mode = *mode;
     eo.context_length = model->model->config().max_position_embeddings;
     eo.bos_token = model->model->config().bos_token_id;
-    runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get(), kv_cache->kv,
-                                                      kv_disk ? kv_disk->options().model_fingerprint : "");
-    backend = std::make_unique<server::EngineBackend>(*runner, *model->tokenizer, eo);
+    if (*cuda) {
+      auto g = cuda_runner(CudaRunnerRequest{model->path, eo.max_running, std::max<int64_t>(1, *kv_bytes), pool.get()});
+      if (!g.ok()) return std::fprintf(stderr, "cedar serve: --device cuda: %s\n", g.error().message.c_str()), 1;
+      gpu = std::move(*g);
+      std::fprintf(stderr, "cedar serve: %s\n", gpu.summary.c_str());
+      eo.kv_capacity_bytes = gpu.kv_capacity_bytes;  // a ByteCacheBudget over the device pool
+      eo.prefix_cache.enabled = false;
+      eo.max_running = gpu.max_running;
+      eo.context_length = std::min(eo.context_length, gpu.context_length);
+      backend = std::make_unique<server::EngineBackend>(*gpu.runner, *model->tokenizer, eo);
+    } else {
+      auto prefix = prefix_cache_from_args(a, *model->model);
+      if (!prefix.ok()) return std::fprintf(stderr, "cedar serve: %s\n", prefix.error().message.c_str()), 2;
+      // One paged pool for every sequence's global KV, so cached prefixes are shared by reference.
+      auto setup = kv_cache_setup(*model->model, std::max<int64_t>(1, *kv_bytes), swa_history_of(*prefix));
+      if (!setup.ok()) return std::fprintf(stderr, "cedar serve: --kv-bytes: %s\n", setup.error().message.c_str()), 2;
+      kv_cache = std::make_unique<KvCacheSetup>(std::move(*setup));
+      auto disk = kv_disk_store_from_args(a, *model->model, model->path, kv_cache->kv.tokens_per_block);
+      if (!disk.ok()) return std::fprintf(stderr, "cedar serve: %s\n", disk.error().message.c_str()), 2;
+      kv_disk = std::move(*disk);
+      prefix->store = kv_disk.get();
+      eo.kv_capacity_bytes = *kv_bytes;
+      eo.budget = kv_cache->budget.get();
+      eo.prefix_cache = *prefix;
+      eo.kv_disk = kv_disk.get();
+      runner = std::make_unique<engine::DeepseekRunner>(*model->model, pool.get(), kv_cache->kv,
+                                                        kv_disk ? kv_disk->options().model_fingerprint : "");
+      backend = std::make_unique<server::EngineBackend>(*runner, *model->tokenizer, eo);
+    }
   }
 
   server::Server srv(*backend, opt);

@@ -17,6 +17,17 @@ OptionSpec device_option_spec() {
           "cpu", "DEVICE"};
 }
 
+Result<bool> cuda_device_requested(const ParsedArgs& a) {
+  const std::string device = a.has("device") ? a.get("device") : "cpu";
+  if (device != "cpu" && device != "cuda") return make_error("--device must be cpu or cuda, got '" + device + "'");
+  if (device == "cuda" && a.has("kv-cache-dir"))
+    return make_error("--kv-cache-dir needs --device cpu (no prefix cache on the GPU yet)");
+  if (device == "cuda" && !cuda_backend_built())  // before any model is loaded
+    return make_error(
+        "--device cuda: this cedar was built without the CUDA backend (configure with: cmake --preset cuda)");
+  return device == "cuda";
+}
+
 #ifdef CEDAR_HAVE_CUDA
 
 bool cuda_backend_built() { return true; }

@@ -33,6 +33,10 @@ struct DeviceRunner {
 // --device cpu|cuda (default cpu).
 OptionSpec device_option_spec();
 
+// --device of `a`: true for cuda, false for cpu; an error for another value, or for cuda with the
+// options the GPU does not support yet (--kv-cache-dir).
+Result<bool> cuda_device_requested(const ParsedArgs& a);
+
 // True when this binary has the CUDA backend.
 bool cuda_backend_built();
 

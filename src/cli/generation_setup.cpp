@@ -238,13 +238,13 @@ std::unique_ptr<GenerationEngine> generation_engine_from_args(const GenerationEn
     exit_code = code;
     return nullptr;
   };
-  const std::string device = a.has("device") ? a.get("device") : "cpu";
-  if (device != "cpu" && device != "cuda") return fail(2, "--device must be cpu or cuda, got '" + device + "'");
-  if (device == "cuda") {
-    if (a.has("kv-cache-dir")) return fail(2, "--kv-cache-dir needs --device cpu (no prefix cache on the GPU yet)");
+  auto cuda = cuda_device_requested(a);
+  if (!cuda.ok()) return fail(2, cuda.error().message);
+  if (*cuda) {
     auto kv_mb = a.get_int("kv-cache-mb");
     if (!kv_mb.ok() || *kv_mb <= 0) return fail(2, "--kv-cache-mb must be a positive number of MiB");
-    auto gpu = cuda_runner(CudaRunnerRequest{loaded.path, 16, static_cast<int64_t>(*kv_mb) << 20, request.pool});
+    auto gpu = cuda_runner(CudaRunnerRequest{loaded.path, engine::EngineOptions{}.max_running,
+                                             static_cast<int64_t>(*kv_mb) << 20, request.pool});
     if (!gpu.ok()) return fail(1, "--device cuda: " + gpu.error().message);
     auto g = std::make_unique<GenerationEngine>();
     g->gpu = std::move(*gpu);

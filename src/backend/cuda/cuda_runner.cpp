@@ -24,14 +24,19 @@ class CudaRunnerSequence final : public engine::ModelSequence {
 
 using Clock = std::chrono::steady_clock;
 
-// Row `row` of the step's device logits into item.logits.
-Status download_row(const CudaModel& m, const CudaStepOutput& out, int64_t row, std::vector<float>& logits) {
+// Enqueues the copy of row `row` of the step's device logits into `logits` (valid after a
+// synchronize of the model's stream).
+Status enqueue_row(const CudaModel& m, const CudaStepOutput& out, int64_t row, std::vector<float>& logits) {
   const int64_t V = m.config().vocab_size;
   if (out.logits == nullptr || row < 0 || row >= out.rows)
     return make_error("no logit row " + str(row) + " in a step of " + str(out.rows) + " rows");
   logits.resize(static_cast<size_t>(V));
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data(), out.logits + row * V, V * sizeof(float),
-                                             cudaMemcpyDeviceToHost, m.stream()));
+  return cuda_status(cudaMemcpyAsync(logits.data(), out.logits + row * V, V * sizeof(float), cudaMemcpyDeviceToHost,
+                                     m.stream()),
+                     "cudaMemcpyAsync(logits)");
+}
+
+Status synchronize(const CudaModel& m) {
   return cuda_status(cudaStreamSynchronize(m.stream()), "cudaStreamSynchronize(logits)");
 }
 
@@ -91,8 +96,9 @@ void CudaRunner::run_prefill(engine::BatchItem& item) {
   }
   if (st.ok() && item.want_logits) {
     // The chunk's last row is computed unless it precedes the CED replay start (then no logits exist).
-    st = out.rows > 0 ? download_row(*model_, out, out.rows - 1, item.logits)
+    st = out.rows > 0 ? enqueue_row(*model_, out, out.rows - 1, item.logits)
                       : make_error("prefill returned no logit row for the chunk's last position");
+    if (st.ok()) st = synchronize(*model_);
   }
   item.status = st;
   item.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -110,8 +116,12 @@ void CudaRunner::run_decode(std::span<engine::BatchItem* const> items) {
   Status st = model_->decode_step(seqs, tokens, out);
   for (size_t i = 0; i < items.size(); ++i) {
     engine::BatchItem& item = *items[i];
-    item.status = st.ok() && item.want_logits ? download_row(*model_, out, static_cast<int64_t>(i), item.logits) : st;
+    item.status = st.ok() && item.want_logits ? enqueue_row(*model_, out, static_cast<int64_t>(i), item.logits) : st;
   }
+  // One wait for every row's copy.
+  if (const Status synced = synchronize(*model_); !synced.ok())
+    for (engine::BatchItem* item : items)
+      if (item->status.ok()) item->status = synced;
   // The step's wall time, split evenly over its rows (the engine sums item times per request).
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(items.size());
   for (engine::BatchItem* item : items) item->seconds = secs;
