@@ -17,6 +17,7 @@
 #include "engine/fake_model.h"
 #include "engine/pool_cache_budget.h"
 #include "kv/kv_disk_store.h"
+#include "test_support/fake_engine.h"
 
 namespace cedar::engine {
 namespace {
@@ -25,13 +26,7 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kB = 8;  // tokens per block
 
-PoolCacheLayout fake_layout() {
-  PoolCacheLayout l;
-  l.tokens_per_block = kB;
-  l.streams = {{2, 4, 4 * 16}, {1, 8, 8 * 24}};  // ratio 2 (16 B records) and ratio 1 (24 B)
-  l.bytes_per_sequence = 40;
-  return l;
-}
+PoolCacheLayout fake_layout() { return test_support::fake_pool_layout(kB); }
 
 KvDiskLayout disk_layout(const PoolCacheLayout& l) {
   KvDiskLayout d;

@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/fake_model.h"
 #include "engine/pool_cache_budget.h"
+#include "test_support/fake_engine.h"
 
 namespace cedar::engine {
 namespace {
@@ -25,13 +26,7 @@ namespace {
 constexpr int64_t kB = 8;  // tokens per block
 constexpr int64_t kWindow = 4;
 
-PoolCacheLayout fake_layout() {
-  PoolCacheLayout l;
-  l.tokens_per_block = kB;
-  l.streams = {{2, 4, 4 * 16}, {1, 8, 8 * 24}};  // ratio 2 (16 B records) and ratio 1 (24 B)
-  l.bytes_per_sequence = 40;
-  return l;
-}
+PoolCacheLayout fake_layout() { return test_support::fake_pool_layout(kB); }
 
 // Checks the pool against the budget around every batch and counts failed items.
 class CheckingRunner final : public ModelRunner {
@@ -97,19 +92,7 @@ struct Spec {
 
 // Solo reference: sample from the fake logits of the whole history (no cache).
 std::vector<int64_t> solo(const FakeModelRunner& model, const Spec& s) {
-  auto sampler = Sampler::create(s.params, model.vocab_size(), *s.params.seed);
-  EXPECT_TRUE(sampler.ok());
-  sampler->add_prompt(s.prompt);
-  uint64_t h = FakeModelRunner::kInitialHash;
-  for (int64_t t : s.prompt) h = FakeModelRunner::extend_hash(h, t);
-  std::vector<int64_t> out;
-  while (static_cast<int64_t>(out.size()) < s.params.max_tokens) {
-    const int64_t t = sampler->sample(model.logits_for(h))->token;
-    out.push_back(t);
-    if (t == model.eos_token() && !s.params.ignore_eos) break;
-    h = FakeModelRunner::extend_hash(h, t);
-  }
-  return out;
+  return test_support::fake_solo_tokens(model, s.prompt, s.params, *s.params.seed);
 }
 
 Spec make_spec(std::vector<int64_t> prompt, int64_t max_tokens, uint64_t seed) {

@@ -18,6 +18,7 @@
 
 #include "engine/fake_model.h"
 #include "model/tokenizer_source.h"
+#include "test_support/fake_engine.h"
 #include "test_support/greedy.h"
 
 namespace cedar::engine {
@@ -30,19 +31,7 @@ struct Spec {
 
 // Solo reference: sample from the fake logits of the whole history, token by token.
 std::vector<int64_t> solo(const FakeModelRunner& model, const Spec& s, uint64_t seed) {
-  auto sampler = Sampler::create(s.params, model.vocab_size(), seed);
-  EXPECT_TRUE(sampler.ok()) << sampler.error().message;
-  sampler->add_prompt(s.prompt);
-  uint64_t h = 0x12345;
-  for (int64_t t : s.prompt) h = FakeModelRunner::extend_hash(h, t);
-  std::vector<int64_t> out;
-  while (static_cast<int64_t>(out.size()) < s.params.max_tokens) {
-    const int64_t t = sampler->sample(model.logits_for(h))->token;
-    out.push_back(t);
-    if (t == model.eos_token() && !s.params.ignore_eos) break;
-    h = FakeModelRunner::extend_hash(h, t);
-  }
-  return out;
+  return test_support::fake_solo_tokens(model, s.prompt, s.params, seed);
 }
 
 Spec random_spec(std::mt19937_64& rng, int64_t vocab) {

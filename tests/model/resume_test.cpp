@@ -23,6 +23,7 @@
 
 #include "model/deepseek_v41.h"
 #include "model/tiny_checkpoint.h"
+#include "test_support/tiny_model.h"
 
 namespace cedar {
 namespace {
@@ -32,17 +33,7 @@ namespace fs = std::filesystem;
 constexpr uint64_t kSeeds[] = {0, 1, 2};
 constexpr int64_t kWindow = 8;  // the tiny profile's sliding_window
 
-std::vector<int64_t> tokens(int64_t n, uint64_t seed) {
-  std::vector<int64_t> ids;
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 777;
-  for (int64_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    ids.push_back(static_cast<int64_t>(x % 128000));
-  }
-  return ids;
-}
+std::vector<int64_t> tokens(int64_t n, uint64_t seed) { return test_support::xorshift_prompt(n, seed, 777); }
 
 // Final hidden states ("final_norm", the head's input) and logits, by absolute position.
 struct Rows {
