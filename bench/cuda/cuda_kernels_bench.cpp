@@ -985,10 +985,15 @@ void bench_indexer_select(double copy_gbps, cudaStream_t stream, std::vector<Row
 }
 
 int run(int argc, char** argv) {
-  std::string json_path;
+  std::string json_path, sections;
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
     else if (std::strcmp(argv[i], "--once") == 0) g_once = true;
+    else if (std::strcmp(argv[i], "--sections") == 0 && i + 1 < argc) sections = argv[++i];
+  // --sections gemv,mhc,packed,moe,small,wo_a,attn: only those groups of rows (default: all).
+  auto want = [&](const char* name) {
+    return sections.empty() || ("," + sections + ",").find("," + std::string(name) + ",") != std::string::npos;
+  };
   auto rt = query_runtime();
   if (!rt.ok() || rt->devices.empty()) {
     std::fprintf(stderr, "cuda_kernels_bench: no GPU: %s\n", rt.ok() ? "no device" : rt.error().message.c_str());
@@ -1017,12 +1022,15 @@ int run(int argc, char** argv) {
       {"big_mxfp4", QuantWeightFormat::MXFP4, 16384, 16384},
   };
   std::vector<Row> rows;
-  for (const auto& s : shapes) bench_gemv(s, {1, 4, 8}, copy_gbps, stream->get(), rows);
-  // Routed experts of one token, top-6: w1 and w3 of 6 experts (12 matrices) in one launch, then w2 ×6.
-  for (int64_t n : {1, 4}) {
-    bench_grouped(shapes[5], 12, n, copy_gbps, stream->get(), rows);
-    bench_grouped(shapes[6], 6, n, copy_gbps, stream->get(), rows);
+  if (want("gemv")) {
+    for (const auto& s : shapes) bench_gemv(s, {1, 4, 8}, copy_gbps, stream->get(), rows);
+    // Routed experts of one token, top-6: w1 and w3 of 6 experts (12 matrices) in one launch, then w2 ×6.
+    for (int64_t n : {1, 4}) {
+      bench_grouped(shapes[5], 12, n, copy_gbps, stream->get(), rows);
+      bench_grouped(shapes[6], 6, n, copy_gbps, stream->get(), rows);
+    }
   }
+  if (want("mhc")) {
   for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows);
   bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows);
   {  // cuda-perf: the sized workspace (decode tiles in one launch; streaming path for prefill sizes),
@@ -1073,6 +1081,8 @@ int run(int argc, char** argv) {
   bench_mhc(1, 5120, 1, copy_gbps, stream->get(), rows, cl);
   cl.pdl = true;
   for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, cl);  // back-to-back, PDL
+  }
+  if (want("packed")) {
   bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows);
   bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows);
   for (int64_t n : {1, 4}) {
@@ -1085,15 +1095,18 @@ int run(int argc, char** argv) {
     bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, true);
   }
   bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, true);
-  {
+  }
+  if (want("moe")) {
     DeviceBuffer<uint8_t> expert_pool;
     for (int64_t n : {1, 8, 64}) bench_moe_items(n, expert_pool, copy_gbps, stream->get(), rows);
   }
-  bench_ffn_small(copy_gbps, stream->get(), rows);
-  bench_wo_a(copy_gbps, stream->get(), rows);
-  bench_attn_input(copy_gbps, stream->get(), rows);
-  bench_sparse_attention(copy_gbps, stream->get(), rows);
-  bench_indexer_select(copy_gbps, stream->get(), rows);
+  if (want("small")) bench_ffn_small(copy_gbps, stream->get(), rows);
+  if (want("wo_a")) bench_wo_a(copy_gbps, stream->get(), rows);
+  if (want("attn")) {
+    bench_attn_input(copy_gbps, stream->get(), rows);
+    bench_sparse_attention(copy_gbps, stream->get(), rows);
+    bench_indexer_select(copy_gbps, stream->get(), rows);
+  }
 
   std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",
               "%copy-floor");
