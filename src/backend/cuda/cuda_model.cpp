@@ -321,6 +321,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.moe_items_max_rows = kGemvMaxRows;
   p.fused_q_rope = false;
   p.attn_head_split = false;
+  p.mhc_split = false;
   return p;
 }
 
@@ -342,6 +343,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"gemv_multi", &p.gemv_multi, nullptr},
           {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"attn_head_split", &p.attn_head_split, nullptr},
+          {"mhc_split", &p.mhc_split, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
@@ -465,6 +467,9 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
   CEDAR_ASSIGN_OR_RETURN(t.aux, Stream::create());
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.fork_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.join_ev, cudaEventDisableTiming));
+  CEDAR_ASSIGN_OR_RETURN(t.coef, Stream::create());
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.coef_fork_ev, cudaEventDisableTiming));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.coef_done_ev, cudaEventDisableTiming));
   return Status::Ok();
 }
 

@@ -82,6 +82,11 @@ struct CudaKernelPaths {
   // batch 1 on the H200). Not bit-identical to the
   // 64-head plan (phase A's channel parts summed in another order); same CPU-oracle bounds.
   bool attn_head_split = true;
+  // Decode with concurrent branches: a site's mHC split into its critical part (expand + collapse + the
+  // input norm, elementwise) on the model's stream and the next site's coefficients (fn GEMV + Sinkhorn)
+  // on a third stream, joined at the next site — the coefficients are only read there (single-pass
+  // mHC), so they run beside the sublayer. Same kernels and inputs, so the same bits.
+  bool mhc_split = true;
   static CudaKernelPaths legacy();
 };
 
@@ -226,7 +231,8 @@ class CudaModel {
   };
   struct RowSpan;  // one sequence's rows in a call (staging)
   Status stage_rows(bool decode, std::span<const RowSpan> spans, int64_t n);
-  Status run_rows(const Rows& r);
+  Status run_rows(const Rows& r);    // run_layers, then the coefficient stream joined
+  Status run_layers(const Rows& r);
   Status run_step(const Rows& r, CudaStepOutput& out);  // graph / direct + argmax download
   Status embed(const Rows& r);
   Status engram(int64_t layer, const Rows& r);
@@ -251,6 +257,10 @@ class CudaModel {
   Status dense(const DenseCall& c);
   Status mhc(const void* args_ptr, const Rows& r);
   Status site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight);  // mhc + the site's input norm
+  // paths.mhc_split: the coefficients of a site on the coefficient stream (after the critical kernels),
+  // and the wait for them before anything reads their mix rows or writes the streams again.
+  Status fork_coefficients(const void* args_ptr);
+  Status join_coefficients();
   // Programmatic dependent launch for the next PDL-capable kernel on the current stream: decode only, not
   // while profiling (event nodes between stages), and not for the first kernel after a fork or join
   // (its predecessors are on two streams) or a cuBLASLt call.
@@ -285,6 +295,7 @@ class CudaModel {
   cudaStream_t cur_ = nullptr;          // non-null inside a branch
   bool pdl_rows_ = false;               // the rows of the call in flight may use PDL (decode)
   bool pdl_fresh_[2] = {false, false};  // main / aux stream: the next kernel must not use PDL
+  bool coef_pending_ = false;           // a site's coefficients run on the coefficient stream, not joined yet
   int64_t last_rows_ = 0;
   bool state_written_ = false;  // a step has written sequence state (KV rings / caches): errors poison it
 };

@@ -121,9 +121,14 @@ struct CudaModel::Tables {
   // Concurrent branches of a decode step.
   Stream aux;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  // The mHC coefficients beside the sublayer (paths.mhc_split).
+  Stream coef;
+  cudaEvent_t coef_fork_ev = nullptr, coef_done_ev = nullptr;
   ~Tables() {
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
+    if (coef_fork_ev) cudaEventDestroy(coef_fork_ev);
+    if (coef_done_ev) cudaEventDestroy(coef_done_ev);
   }
 };
 

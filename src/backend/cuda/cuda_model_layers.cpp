@@ -201,10 +201,49 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   return mhc_fused(a, mhc_ws(), cs());
 }
 
+Status CudaModel::fork_coefficients(const void* args_ptr) {
+  MhcFusedArgs a = *static_cast<const MhcFusedArgs*>(args_ptr);
+  // The streams as the critical kernels left them (X_out = X): no expand, no collapse, no norm.
+  a.y = nullptr;
+  a.post = a.comb = nullptr;
+  a.collapse_w = nullptr;
+  a.collapsed = nullptr;
+  a.norm_weight = nullptr;
+  a.normed = nullptr;
+  a.programmatic_launch = false;  // its predecessor is an event, not a kernel of its stream
+  const cudaStream_t s = stream_.get(), c = tables_->coef.get();
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->coef_fork_ev, s));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(c, tables_->coef_fork_ev, 0));
+  coef_pending_ = true;  // joined even if the launch fails, so a capture in progress ends merged
+  const Status st = mhc_fused(a, mhc_ws(), c);
+  const cudaError_t e = cudaEventRecord(tables_->coef_done_ev, c);
+  CEDAR_RETURN_IF_ERROR(st);
+  return cuda_status(e, "cudaEventRecord(coefficients)");
+}
+
+Status CudaModel::join_coefficients() {
+  if (!coef_pending_) return Status::Ok();
+  coef_pending_ = false;
+  pdl_fresh_[0] = true;  // the next kernel also depends on the coefficient stream
+  return cuda_status(cudaStreamWaitEvent(stream_.get(), tables_->coef_done_ev, 0), "cudaStreamWaitEvent(coefficients)");
+}
+
 // The site's input norm: requested from mhc_fused (fused into its decode kernel up to
-// kMhcNormFuseMaxTokens rows), or a separate rms_norm launch (paths.mhc_fused_norm = false).
+// kMhcNormFuseMaxTokens rows), or a separate rms_norm launch (paths.mhc_fused_norm = false). With
+// paths.mhc_split (decode branches), the critical kernels first (expand + collapse, then rms_norm),
+// the coefficients on the coefficient stream.
 Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight) {
   MhcFusedArgs& a = *static_cast<MhcFusedArgs*>(args_ptr);
+  if (options_.paths.mhc_split && branches(r) && a.fn && a.mix_out && !cur_) {
+    MhcFusedArgs crit = a;
+    crit.fn = nullptr;
+    crit.mix_out = nullptr;
+    crit.norm_weight = weight.data;
+    crit.normed = ws_->xn;
+    crit.normed_eps = static_cast<float>(config().rms_norm_eps);
+    CEDAR_RETURN_IF_ERROR(mhc(&crit, r));
+    return fork_coefficients(&a);
+  }
   if (!options_.paths.mhc_fused_norm) {
     CEDAR_RETURN_IF_ERROR(mhc(&a, r));
     return norm(a.collapsed, r.n, config().hidden_size, weight, ws_->xn);
@@ -259,6 +298,14 @@ MhcFusedArgs mhc_args(const ModelConfig& c, const DeviceHc& hc, int64_t n, float
 // ---- the loop (DeepseekV41Model::run_rows) ------------------------------------------------------
 
 Status CudaModel::run_rows(const Rows& r) {
+  const Status st = run_layers(r);
+  // Every fork of the coefficient stream is joined, after an error too: a capture in progress ends merged.
+  const Status joined = join_coefficients();
+  CEDAR_RETURN_IF_ERROR(st);
+  return joined;
+}
+
+Status CudaModel::run_layers(const Rows& r) {
   state_written_ = true;  // from the first kernel on, sequence state (rings, caches, Engram history) changes
   pdl_rows_ = r.decode;   // PDL inside decode steps (prefill kernels are long: nothing to hide)
   pdl_fresh_[0] = pdl_fresh_[1] = true;
@@ -353,6 +400,7 @@ Status CudaModel::engram(int64_t l, const Rows& r) {
 // Attention site: [expand of the previous ffn output] → [Engram] → collapse with pre_prev, the site's
 // coefficients → attn_norm.
 Status CudaModel::attention_site(int64_t l, const Rows& r) {
+  CEDAR_RETURN_IF_ERROR(join_coefficients());  // the previous site's mix rows; the streams are rewritten
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
@@ -663,6 +711,7 @@ Status CudaModel::indexer(int64_t l, const Rows& r, bool qi_ready) {
 
 // FFN site: expand the attention output, collapse with the attention site's pre, the ffn coefficients.
 Status CudaModel::ffn_site(int64_t l, const Rows& r) {
+  CEDAR_RETURN_IF_ERROR(join_coefficients());
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
@@ -898,6 +947,7 @@ Status CudaModel::moe_gemm(int64_t l, const Rows& r) {
 // finish_rows: the last ffn output expanded into the streams, then (final_head) the collapse with that
 // site's pre, the final RMSNorm, the fp32 head over the logit rows, and argmax.
 Status CudaModel::finish(const Rows& r) {
+  CEDAR_RETURN_IF_ERROR(join_coefficients());
   const ModelConfig& c = config();
   Workspace& w = *ws_;
   const cudaStream_t s = cs();

@@ -785,6 +785,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"legacy: mhc_batched 1 vs 0", with(old, "mhc_batched=1"), old},
       // The input norm fused into mhc_fused's decode kernel repeats rms_norm's arithmetic op for op.
       {"defaults: mhc_fused_norm 1 vs 0", fast, with(fast, "mhc_fused_norm=0")},
+      // The split site runs the same expand / collapse / norm / coefficient arithmetic in other launches.
+      {"defaults: mhc_split 1 vs 0", fast, with(fast, "mhc_split=0")},
   };
   for (const Case& c : cases) {
     g.set_paths(c.a);
