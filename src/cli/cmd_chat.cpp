@@ -14,6 +14,7 @@
 #include "cli/device_runner.h"
 #include "cli/generation_setup.h"
 #include "engine/engine.h"
+#include "server/wire_request.h"
 #include "text/encoder.h"
 #include "text/output_parser.h"
 #include "text/prompt_tokens.h"
@@ -38,6 +39,7 @@ CommandSpec make_spec() {
           {"threads", "worker threads (0 = all cores)", true, "0", "N"},
       }};
   spec.options.push_back(kv_cache_option_spec());
+  spec.options.push_back(context_option_spec());
   for (auto& o : sampling_option_specs("128")) spec.options.push_back(o);
   for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
   for (auto& o : kv_disk_option_specs()) spec.options.push_back(o);
@@ -118,13 +120,23 @@ int cmd_chat(const Args& args) {
   const bool thinking = a.flag("thinking");
   const bool interactive = ::isatty(0) != 0;
 
+  auto cuda = cuda_device_requested(a);
+  if (!cuda.ok()) return std::fprintf(stderr, "cedar chat: %s\n", cuda.error().message.c_str()), 2;
+  auto kv_bytes = kv_cache_bytes_from_args(a);
+  if (!kv_bytes.ok()) return std::fprintf(stderr, "cedar chat: %s\n", kv_bytes.error().message.c_str()), 2;
+  // --context is checked against the model's config before its weights load.
+  auto head = read_model_head(a.positional(0));
+  if (!head.ok()) return fail(head.error().message);
+  auto context = context_from_args({&a, &*head, *cuda, *kv_bytes, engine::EngineOptions{}.max_running});
+  if (!context.ok()) return std::fprintf(stderr, "cedar chat: %s\n", context.error().message.c_str()), 2;
+
   ThreadPool pool(static_cast<int>(*threads));
-  auto loaded = load_for_generation(LoadRequest{a.positional(0), &pool, true, "chat"});
+  auto loaded = load_for_generation(LoadRequest{head->path.string(), &pool, true, "chat"});
   if (!loaded.ok()) return fail(loaded.error().message);
   // Each turn re-sends the conversation: the prefix cache resumes it from the previous turn's KV (with
   // the SSD tier, from disk after a restart).
   int exit_code = 0;
-  auto gen = generation_engine_from_args({&a, &*loaded, &pool, *mode, "chat"}, exit_code);
+  auto gen = generation_engine_from_args({&a, &*loaded, &pool, *mode, *context, "chat"}, exit_code);
   if (!gen) return exit_code;
   engine::Engine& eng = *gen->engine;
   if (interactive) std::fprintf(stderr, "cedar chat: %s (/reset, /exit)\n", loaded->path.string().c_str());
@@ -163,9 +175,19 @@ int cmd_chat(const Args& args) {
     ReplyPrinter printer;
     std::vector<text::ParseEvent> events;
     Status parse_status;
+    // As the server does: the reply stops where the context ends; a conversation that fills it is refused.
+    auto max_tokens =
+        server::clamp_max_tokens(params->max_tokens, static_cast<int64_t>(ids->size()), gen->context_length);
+    if (!max_tokens.ok()) {
+      std::fprintf(stderr, "cedar chat: %s (the message is dropped; /reset starts over)\n",
+                   max_tokens.error().message.c_str());
+      history.pop_back();
+      continue;
+    }
     engine::GenerationRequest req;
     req.prompt.assign(ids->begin(), ids->end());
     req.params = *params;
+    req.params.max_tokens = *max_tokens;
     req.on_event = [&](const engine::StreamEvent& ev) {
       if (ev.text.empty() || !parse_status.ok()) return;
       events.clear();

@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "io/atomic_file.h"
 #include "model/model_stats.h"
+#include "server/wire_request.h"
 
 namespace cedar::cli {
 namespace {
@@ -30,6 +31,7 @@ CommandSpec make_spec() {
           {"exact", "same as --mode exact (reference numerics)", false, "", ""},
           {"threads", "worker threads (0 = all cores)", true, "0", "N"},
           kv_cache_option_spec(),
+          context_option_spec(),
           {"stats-json", "write timings, token counts and KV bytes per token here as JSON", true, "", "FILE"},
       }};
   for (auto& o : sampling_option_specs("64")) spec.options.push_back(o);
@@ -69,8 +71,18 @@ int cmd_run(const Args& args) {
   if (!mode.ok()) return std::fprintf(stderr, "cedar run: --mode: %s\n", mode.error().message.c_str()), 2;
   if (!threads.ok() || *threads < 0) return std::fprintf(stderr, "cedar run: --threads must be >= 0\n"), 2;
 
+  auto cuda = cuda_device_requested(a);
+  if (!cuda.ok()) return std::fprintf(stderr, "cedar run: %s\n", cuda.error().message.c_str()), 2;
+  auto kv_bytes = kv_cache_bytes_from_args(a);
+  if (!kv_bytes.ok()) return std::fprintf(stderr, "cedar run: %s\n", kv_bytes.error().message.c_str()), 2;
+  // --context is checked against the model's config before its weights load.
+  auto head = read_model_head(a.positional(0));
+  if (!head.ok()) return fail(head.error().message);
+  auto context = context_from_args({&a, &*head, *cuda, *kv_bytes, engine::EngineOptions{}.max_running});
+  if (!context.ok()) return std::fprintf(stderr, "cedar run: %s\n", context.error().message.c_str()), 2;
+
   ThreadPool pool(static_cast<int>(*threads));
-  auto loaded = load_for_generation(LoadRequest{a.positional(0), &pool, true, "run"});
+  auto loaded = load_for_generation(LoadRequest{head->path.string(), &pool, true, "run"});
   if (!loaded.ok()) return fail(loaded.error().message);
   const DeepseekV41Model& model = *loaded->model;
 
@@ -81,12 +93,17 @@ int cmd_run(const Args& args) {
   prompt.insert(prompt.end(), ids->begin(), ids->end());
 
   int exit_code = 0;
-  auto gen = generation_engine_from_args({&a, &*loaded, &pool, *mode, "run"}, exit_code);
+  auto gen = generation_engine_from_args({&a, &*loaded, &pool, *mode, *context, "run"}, exit_code);
   if (!gen) return exit_code;
   engine::Engine& eng = *gen->engine;
+  // As the server does: the output stops where the context ends; a prompt that fills it is refused.
+  auto max_tokens =
+      server::clamp_max_tokens(params->max_tokens, static_cast<int64_t>(prompt.size()), gen->context_length);
+  if (!max_tokens.ok()) return fail("--prompt: " + max_tokens.error().message);
   engine::GenerationRequest req;
   req.prompt = prompt;
   req.params = *params;
+  req.params.max_tokens = *max_tokens;
   req.on_event = [](const engine::StreamEvent& ev) {
     std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
     std::fflush(stdout);
@@ -103,6 +120,8 @@ int cmd_run(const Args& args) {
   if (a.has("stats-json")) {
     const engine::EngineStats& es = eng.stats();
     const KvBudget kv = compute_kv_budget(model.config(), model.plan());
+    // --device cuda: the engine's budget over the device pool (no block pool on the host).
+    const engine::CacheBudget& budget = gen->cache.budget ? *gen->cache.budget : *gen->gpu_budget;
     auto per_token = [&](int64_t bytes) {
       return r.stats.kv_tokens > 0 ? static_cast<double>(bytes) / static_cast<double>(r.stats.kv_tokens) : 0.0;
     };
@@ -126,8 +145,10 @@ int cmd_run(const Args& args) {
         {"kv_bytes_allocated", r.stats.kv_bytes_allocated},
         {"kv_padding_bytes", r.stats.kv_bytes_allocated - r.stats.kv_bytes_packed},
         {"kv_tokens", r.stats.kv_tokens},
-        {"kv_cache_capacity_bytes", gen->cache.budget->capacity_bytes()},
-        {"kv_pool_peak_used_bytes", gen->cache.budget->pool()->stats().peak_used_bytes},
+        {"kv_cache_capacity_bytes", budget.capacity_bytes()},
+        {"kv_pool_peak_used_bytes", gen->cache.budget ? gen->cache.budget->pool()->stats().peak_used_bytes : 0},
+        {"context_length", gen->context_length},
+        {"device", gen->gpu.runner ? "cuda" : "cpu"},
         {"preemptions", es.preemptions},
         {"cached_tokens", r.stats.cached_tokens},
         {"replayed_tokens", r.stats.replayed_tokens},

@@ -42,6 +42,7 @@ CommandSpec make_spec() {
           {"threads", "model worker threads (0 = all cores)", true, "0", "N"},
           {"kv-bytes", "KV-cache budget of all sequences together, bytes", true, "8589934592", "N"},
           {"max-running", "sequences decoded together", true, "16", "N"},
+          context_option_spec(),
           {"mode", "prefill mode: ced (default) or exact", true, "ced", "MODE"},
           device_option_spec(),
           {"fake-backend", "serve a deterministic scripted backend (tests; no model is loaded)", false, "", ""},
@@ -132,6 +133,8 @@ int cmd_serve(const Args& args) {
   std::unique_ptr<server::GenerationBackend> backend;
   if (a.flag("fake-backend")) {
     if (a.has("kv-cache-dir")) return std::fprintf(stderr, "cedar serve: --kv-cache-dir needs a model backend\n"), 2;
+    if (a.has("context"))
+      return std::fprintf(stderr, "cedar serve: --context needs a model backend (fake: --context-length)\n"), 2;
     auto tok = load_v41_tokenizer();
     if (!tok.ok()) return std::fprintf(stderr, "cedar serve: %s\n", tok.error().message.c_str()), 1;
     tokenizer = std::move(*tok);
@@ -146,17 +149,27 @@ int cmd_serve(const Args& args) {
     if (!mode.ok()) return std::fprintf(stderr, "cedar serve: --mode: %s\n", mode.error().message.c_str()), 2;
     auto cuda = cuda_device_requested(a);
     if (!cuda.ok()) return std::fprintf(stderr, "cedar serve: %s\n", cuda.error().message.c_str()), 2;
-    pool = std::make_unique<ThreadPool>(static_cast<int>(*threads));
-    auto loaded = load_for_generation(LoadRequest{a.positional(0), pool.get(), true, "serve"});
-    if (!loaded.ok()) return std::fprintf(stderr, "cedar serve: %s\n", loaded.error().message.c_str()), 1;
-    model = std::make_unique<LoadedModel>(std::move(*loaded));
     server::EngineBackendOptions eo;
     eo.max_running = std::max<int64_t>(1, *max_running);
     eo.mode = *mode;
-    eo.context_length = model->model->config().max_position_embeddings;
+    // --context is checked against the model's config before its weights load.
+    auto head = read_model_head(a.positional(0));
+    if (!head.ok()) return std::fprintf(stderr, "cedar serve: %s\n", head.error().message.c_str()), 1;
+    auto context = context_from_args({&a, &*head, *cuda, std::max<int64_t>(1, *kv_bytes), eo.max_running});
+    if (!context.ok()) return std::fprintf(stderr, "cedar serve: %s\n", context.error().message.c_str()), 2;
+    if (*cuda)  // the device plan is sized for it: say so before the (long) load
+      std::fprintf(stderr, "cedar serve: --device cuda: context %lld positions per sequence (%s)\n",
+                   static_cast<long long>(*context), a.has("context") ? "--context" : "what --kv-bytes affords");
+    pool = std::make_unique<ThreadPool>(static_cast<int>(*threads));
+    auto loaded = load_for_generation(LoadRequest{head->path.string(), pool.get(), true, "serve"});
+    if (!loaded.ok()) return std::fprintf(stderr, "cedar serve: %s\n", loaded.error().message.c_str()), 1;
+    model = std::make_unique<LoadedModel>(std::move(*loaded));
+    eo.context_length = *context;  // longer prompts get 400 context_length_exceeded
     eo.bos_token = model->model->config().bos_token_id;
     if (*cuda) {
-      auto g = cuda_runner(CudaRunnerRequest{model->path, eo.max_running, std::max<int64_t>(1, *kv_bytes), pool.get()});
+      // The GPU model shares the host model loaded above (one read of the checkpoint).
+      auto g = cuda_runner(
+          CudaRunnerRequest{model->model, eo.max_running, std::max<int64_t>(1, *kv_bytes), *context, pool.get()});
       if (!g.ok()) return std::fprintf(stderr, "cedar serve: --device cuda: %s\n", g.error().message.c_str()), 1;
       gpu = std::move(*g);
       std::fprintf(stderr, "cedar serve: %s\n", gpu.summary.c_str());

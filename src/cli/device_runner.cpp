@@ -1,13 +1,8 @@
 #include "cli/device_runner.h"
 
-#include <algorithm>
-
 #ifdef CEDAR_HAVE_CUDA
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_runner.h"
-#include "io/config.h"
-#include "model/layer_plan.h"
-#include "model/model_stats.h"
 #endif
 
 namespace cedar::cli {
@@ -32,22 +27,17 @@ Result<bool> cuda_device_requested(const ParsedArgs& a) {
 
 bool cuda_backend_built() { return true; }
 
+Result<double> cuda_context_bytes_per_position(const ModelConfig& c, const LayerPlan& plan, int64_t max_running) {
+  return cuda::cuda_context_bytes_per_position(c, plan, max_running);
+}
+
 Result<DeviceRunner> cuda_runner(const CudaRunnerRequest& request) {
-  auto config = load_model_config(request.model / "config.json");
-  if (!config.ok()) return config.error();
-  CEDAR_ASSIGN_OR_RETURN(const LayerPlan plan, build_layer_plan(*config));
-  const KvBudget kv = compute_kv_budget(*config, plan);
-  cuda::CudaModelOptions o;
-  o.max_batch = std::clamp<int64_t>(request.max_running, 1, 64);
-  o.kv.max_sequences = o.max_batch;
-  // Positions the pools hold: the KV budget at the packed bytes per token, at least one full context.
-  const int64_t context = std::max<int64_t>(1, config->max_position_embeddings);
-  const int64_t positions =
-      kv.bytes_per_token() > 0 ? static_cast<int64_t>(static_cast<double>(request.kv_bytes) / kv.bytes_per_token()) : 0;
-  o.kv.token_capacity = std::max<int64_t>(positions, std::min<int64_t>(context, 1 << 20));
-  o.kv.max_context = std::min(context, o.kv.token_capacity);
+  if (!request.host) return make_error("no host model");
+  const DeepseekV41Model& host = *request.host;
+  cuda::CudaModelOptions o = cuda::cuda_runner_model_options(
+      host.config(), host.plan(), {request.max_running, request.kv_bytes, request.context});
   o.pool = request.pool;
-  CEDAR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model, cuda::CudaModel::load(request.model, o));
+  CEDAR_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaModel> model, cuda::CudaModel::load(request.host, o));
   DeviceRunner d;
   d.kv_capacity_bytes = cuda::cuda_runner_budget_bytes(*model, request.kv_bytes);
   auto runner = std::make_unique<cuda::CudaRunner>(*model);
@@ -64,6 +54,10 @@ Result<DeviceRunner> cuda_runner(const CudaRunnerRequest& request) {
 #else
 
 bool cuda_backend_built() { return false; }
+
+Result<double> cuda_context_bytes_per_position(const ModelConfig&, const LayerPlan&, int64_t) {
+  return make_error("this cedar was built without the CUDA backend (configure with: cmake --preset cuda)");
+}
 
 Result<DeviceRunner> cuda_runner(const CudaRunnerRequest&) {
   return make_error("this cedar was built without the CUDA backend (configure with: cmake --preset cuda)");

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <vector>
 
+#include "engine/context_length.h"
 #include "io/model_fingerprint.h"
 #include "model/default_model.h"
 #include "model/model_stats.h"
@@ -63,7 +64,7 @@ Result<LoadedModel> load_for_generation(const LoadRequest& request) {
   if (request.progress) prefetch_with_progress(dir, request.command);
   auto model = DeepseekV41Model::load(out.path, LoadOptions{{}, request.pool});
   if (!model.ok()) return model.error().with_context("loading " + out.path.string());
-  out.model = std::make_unique<DeepseekV41Model>(std::move(*model));
+  out.model = std::make_shared<const DeepseekV41Model>(std::move(*model));
   fs::path tok_path = dir / "tokenizer.json";
   if (!fs::exists(tok_path)) {
     CEDAR_ASSIGN_OR_RETURN(tok_path, find_tokenizer_json({}));
@@ -73,6 +74,60 @@ Result<LoadedModel> load_for_generation(const LoadRequest& request) {
   out.tokenizer = std::make_unique<text::Tokenizer>(std::move(*tok));
   out.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+Result<ModelHead> read_model_head(const std::optional<std::string>& model) {
+  ModelHead head;
+  if (model) {
+    head.path = *model;
+  } else {
+    CEDAR_ASSIGN_OR_RETURN(head.path, ensure_default_model());
+  }
+  std::error_code ec;
+  if (!fs::exists(head.path, ec)) return make_error(head.path.string() + ": no such model directory or file");
+  const fs::path dir = fs::is_directory(head.path) ? head.path : head.path.parent_path();
+  auto config = load_model_config(dir);
+  if (!config.ok()) return config.error().with_context("loading " + head.path.string());
+  head.config = std::move(*config);
+  auto plan = build_layer_plan(head.config);
+  if (!plan.ok()) return plan.error().with_context("loading " + head.path.string());
+  head.plan = std::move(*plan);
+  return head;
+}
+
+OptionSpec context_option_spec() {
+  return {"context",
+          "positions one sequence may reach, prompt + output (default: the model's max_position_embeddings; "
+          "--device cuda: the longest the KV budget affords)",
+          true, "", "N"};
+}
+
+Result<int64_t> context_from_args(const ContextRequest& r) {
+  const ParsedArgs& a = *r.args;
+  std::optional<int64_t> requested;
+  if (a.has("context")) {
+    auto n = a.get_int("context");
+    if (!n.ok() || *n < 1)
+      return make_error("--context must be a positive number of positions, got '" + a.get("context") + "'");
+    requested = *n;
+  }
+  const ModelConfig& c = r.head->config;
+  const KvBudget kv = compute_kv_budget(c, r.head->plan);
+  engine::ContextLimits l;
+  l.max_position_embeddings = c.max_position_embeddings;
+  l.sliding_window = c.sliding_window;
+  l.kv_bytes_per_token = kv.bytes_per_token();
+  l.kv_bytes_per_sequence = kv.swa_bytes_per_sequence;
+  l.kv_budget_bytes = r.kv_budget_bytes;
+  l.tokens_per_block = KvCacheOptions{}.tokens_per_block;
+  if (r.cuda) {
+    l.sized_up_front = true;
+    CEDAR_ASSIGN_OR_RETURN(l.device_bytes_per_position,
+                           cuda_context_bytes_per_position(c, r.head->plan, r.max_running));
+  }
+  auto n = engine::serving_context_length(l, requested);
+  if (!n.ok()) return make_error("--context: " + n.error().message);
+  return *n;
 }
 
 std::vector<OptionSpec> sampling_option_specs(const std::string& default_max_tokens) {
@@ -182,11 +237,16 @@ Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& a
   return std::move(*store);
 }
 
-Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& a, const DeepseekV41Model& model, int64_t swa_history) {
+Result<int64_t> kv_cache_bytes_from_args(const ParsedArgs& a) {
   auto mb = a.get_int("kv-cache-mb");
   if (!mb.ok() || *mb <= 0 || *mb > (int64_t{1} << 30))
     return make_error("--kv-cache-mb must be a positive number of MiB, got '" + a.get("kv-cache-mb") + "'");
-  return kv_cache_setup(model, *mb << 20, swa_history);
+  return static_cast<int64_t>(*mb) << 20;
+}
+
+Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& a, const DeepseekV41Model& model, int64_t swa_history) {
+  CEDAR_ASSIGN_OR_RETURN(const int64_t bytes, kv_cache_bytes_from_args(a));
+  return kv_cache_setup(model, bytes, swa_history);
 }
 
 std::vector<OptionSpec> prefix_cache_option_specs() {
@@ -241,13 +301,14 @@ std::unique_ptr<GenerationEngine> generation_engine_from_args(const GenerationEn
   auto cuda = cuda_device_requested(a);
   if (!cuda.ok()) return fail(2, cuda.error().message);
   if (*cuda) {
-    auto kv_mb = a.get_int("kv-cache-mb");
-    if (!kv_mb.ok() || *kv_mb <= 0) return fail(2, "--kv-cache-mb must be a positive number of MiB");
-    auto gpu = cuda_runner(CudaRunnerRequest{loaded.path, engine::EngineOptions{}.max_running,
-                                             static_cast<int64_t>(*kv_mb) << 20, request.pool});
+    auto kv_bytes = kv_cache_bytes_from_args(a);
+    if (!kv_bytes.ok()) return fail(2, kv_bytes.error().message);
+    auto gpu = cuda_runner(CudaRunnerRequest{loaded.model, engine::EngineOptions{}.max_running, *kv_bytes,
+                                             request.context_length, request.pool});
     if (!gpu.ok()) return fail(1, "--device cuda: " + gpu.error().message);
     auto g = std::make_unique<GenerationEngine>();
     g->gpu = std::move(*gpu);
+    g->context_length = g->gpu.context_length;
     g->gpu_budget =
         std::make_unique<engine::ByteCacheBudget>(g->gpu.runner->cache_footprint(), g->gpu.kv_capacity_bytes);
     engine::EngineOptions eo;
@@ -265,6 +326,7 @@ std::unique_ptr<GenerationEngine> generation_engine_from_args(const GenerationEn
   auto disk = kv_disk_store_from_args(a, model, loaded.path, cache->kv.tokens_per_block);
   if (!disk.ok()) return fail(1, disk.error().message);
   auto g = std::make_unique<GenerationEngine>();
+  g->context_length = request.context_length;
   g->cache = std::move(*cache);
   g->disk = std::move(*disk);
   // With an SSD tier, the index keys are rooted in the fingerprint its files carry.

@@ -15,7 +15,9 @@
 #include "engine/pool_cache_budget.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
+#include "io/config.h"
 #include "kv/kv_disk_store.h"
+#include "model/layer_plan.h"
 #include "model/deepseek_v41.h"
 #include "text/tokenizer.h"
 
@@ -23,7 +25,8 @@ namespace cedar::cli {
 
 struct LoadedModel {
   std::filesystem::path path;
-  std::unique_ptr<DeepseekV41Model> model;
+  // Shared with the GPU model under --device cuda (CudaModel::load of a host model): one host copy.
+  std::shared_ptr<const DeepseekV41Model> model;
   std::unique_ptr<text::Tokenizer> tokenizer;
   double load_seconds = 0;
 };
@@ -37,6 +40,30 @@ struct LoadRequest {
 
 // The tokenizer comes from MODEL/tokenizer.json, else cedar's V4.1 tokenizer source.
 Result<LoadedModel> load_for_generation(const LoadRequest& request);
+
+// A model's path (the embedded default when none is named, created on first use), config and layer plan,
+// without its weights: what options that depend on the model (--context) are checked against in a
+// second, before the load.
+struct ModelHead {
+  std::filesystem::path path;
+  ModelConfig config;
+  LayerPlan plan;
+};
+Result<ModelHead> read_model_head(const std::optional<std::string>& model);
+
+// --context N: positions one sequence may reach (prompt + output). Default: max_position_embeddings with
+// --device cpu; with --device cuda (whose memory plan is sized for it at load) the longest context the KV
+// budget affords (engine/context_length.h, docs/server.md "Context length").
+OptionSpec context_option_spec();
+struct ContextRequest {
+  const ParsedArgs* args = nullptr;
+  const ModelHead* head = nullptr;
+  bool cuda = false;
+  int64_t kv_budget_bytes = 0;  // --kv-bytes (serve) or --kv-cache-mb (run, chat)
+  int64_t max_running = 16;     // cuda: the decode batch the device plan is sized for
+};
+// The context of `request` (engine::serving_context_length); errors (bad option values) start "--context".
+Result<int64_t> context_from_args(const ContextRequest& request);
 
 // The sampling options every generating command accepts (--temperature, --top-p, --seed, ...), and
 // their values as SamplingParams (validated later against the vocabulary).
@@ -56,6 +83,8 @@ struct KvCacheSetup {
   KvCacheOptions kv;  // kv.pool = budget->pool()
 };
 Result<KvCacheSetup> kv_cache_from_args(const ParsedArgs& args, const DeepseekV41Model& model, int64_t swa_history = 0);
+// --kv-cache-mb in bytes (validated).
+Result<int64_t> kv_cache_bytes_from_args(const ParsedArgs& args);
 Result<KvCacheSetup> kv_cache_setup(const DeepseekV41Model& model, int64_t capacity_bytes, int64_t swa_history);
 
 // Prefix cache options (docs/prefix_cache.md): --no-prefix-cache, --swa-pool-mb N, --swa-ttl-s S,
@@ -85,6 +114,7 @@ Result<std::unique_ptr<KvDiskStore>> kv_disk_store_from_args(const ParsedArgs& a
 // With --device cuda: `gpu` holds the device model and runner, `gpu_budget` the engine's budget over its
 // pool, and cache / disk / runner stay empty (no prefix cache on the GPU yet).
 struct GenerationEngine {
+  int64_t context_length = 0;  // positions one sequence may reach (prompt + output)
   KvCacheSetup cache;
   std::unique_ptr<KvDiskStore> disk;
   DeviceRunner gpu;
@@ -97,7 +127,8 @@ struct GenerationEngineRequest {
   const LoadedModel* loaded = nullptr;
   ThreadPool* pool = nullptr;
   ForwardMode mode = ForwardMode::Ced;
-  std::string command;  // for messages
+  int64_t context_length = 0;  // context_from_args
+  std::string command;         // for messages
 };
 // Builds it from the prefix cache, KV cache and SSD tier options. Null after printing
 // "cedar <command>: <why>" to stderr; `exit_code` is then 2 for a bad option, 1 when the SSD tier fails.

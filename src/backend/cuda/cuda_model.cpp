@@ -278,9 +278,9 @@ Result<DeviceMemoryPlan> cuda_model_extra_plan(const ModelConfig& c, const Layer
   return p;
 }
 
-CudaModel::CudaModel(DeepseekV41Model host, const CudaModelOptions& options, Stream stream, DeviceWeights weights,
-                     DeviceKvPool kv, std::unique_ptr<Workspace> ws, std::unique_ptr<Tables> tables,
-                     DeviceMemoryPlan plan)
+CudaModel::CudaModel(std::shared_ptr<const DeepseekV41Model> host, const CudaModelOptions& options, Stream stream,
+                     DeviceWeights weights, DeviceKvPool kv, std::unique_ptr<Workspace> ws,
+                     std::unique_ptr<Tables> tables, DeviceMemoryPlan plan)
     : host_(std::move(host)),
       options_(options),
       stream_(std::move(stream)),
@@ -473,20 +473,34 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
   return Status::Ok();
 }
 
-}  // namespace
-
-Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& path, const CudaModelOptions& options) {
-  CudaModelOptions o = options;
+// What load checks before it reads anything (the path overload: before the host model loads).
+Status check_load_options(const CudaModelOptions& o) {
   CEDAR_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device));
   if (o.max_batch < 1 || o.max_chunk < 1)
     return make_error("CudaModel: max_batch and max_chunk must be >= 1 (got " + str(o.max_batch) + ", " +
                       str(o.max_chunk) + ")");
   if (o.kv.max_sequences < o.max_batch)
     return make_error("CudaModel: kv.max_sequences " + str(o.kv.max_sequences) + " < max_batch " + str(o.max_batch));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& path, const CudaModelOptions& options) {
+  CEDAR_RETURN_IF_ERROR(check_load_options(options));
   LoadOptions lo;
-  lo.engram_map = o.engram_map;
-  lo.pool = o.pool;
+  lo.engram_map = options.engram_map;
+  lo.pool = options.pool;
   CEDAR_ASSIGN_OR_RETURN(DeepseekV41Model host, DeepseekV41Model::load(path, lo));
+  return load(std::make_shared<const DeepseekV41Model>(std::move(host)), options);
+}
+
+Result<std::unique_ptr<CudaModel>> CudaModel::load(std::shared_ptr<const DeepseekV41Model> shared,
+                                                   const CudaModelOptions& options) {
+  if (!shared) return make_error("CudaModel: no host model");
+  CudaModelOptions o = options;
+  CEDAR_RETURN_IF_ERROR(check_load_options(o));
+  const DeepseekV41Model& host = *shared;
   const ModelConfig& c = host.config();
   if (c.hc_mult != 4)
     return make_error("CudaModel: the fused mHC kernel is built for hc_mult 4, got " + str(c.hc_mult));
@@ -533,7 +547,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(const std::filesystem::path& 
   }
   auto tables = std::make_unique<Tables>();
   CEDAR_RETURN_IF_ERROR(build_tables(host, o, kv, *tables));
-  return std::unique_ptr<CudaModel>(new CudaModel(std::move(host), o, std::move(stream), std::move(weights),
+  return std::unique_ptr<CudaModel>(new CudaModel(std::move(shared), o, std::move(stream), std::move(weights),
                                                   std::move(kv), std::move(ws), std::move(tables), std::move(plan)));
 }
 

@@ -155,12 +155,18 @@ struct StageTime {
 
 class CudaModel {
  public:
+  // Loads the host model (DeepseekV41Model::load with options.engram_map and options.pool), then as below.
   static Result<std::unique_ptr<CudaModel>> load(const std::filesystem::path& path, const CudaModelOptions& options);
+  // The device model of an already loaded host model, which it shares (config, plan, Engram hasher; the
+  // bound weights are read once, by the upload): `cedar serve|run|chat --device cuda` load the checkpoint
+  // once for the tokenizer side and the GPU. options.engram_map is not used (the host model's map is).
+  static Result<std::unique_ptr<CudaModel>> load(std::shared_ptr<const DeepseekV41Model> host,
+                                                 const CudaModelOptions& options);
   ~CudaModel();
 
-  const ModelConfig& config() const { return host_.config(); }
-  const LayerPlan& plan() const { return host_.plan(); }
-  const DeepseekV41Model& host_model() const { return host_; }
+  const ModelConfig& config() const { return host_->config(); }
+  const LayerPlan& plan() const { return host_->plan(); }
+  const DeepseekV41Model& host_model() const { return *host_; }
   const DeviceWeights& weights() const { return weights_; }
   DeviceKvPool& kv_pool() { return kv_; }
   // Weights + KV + workspace, per component (what load checked against the free memory).
@@ -213,8 +219,9 @@ class CudaModel {
   struct Profiler;
 
  private:
-  CudaModel(DeepseekV41Model host, const CudaModelOptions& options, Stream stream, DeviceWeights weights,
-            DeviceKvPool kv, std::unique_ptr<Workspace> ws, std::unique_ptr<Tables> tables, DeviceMemoryPlan plan);
+  CudaModel(std::shared_ptr<const DeepseekV41Model> host, const CudaModelOptions& options, Stream stream,
+            DeviceWeights weights, DeviceKvPool kv, std::unique_ptr<Workspace> ws, std::unique_ptr<Tables> tables,
+            DeviceMemoryPlan plan);
 
   // Rows of one forward call that run the same layers (the CED split, as in the CPU model). Per-row
   // data (token, position, slot, attention rows) is in one of the step-input regions, so a captured
@@ -280,7 +287,7 @@ class CudaModel {
   Status parallel(bool on, Main&& main, Aux&& aux);
   Status debug(const std::string& name, const Rows& r, const float* data, int64_t width);
 
-  DeepseekV41Model host_;
+  std::shared_ptr<const DeepseekV41Model> host_;  // never null
   CudaModelOptions options_;
   Stream stream_;
   DeviceWeights weights_;

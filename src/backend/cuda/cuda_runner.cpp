@@ -138,4 +138,32 @@ int64_t cuda_runner_budget_bytes(CudaModel& model, int64_t requested) {
   return requested > 0 ? std::min(requested, cap) : cap;
 }
 
+CudaModelOptions cuda_runner_model_options(const ModelConfig& c, const LayerPlan& plan, const CudaRunnerSizing& s) {
+  const KvBudget kv = compute_kv_budget(c, plan);
+  CudaModelOptions o;
+  o.max_batch = std::clamp<int64_t>(s.max_running, 1, 64);
+  o.kv.max_sequences = o.max_batch;
+  o.kv.max_context = std::max<int64_t>(1, s.context);
+  const int64_t all = o.kv.max_sequences * o.kv.max_context;
+  const double budget_positions = kv.bytes_per_token() > 0
+                                      ? static_cast<double>(std::max<int64_t>(0, s.kv_bytes)) / kv.bytes_per_token()
+                                      : static_cast<double>(all);
+  const int64_t positions = budget_positions >= static_cast<double>(all) ? all : static_cast<int64_t>(budget_positions);
+  o.kv.token_capacity = std::clamp(positions, o.kv.max_context, all);
+  return o;
+}
+
+Result<double> cuda_context_bytes_per_position(const ModelConfig& c, const LayerPlan& plan, int64_t max_running) {
+  constexpr int64_t kLow = int64_t{1} << 16, kHigh = int64_t{1} << 20;
+  auto device_bytes = [&](int64_t context) -> Result<double> {
+    CudaModelOptions o = cuda_runner_model_options(c, plan, {max_running, 0, context});
+    o.kv.token_capacity = kHigh;  // the same pool at both contexts: only the context's buffers differ
+    CEDAR_ASSIGN_OR_RETURN(const DeviceMemoryPlan p, cuda_model_extra_plan(c, plan, o));
+    return static_cast<double>(p.device_bytes());
+  };
+  CEDAR_ASSIGN_OR_RETURN(const double low, device_bytes(kLow));
+  CEDAR_ASSIGN_OR_RETURN(const double high, device_bytes(kHigh));
+  return std::max(0.0, (high - low) / static_cast<double>(kHigh - kLow));
+}
+
 }  // namespace cedar::cuda

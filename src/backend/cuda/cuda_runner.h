@@ -43,4 +43,20 @@ class CudaRunner final : public engine::ModelRunner {
 // not exceed max_sequences().
 int64_t cuda_runner_budget_bytes(CudaModel& model, int64_t requested);
 
+// The CudaModel options of a serving runner (cedar serve|run|chat --device cuda): up to `max_running`
+// sequences decoded together (<= 64) of up to `context` positions each, and device pools for `kv_bytes`
+// of KV at the packed bytes per token — at least one full context, at most every sequence at the full
+// context (more could never be used).
+struct CudaRunnerSizing {
+  int64_t max_running = 16;
+  int64_t kv_bytes = 0;
+  int64_t context = 1;
+};
+CudaModelOptions cuda_runner_model_options(const ModelConfig& config, const LayerPlan& plan, const CudaRunnerSizing& s);
+
+// Device bytes per context position of that model besides its KV pool: what its memory plan sizes by the
+// context (the indexer's scores and selection workspace of a prefill chunk, the RoPE and KV block tables),
+// as the slope of cuda_model_extra_plan between two contexts. Host arithmetic: no GPU needed.
+Result<double> cuda_context_bytes_per_position(const ModelConfig& config, const LayerPlan& plan, int64_t max_running);
+
 }  // namespace cedar::cuda

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_runner.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
+#include "model/model_stats.h"
 #include "model/tiny_checkpoint.h"
 #include "test_support/tiny_model.h"
 
@@ -27,10 +28,13 @@ std::vector<int64_t> prompt(int64_t n, uint64_t seed) { return test_support::xor
 
 constexpr int64_t kChunk = 64;  // prompts longer than this span several prefill calls
 
+// The host model is loaded once and handed to CudaModel (what `cedar serve --device cuda` does).
 struct Fixture {
-  std::string error;
+  std::string host_error;  // the host side (no GPU needed)
+  std::string error;       // the host side or the GPU load
   fs::path dir;
   std::unique_ptr<ThreadPool> pool;
+  std::shared_ptr<const DeepseekV41Model> host;
   std::unique_ptr<CudaModel> model;
 };
 
@@ -44,10 +48,23 @@ Fixture& fixture() {
     t.seed = 3;
     t.tokenizer_files = false;
     if (Status st = make_tiny_checkpoint(t, x->dir, false); !st.ok()) {
-      x->error = "make-tiny: " + st.error().message;
+      x->error = x->host_error = "make-tiny: " + st.error().message;
       return x;
     }
     x->pool = std::make_unique<ThreadPool>(0);
+    LoadOptions lo;
+    lo.engram_map = testing::engram_map_path();
+    lo.pool = x->pool.get();
+    auto host = DeepseekV41Model::load(x->dir, lo);
+    if (!host.ok()) {
+      x->error = x->host_error = "host load: " + host.error().message;
+      return x;
+    }
+    x->host = std::make_shared<const DeepseekV41Model>(std::move(*host));
+    if (!testing::gpu_unavailable_reason().empty()) {
+      x->error = "no GPU: " + testing::gpu_unavailable_reason();
+      return x;
+    }
     CudaModelOptions o;
     o.max_batch = 4;
     o.max_chunk = kChunk;
@@ -55,9 +72,8 @@ Fixture& fixture() {
     o.kv.max_context = 1024;
     o.kv.token_capacity = 8192;
     o.headroom_bytes = uint64_t{1} << 30;
-    o.engram_map = testing::engram_map_path();
     o.pool = x->pool.get();
-    auto m = CudaModel::load(x->dir, o);
+    auto m = CudaModel::load(x->host, o);
     if (!m.ok()) {
       x->error = "CUDA load: " + m.error().message;
       return x;
@@ -183,6 +199,73 @@ TEST(CudaRunner, RefusesWhatItCannotDo) {
   EXPECT_NE(item.status.error().message.find("vocabulary"), std::string::npos) << item.status.error().message;
   EXPECT_GT(cuda_runner_budget_bytes(*f.model, 0), 0);
   EXPECT_EQ(cuda_runner_budget_bytes(*f.model, 1000), 1000);
+}
+
+TEST(CudaRunner, SharesTheHostModelItIsGiven) {
+  CEDAR_REQUIRE_RUNNER_MODEL(f);
+  // The device model holds the very host model (no second load of the checkpoint) and keeps it alive.
+  EXPECT_EQ(&f.model->host_model(), f.host.get());
+  EXPECT_GE(f.host.use_count(), 2);
+  EXPECT_EQ(&f.model->config(), &f.host->config());
+  CudaModelOptions o;
+  auto none = CudaModel::load(std::shared_ptr<const DeepseekV41Model>(), o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find("no host model"), std::string::npos) << none.error().message;
+}
+
+// No GPU needed from here on: the runner's sizing is host arithmetic over the memory plan.
+#define CEDAR_REQUIRE_HOST_MODEL(var) \
+  Fixture& var = fixture();           \
+  ASSERT_TRUE(var.host_error.empty()) << var.host_error;
+
+TEST(CudaRunnerOptions, PoolsFollowTheBudgetWithinOneAndAllFullContexts) {
+  CEDAR_REQUIRE_HOST_MODEL(f);
+  const ModelConfig& c = f.host->config();
+  const double bpt = compute_kv_budget(c, f.host->plan()).bytes_per_token();
+  ASSERT_GT(bpt, 0);
+  const int64_t context = 4096;
+  auto with_budget = [&](int64_t kv_bytes) {
+    return cuda_runner_model_options(c, f.host->plan(), {4, kv_bytes, context});
+  };
+  const CudaModelOptions mid = with_budget(static_cast<int64_t>(bpt * 10000));  // 10000 positions
+  EXPECT_EQ(mid.max_batch, 4);
+  EXPECT_EQ(mid.kv.max_sequences, 4);
+  EXPECT_EQ(mid.kv.max_context, context);
+  EXPECT_NEAR(static_cast<double>(mid.kv.token_capacity), 10000.0, 1.0);
+  EXPECT_EQ(with_budget(1).kv.token_capacity, context);                  // at least one full context
+  EXPECT_EQ(with_budget(int64_t{1} << 40).kv.token_capacity, 4 * context);  // at most every sequence full
+  EXPECT_EQ(cuda_runner_model_options(c, f.host->plan(), {500, 0, context}).max_batch, 64);
+  EXPECT_EQ(cuda_runner_model_options(c, f.host->plan(), {0, 0, context}).max_batch, 1);
+}
+
+TEST(CudaRunnerOptions, ContextBytesPerPositionIsTheSlopeOfThePlan) {
+  CEDAR_REQUIRE_HOST_MODEL(f);
+  const ModelConfig& c = f.host->config();
+  const LayerPlan& plan = f.host->plan();
+  auto slope = cuda_context_bytes_per_position(c, plan, 16);
+  ASSERT_TRUE(slope.ok()) << slope.error().message;
+  // Another pair of contexts, the pool held fixed: the plan grows by the slope per position.
+  auto device_bytes = [&](int64_t context) {
+    CudaModelOptions o = cuda_runner_model_options(c, plan, {16, 0, context});
+    o.kv.token_capacity = 1 << 18;
+    auto p = cuda_model_extra_plan(c, plan, o);
+    EXPECT_TRUE(p.ok()) << p.error().message;
+    return p.ok() ? static_cast<double>(p->device_bytes()) : 0.0;
+  };
+  const double grown = device_bytes(200000) - device_bytes(3000);
+  EXPECT_NEAR(grown / (200000 - 3000), *slope, 0.01 * *slope);
+  // At least the indexer's scores of a full prefill chunk (rows × ceil(context / ratio) floats for the
+  // lowest ratio of a layer that scores every compressed slot) and the two RoPE tables.
+  const CudaModelOptions o = cuda_runner_model_options(c, plan, {16, 0, 1});
+  const int64_t rows = std::max(o.max_batch, o.max_chunk);
+  int64_t ratio = 0;
+  for (const LayerRole& r : plan.layers)
+    if (r.owns_indexer && r.compress_ratio > 0 && !r.uses_candidates)
+      ratio = ratio == 0 ? r.compress_ratio : std::min(ratio, r.compress_ratio);
+  ASSERT_GT(ratio, 0) << "the tiny model has an indexer that scores every slot";
+  const double floor_bytes = static_cast<double>(rows) * 4.0 / static_cast<double>(ratio) +
+                             2.0 * static_cast<double>(c.qk_rope_head_dim) * 4.0;
+  EXPECT_GE(*slope, floor_bytes);
 }
 
 }  // namespace
