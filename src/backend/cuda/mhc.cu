@@ -516,9 +516,9 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-constexpr int kTcMTiles = 2;                                    // m16 tiles per warp (32 tokens)
-constexpr int kTcNTiles = kMix / 8;                             // 3
-constexpr int kTcKSteps = kChannels / 8;                        // 4 k8 steps: one stream's 32 values per warp
+constexpr int kTcMTiles = 2;              // m16 tiles per warp (32 tokens)
+constexpr int kTcNTiles = kMix / 8;       // 3
+constexpr int kTcKSteps = kChannels / 8;  // 4 k8 steps: one stream's 32 values per warp
 static_assert(kStWarps == 2 * kHc && kStTokens == 2 * 16 * kTcMTiles, "the tensor path's warp map");
 static_assert(kHc * kStTokens * kSlot <= kStTokens * kStXt, "the final reduction fits in xs");
 
@@ -538,8 +538,8 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
   float* coef = xs + kStXsSize;       // [kStTokens][kCoef]
   detail::pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;  // fragment row / column of this lane
-  const int tb = 32 * (warp & 1);         // first token of this warp's MMA rows
+  const int g = lane >> 2, t = lane & 3;   // fragment row / column of this lane
+  const int tb = 32 * (warp & 1);          // first token of this warp's MMA rows
   const int vb = kChannels * (warp >> 1);  // first value (stream warp >> 1) of this warp's k range
   const int64_t d = a.d, width = kHc * d, n = a.n;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kStTokens;
@@ -550,7 +550,8 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
   auto offsets = [&]() {
     StreamOffsets off;
     const uint32_t w32 = static_cast<uint32_t>(width), d32 = static_cast<uint32_t>(d);
-    const uint32_t last = static_cast<uint32_t>((n - t0 < kStTokens ? n - t0 : kStTokens) - 1);  // tokens past n read t0
+    const uint32_t last =
+        static_cast<uint32_t>((n - t0 < kStTokens ? n - t0 : kStTokens) - 1);  // tokens past n read t0
 #pragma unroll
     for (int q = 0; q < kStTokens / kStWarps; ++q) {
       const uint32_t tt = tid / 32 + kStWarps * q;
@@ -844,7 +845,8 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
       return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large");
     const size_t smem = stream_smem_bytes();
     // Tensor cores by default; A_small is zero when X_new is expanded (bf16), so kSplitA = !y.
-    auto kernel = a.legacy_stream ? mhc_stream_kernel : (a.y ? mhc_stream_tc_kernel<false> : mhc_stream_tc_kernel<true>);
+    auto kernel =
+        a.legacy_stream ? mhc_stream_kernel : (a.y ? mhc_stream_tc_kernel<false> : mhc_stream_tc_kernel<true>);
     CEDAR_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     MhcStreamParams p{a, static_cast<int>(sp.chunks_per_split), ws.partials};
