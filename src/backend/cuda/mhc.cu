@@ -307,6 +307,9 @@ constexpr size_t kStFs = static_cast<size_t>(kStValues) * kMix;
 constexpr size_t stream_smem_bytes() {
   return sizeof(float) * (kStStage + kStYStage + kStXsSize + 2 * kStFs + static_cast<size_t>(kStTokens) * kCoef);
 }
+// The tensor path double-buffers y: 113 664 B, still 2 blocks per SM (2 × (113 664 + 1 024) <= 228 KB).
+constexpr size_t stream_tc_smem_bytes() { return stream_smem_bytes() + sizeof(float) * kStYStage; }
+static_assert(2 * (stream_tc_smem_bytes() + 1024) <= 228 * 1024, "2 blocks per SM");
 
 __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
   asm volatile(
@@ -325,22 +328,18 @@ struct StreamOffsets {
   uint32_t x[kStTokens / kStWarps];  // token rows of the 8 X pieces (clamped to the tile's first token)
   uint32_t y[kStYPieces / kStThreads];
 };
-// copy_x / copy_y: the X + fn copies and the y copies (the tensor path issues them at different points).
 __device__ __forceinline__ void stream_prefetch(const MhcFusedArgs& a, const StreamOffsets& o, int64_t ch, float* stage,
-                                                float* ystage, float* fs, int tid, bool copy_x = true,
-                                                bool copy_y = true) {
+                                                float* ystage, float* fs, int tid) {
   const uint32_t d = static_cast<uint32_t>(a.d), width = kHc * d;
   const uint32_t c0 = static_cast<uint32_t>(ch) * kChannels;
   const int piece = tid % (kChannels / 4), j = (tid / (kChannels / 4)) % kHc;
   const float* xb = a.X + c0 + j * d + 4 * piece;
-  if (copy_x) {
 #pragma unroll
-    for (int q = 0; q < kStTokens / kStWarps; ++q) {
-      const int row = tid / (kChannels / 4) + (kStThreads / (kChannels / 4)) * q;  // (token, stream) row
-      cp_async16(stage + row * kChannels + 4 * piece, xb + o.x[q]);
-    }
+  for (int q = 0; q < kStTokens / kStWarps; ++q) {
+    const int row = tid / (kChannels / 4) + (kStThreads / (kChannels / 4)) * q;  // (token, stream) row
+    cp_async16(stage + row * kChannels + 4 * piece, xb + o.x[q]);
   }
-  if (a.y && copy_y) {
+  if (a.y) {
     const float* yb = a.y + c0 + 4 * piece;
 #pragma unroll
     for (int q = 0; q < kStYPieces / kStThreads; ++q) {
@@ -350,12 +349,10 @@ __device__ __forceinline__ void stream_prefetch(const MhcFusedArgs& a, const Str
   }
   const int warp = tid >> 5, lane = tid & 31;
   const float* fb = a.fn + c0 + lane;
-  if (copy_x) {
 #pragma unroll
-    for (int q = 0; q < kMix * kHc / kStWarps; ++q) {
-      const int r = warp + kStWarps * q, i = r / kHc, jj = r % kHc;
-      cp_async4(fs + (jj * kChannels + lane) * kMix + i, fb + i * width + jj * d);
-    }
+  for (int q = 0; q < kMix * kHc / kStWarps; ++q) {
+    const int r = warp + kStWarps * q, i = r / kHc, jj = r % kHc;
+    cp_async4(fs + (jj * kChannels + lane) * kMix + i, fb + i * width + jj * d);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -523,9 +520,9 @@ static_assert(kStWarps == 2 * kHc && kStTokens == 2 * 16 * kTcMTiles, "the tenso
 static_assert(kHc * kStTokens * kSlot <= kStTokens * kStXt, "the final reduction fits in xs");
 
 // Block (tile x, split y), as mhc_stream_kernel; per chunk: wait for its copies, read this thread's
-// X values of the chunk from the staging buffer into registers, barrier, start the next chunk's X / fn
-// copies (in flight during the expand and the MMAs), expand / collapse / store into xs, barrier, start
-// the next chunk's y copies, MMAs.
+// X values of the chunk from the staging buffer into registers, barrier, start the next chunk's copies
+// (X, fn and y into the other y buffer: in flight during the expand and the MMAs), expand / collapse /
+// store into xs, barrier, MMAs.
 // The chunk's first barrier also orders the previous chunk's xs / fs reads before their rewrite.
 template <bool kSplitA>
 __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamParams p) {
@@ -533,8 +530,8 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
   extern __shared__ __align__(16) float smem[];
   float* fs_buf = smem;               // 2 × [kStValues][kMix]
   float* stage = fs_buf + 2 * kStFs;  // [token][stream][32]
-  float* ystage = stage + kStStage;   // [token][32]
-  float* xs = ystage + kStYStage;     // [kStTokens][kStXt]
+  float* ybuf = stage + kStStage;     // 2 × [token][32]: chunk k + 1's y copies overlap chunk k's expand
+  float* xs = ybuf + 2 * kStYStage;   // [kStTokens][kStXt]
   float* coef = xs + kStXsSize;       // [kStTokens][kCoef]
   detail::pdl_launch_dependents();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -565,7 +562,7 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
     return off;
   };
   detail::pdl_wait();
-  stream_prefetch(a, offsets(), ch_begin, stage, ystage, fs_buf, tid);
+  stream_prefetch(a, offsets(), ch_begin, stage, ybuf, fs_buf, tid);
   for (int q = tid; q < kStTokens * kCoef; q += kStThreads) {
     const int tl = q / kCoef, r = q % kCoef;
     const int64_t tok = t0 + tl < n ? t0 + tl : t0;
@@ -592,6 +589,7 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
 #pragma unroll 1
   for (int64_t ch = ch_begin; ch < ch_end; ++ch) {
     const float* fs = fs_buf + ((ch - ch_begin) & 1) * kStFs;
+    const float* ystage = ybuf + ((ch - ch_begin) & 1) * kStYStage;
     cp_async_wait_all();
     __syncthreads();  // this chunk's copies (and coef) visible; the previous chunk's MMAs are done
     float xr[kStTokens / kStWarps][kHc];
@@ -601,9 +599,11 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
 #pragma unroll
       for (int j = 0; j < kHc; ++j) xr[u][j] = stage[(tl * kHc + j) * kChannels + lane];
     }
-    __syncthreads();  // the X staging buffer is free: the next chunk's X / fn copies overlap the expand
-    float* fs_next = fs_buf + ((ch + 1 - ch_begin) & 1) * kStFs;
-    if (ch + 1 < ch_end) stream_prefetch(a, offsets(), ch + 1, stage, ystage, fs_next, tid, true, false);
+    __syncthreads();  // the X staging buffer is free: the next chunk's copies overlap the expand and MMAs
+    if (ch + 1 < ch_end) {
+      const int nb = (ch + 1 - ch_begin) & 1;  // buffers last read by chunk ch − 1 (before the first barrier)
+      stream_prefetch(a, offsets(), ch + 1, stage, ybuf + nb * kStYStage, fs_buf + nb * kStFs, tid);
+    }
     const int64_t c = ch * kChannels + lane;
 #pragma unroll
     for (int u = 0; u < kStTokens / kStWarps; ++u) {
@@ -628,8 +628,7 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
 #pragma unroll
       for (int j = 0; j < kHc; ++j) xs[tl * kStXt + j * kChannels + lane] = valid ? v[j] : 0.0f;
     }
-    __syncthreads();  // xs complete, ystage free: the next chunk's y copies overlap the MMAs
-    if (ch + 1 < ch_end && a.y) stream_prefetch(a, offsets(), ch + 1, stage, ystage, fs_next, tid, false, true);
+    __syncthreads();  // xs complete
     float loc[kTcMTiles][kTcNTiles][4];
 #pragma unroll
     for (int mi = 0; mi < kTcMTiles; ++mi)
@@ -843,7 +842,7 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
     const StreamPlan sp = stream_plan(a.n, a.d);
     if (sp.tiles > 0x7FFFFFFF || sp.splits > 65535)
       return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large");
-    const size_t smem = stream_smem_bytes();
+    const size_t smem = a.legacy_stream ? stream_smem_bytes() : stream_tc_smem_bytes();
     // Tensor cores by default; A_small is zero when X_new is expanded (bf16), so kSplitA = !y.
     auto kernel =
         a.legacy_stream ? mhc_stream_kernel : (a.y ? mhc_stream_tc_kernel<false> : mhc_stream_tc_kernel<true>);
