@@ -273,6 +273,7 @@ struct MhcMode {
   bool coefficients = true;  // fn given
   bool collapse = true;
   bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
+  bool legacy_stream = false;  // MhcFusedArgs::legacy_stream (the session-4 streaming kernel: FMA dot products)
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   const char* name = nullptr;  // row name override
 };
@@ -325,6 +326,7 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.sinkhorn_iters = sinkhorn_iters;
     a.programmatic_launch = mode.pdl && !mode.cluster;
     a.legacy_decode = mode.legacy;
+    a.legacy_stream = mode.legacy_stream;
     if (mode.norm) {
       a.norm_weight = norm_w.get();
       a.normed = normed.get();
@@ -1055,6 +1057,10 @@ int run(int argc, char** argv) {
     MhcMode st = ws;
     st.name = "mhc_stream";
     for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
+    // s6-mhc3: mhc_stream has its dot products on the tensor cores (3xTF32); _fma is the session-4 kernel.
+    st.legacy_stream = true;
+    st.name = "mhc_stream_fma";
+    for (int64_t n : {1024, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
   }
   {  // p-mhc: the session-3 decode kernel (_legacy: one thread per token's coefficients) vs the current
      // one (a warp per token, inline reciprocals), and a whole site with its RMSNorm: legacy kernel +

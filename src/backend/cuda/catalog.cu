@@ -31,7 +31,7 @@ const Entry kEntries[] = {
     {"gemv_fp8_block", "FP8 block-scaled GEMV, <=8 tokens/tile, exact f16 HMMA, split-K, grouped", gemv_fp8_kernel_ptr},
     {"gemv_mxfp4", "MXFP4 expert GEMV: e2m1 dequantized in registers (exact), f16 HMMA, grouped", gemv_mxfp4_kernel_ptr},
     {"mhc_fused", "fused single-pass mHC: expand + collapse + coefficients + Sinkhorn", mhc_fused_kernel_ptr},
-    {"mhc_stream", "fused mHC, prefill: 64-token tiles streamed per channel split, FMA dot products",
+    {"mhc_stream", "fused mHC, prefill: 64-token tiles streamed per channel split, 3xTF32 tensor-core dot products",
      mhc_stream_kernel_ptr},
     {"mhc_stream_finish", "fused mHC, prefill: split sums in order, coefficients + Sinkhorn per token",
      mhc_stream_finish_kernel_ptr},

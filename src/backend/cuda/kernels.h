@@ -148,6 +148,9 @@ struct MhcFusedArgs {
   // The session-3 decode kernel (coefficients by one thread per token, no fused norm): for the parity
   // test and the bench rows only.
   bool legacy_decode = false;
+  // The session-4 streaming kernel (the 24 dot products with CUDA-core FMAs instead of 3xTF32 MMAs):
+  // for the parity test and the bench rows only.
+  bool legacy_stream = false;
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).

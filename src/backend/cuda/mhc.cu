@@ -298,11 +298,18 @@ struct MhcStreamParams {
 // Shared memory (floats): X / y staging, X_new [value][token], two fn buffers [value][24], coefficients.
 constexpr size_t kStStage = static_cast<size_t>(kStTokens) * kHc * kChannels;
 constexpr size_t kStYStage = static_cast<size_t>(kStTokens) * kChannels;
-constexpr size_t kStXsSize = static_cast<size_t>(kStValues) * kStXs;
+// Tensor path: xs is [token][value] with row stride kStXt = 132 (≡ 4 mod 32): the A fragment loads
+// (lanes g = 0..7 rows × t = 0..3 columns) hit banks 4g + t, the expand's stores (lane = channel) are
+// consecutive. The FMA path keeps [value][token] with stride 65.
+constexpr int kStXt = kStValues + 4;
+constexpr size_t kStXsSize = std::max(static_cast<size_t>(kStValues) * kStXs, static_cast<size_t>(kStTokens) * kStXt);
 constexpr size_t kStFs = static_cast<size_t>(kStValues) * kMix;
 constexpr size_t stream_smem_bytes() {
   return sizeof(float) * (kStStage + kStYStage + kStXsSize + 2 * kStFs + static_cast<size_t>(kStTokens) * kCoef);
 }
+// The tensor path double-buffers y: 113 664 B, still 2 blocks per SM (2 × (113 664 + 1 024) <= 228 KB).
+constexpr size_t stream_tc_smem_bytes() { return stream_smem_bytes() + sizeof(float) * kStYStage; }
+static_assert(2 * (stream_tc_smem_bytes() + 1024) <= 228 * 1024, "2 blocks per SM");
 
 __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
   asm volatile(
@@ -351,7 +358,8 @@ __device__ __forceinline__ void stream_prefetch(const MhcFusedArgs& a, const Str
 }
 
 // Block (tile x, split y). Per chunk: wait for its copies, expand / collapse / store from the staging
-// buffer into xs, start the next chunk's copies, then the FMAs over xs and fs.
+// buffer into xs, start the next chunk's copies, then the FMAs over xs and fs. The session-4 kernel:
+// MhcFusedArgs::legacy_stream (A/B and parity only); the default is mhc_stream_tc_kernel below.
 __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_kernel(MhcStreamParams p) {
   const MhcFusedArgs& a = p.a;
   extern __shared__ __align__(16) float smem[];
@@ -473,6 +481,229 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_kernel(MhcStreamPara
       if (tok < n) p.partials[(static_cast<int64_t>(blockIdx.y) * n + tok) * kSlot + i] = s;
     }
     __syncthreads();
+  }
+}
+
+// ---- streaming, coefficients on the tensor cores (3xTF32) ----------------------------------------
+//
+// Per chunk the block's dot products are a GEMM: D[64 tokens][24] += X_new[64][128 values] · fn^T[128][24].
+// Warp w takes tokens 32·(w & 1) .. +31 (2 m16 tiles) and the values of stream w >> 1 (4 k8 steps), all
+// 3 n8 tiles: 24 mma.m16n8k8 per term. 3xTF32: x = big + small (big = tf32_rna(x), small =
+// tf32_rna(x − big), |x − big − small| <= 2^-24·|x|), D += A_big·B_small + A_small·B_big + A_big·B_big
+// (A_small·A_small ~2^-24 dropped). With expand (y given) X_new = bf16(...) is exact in TF32, so
+// A_small = 0 and that term is skipped (kSplitA = false). The tensor cores' fp32 accumulation truncates,
+// so each chunk's 8–12 MMAs start from zero and their result is added (RN) into the per-thread sums:
+// no long truncating chains. Σ X_new² (slot 24) is summed from the A fragments with FMAs. At the end the
+// 4 stream warps' sums are added in stream order into partials[split][token][25].
+
+__device__ __forceinline__ uint32_t tf32_rna(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  big = tf32_rna(x);
+  small = tf32_rna(x - __uint_as_float(big));
+}
+// D += A·B, m16n8k8, TF32 in, fp32 accumulate (fragments as in the PTX ISA: a = rows g, g+8 × cols t,
+// t+4; b = rows t, t+4 × col g; d = rows g, g+8 × cols 2t, 2t+1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+constexpr int kTcMTiles = 2;              // m16 tiles per warp (32 tokens)
+constexpr int kTcNTiles = kMix / 8;       // 3
+constexpr int kTcKSteps = kChannels / 8;  // 4 k8 steps: one stream's 32 values per warp
+static_assert(kStWarps == 2 * kHc && kStTokens == 2 * 16 * kTcMTiles, "the tensor path's warp map");
+static_assert(kHc * kStTokens * kSlot <= kStTokens * kStXt, "the final reduction fits in xs");
+
+// Block (tile x, split y), as mhc_stream_kernel; per chunk: wait for its copies, read this thread's
+// X values of the chunk from the staging buffer into registers, barrier, start the next chunk's copies
+// (X, fn and y into the other y buffer: in flight during the expand and the MMAs), expand / collapse /
+// store into xs, barrier, MMAs.
+// The chunk's first barrier also orders the previous chunk's xs / fs reads before their rewrite.
+template <bool kSplitA>
+__global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamParams p) {
+  const MhcFusedArgs& a = p.a;
+  extern __shared__ __align__(16) float smem[];
+  float* fs_buf = smem;               // 2 × [kStValues][kMix]
+  float* stage = fs_buf + 2 * kStFs;  // [token][stream][32]
+  float* ybuf = stage + kStStage;     // 2 × [token][32]: chunk k + 1's y copies overlap chunk k's expand
+  float* xs = ybuf + 2 * kStYStage;   // [kStTokens][kStXt]
+  float* coef = xs + kStXsSize;       // [kStTokens][kCoef]
+  detail::pdl_launch_dependents();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;   // fragment row / column of this lane
+  const int tb = 32 * (warp & 1);          // first token of this warp's MMA rows
+  const int vb = kChannels * (warp >> 1);  // first value (stream warp >> 1) of this warp's k range
+  const int64_t d = a.d, width = kHc * d, n = a.n;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kStTokens;
+  const int64_t n_chunks = d / kChannels;
+  const int64_t ch_begin = static_cast<int64_t>(blockIdx.y) * p.chunks_per_split;
+  const int64_t ch_end = min(n_chunks, ch_begin + p.chunks_per_split);
+  // The copy offsets are recomputed per chunk (a few integer ops) instead of held in 10 registers.
+  auto offsets = [&]() {
+    StreamOffsets off;
+    const uint32_t w32 = static_cast<uint32_t>(width), d32 = static_cast<uint32_t>(d);
+    const uint32_t last =
+        static_cast<uint32_t>((n - t0 < kStTokens ? n - t0 : kStTokens) - 1);  // tokens past n read t0
+#pragma unroll
+    for (int q = 0; q < kStTokens / kStWarps; ++q) {
+      const uint32_t tt = tid / 32 + kStWarps * q;
+      off.x[q] = (static_cast<uint32_t>(t0) + (tt <= last ? tt : 0)) * w32;
+    }
+#pragma unroll
+    for (int q = 0; q < kStYPieces / kStThreads; ++q) {
+      const uint32_t tt = tid / 8 + 32 * q;
+      off.y[q] = (static_cast<uint32_t>(t0) + (tt <= last ? tt : 0)) * d32;
+    }
+    return off;
+  };
+  detail::pdl_wait();
+  stream_prefetch(a, offsets(), ch_begin, stage, ybuf, fs_buf, tid);
+  for (int q = tid; q < kStTokens * kCoef; q += kStThreads) {
+    const int tl = q / kCoef, r = q % kCoef;
+    const int64_t tok = t0 + tl < n ? t0 + tl : t0;
+    float v = 0.0f;
+    if (r < kHc)
+      v = a.y ? a.post[tok * a.post_stride + r] : 0.0f;
+    else if (r < kHc + kHc * kHc)
+      v = a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
+    else
+      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
+    coef[q] = v;
+  }
+  float acc[kTcMTiles][kTcNTiles][4];  // rows tb + 16mi + g (+8), slots 8ni + 2t (+1)
+  float sq[kTcMTiles][2];              // Σ x² of rows tb + 16mi + g and + 8 (this lane's columns)
+#pragma unroll
+  for (int mi = 0; mi < kTcMTiles; ++mi) {
+    sq[mi][0] = sq[mi][1] = 0.0f;
+#pragma unroll
+    for (int ni = 0; ni < kTcNTiles; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.0f;
+  }
+
+#pragma unroll 1
+  for (int64_t ch = ch_begin; ch < ch_end; ++ch) {
+    const float* fs = fs_buf + ((ch - ch_begin) & 1) * kStFs;
+    const float* ystage = ybuf + ((ch - ch_begin) & 1) * kStYStage;
+    cp_async_wait_all();
+    __syncthreads();  // this chunk's copies (and coef) visible; the previous chunk's MMAs are done
+    float xr[kStTokens / kStWarps][kHc];
+#pragma unroll
+    for (int u = 0; u < kStTokens / kStWarps; ++u) {
+      const int tl = warp + kStWarps * u;
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) xr[u][j] = stage[(tl * kHc + j) * kChannels + lane];
+    }
+    __syncthreads();  // the X staging buffer is free: the next chunk's copies overlap the expand and MMAs
+    if (ch + 1 < ch_end) {
+      const int nb = (ch + 1 - ch_begin) & 1;  // buffers last read by chunk ch − 1 (before the first barrier)
+      stream_prefetch(a, offsets(), ch + 1, stage, ybuf + nb * kStYStage, fs_buf + nb * kStFs, tid);
+    }
+    const int64_t c = ch * kChannels + lane;
+#pragma unroll
+    for (int u = 0; u < kStTokens / kStWarps; ++u) {
+      const int tl = warp + kStWarps * u;
+      const int64_t tok = t0 + tl;
+      const bool valid = tok < n;
+      const float* cf = coef + tl * kCoef;
+      float v[kHc];
+      if (a.y) {
+        expand_channel(xr[u], ystage[tl * kChannels + lane], cf, cf + kHc, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kHc; ++j) v[j] = xr[u][j];
+      }
+      if (valid) {
+        if (a.y) {
+#pragma unroll
+          for (int j = 0; j < kHc; ++j) a.X_out[tok * width + j * d + c] = v[j];
+        }
+        if (a.collapse_w) a.collapsed[tok * d + c] = collapse_channel(v, cf + kHc + kHc * kHc);
+      }
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) xs[tl * kStXt + j * kChannels + lane] = valid ? v[j] : 0.0f;
+    }
+    __syncthreads();  // xs complete
+    float loc[kTcMTiles][kTcNTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < kTcMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kTcNTiles; ++ni)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) loc[mi][ni][r] = 0.0f;
+#pragma unroll 2  // fully unrolled, the hoisted fragment loads spill (ptxas: 128 registers, 12 B spill)
+    for (int ks = 0; ks < kTcKSteps; ++ks) {
+      const int k0 = vb + 8 * ks;
+      uint32_t bb[kTcNTiles][2], bs[kTcNTiles][2];
+#pragma unroll
+      for (int ni = 0; ni < kTcNTiles; ++ni) {
+        split_tf32(fs[(k0 + t) * kMix + 8 * ni + g], bb[ni][0], bs[ni][0]);
+        split_tf32(fs[(k0 + t + 4) * kMix + 8 * ni + g], bb[ni][1], bs[ni][1]);
+      }
+#pragma unroll
+      for (int mi = 0; mi < kTcMTiles; ++mi) {
+        const float* xrow = xs + (tb + 16 * mi + g) * kStXt + k0 + t;
+        const float x[4] = {xrow[0], xrow[8 * kStXt], xrow[4], xrow[8 * kStXt + 4]};
+        sq[mi][0] = fmaf(x[2], x[2], fmaf(x[0], x[0], sq[mi][0]));
+        sq[mi][1] = fmaf(x[3], x[3], fmaf(x[1], x[1], sq[mi][1]));
+        uint32_t ab[4], as[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if constexpr (kSplitA) {
+            split_tf32(x[r], ab[r], as[r]);
+          } else {
+            ab[r] = __float_as_uint(x[r]);  // bf16 values: exact in TF32
+            as[r] = 0;
+          }
+        }
+#pragma unroll
+        for (int ni = 0; ni < kTcNTiles; ++ni) {
+          mma_tf32(loc[mi][ni], ab, bs[ni][0], bs[ni][1]);
+          if constexpr (kSplitA) mma_tf32(loc[mi][ni], as, bb[ni][0], bb[ni][1]);
+          mma_tf32(loc[mi][ni], ab, bb[ni][0], bb[ni][1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int mi = 0; mi < kTcMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kTcNTiles; ++ni)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mi][ni][r] = __fadd_rn(acc[mi][ni][r], loc[mi][ni][r]);
+  }
+  // Per (stream warp, token, slot) through xs, then the 4 stream warps in order.
+  __syncthreads();  // the last chunk's xs reads are done
+  float* red = xs;  // [kHc][kStTokens][kSlot]
+  const int kq = warp >> 1;
+#pragma unroll
+  for (int mi = 0; mi < kTcMTiles; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kTcNTiles; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int tl = tb + 16 * mi + g + (r >= 2 ? 8 : 0), slot = 8 * ni + 2 * t + (r & 1);
+        red[(kq * kStTokens + tl) * kSlot + slot] = acc[mi][ni][r];
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float s = sq[mi][h];
+      s += __shfl_xor_sync(detail::kFullMask, s, 1);
+      s += __shfl_xor_sync(detail::kFullMask, s, 2);
+      if (t == 0) red[(kq * kStTokens + tb + 16 * mi + g + 8 * h) * kSlot + kMix] = s;
+    }
+  }
+  __syncthreads();
+  for (int o = tid; o < kStTokens * kSlot; o += kStThreads) {
+    float s = red[o];
+#pragma unroll
+    for (int k = 1; k < kHc; ++k) s += red[k * kStTokens * kSlot + o];
+    const int64_t tok = t0 + o / kSlot;
+    if (tok < n) p.partials[(static_cast<int64_t>(blockIdx.y) * n + t0) * kSlot + o] = s;
   }
 }
 
@@ -611,13 +842,16 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
     const StreamPlan sp = stream_plan(a.n, a.d);
     if (sp.tiles > 0x7FFFFFFF || sp.splits > 65535)
       return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large");
-    const size_t smem = stream_smem_bytes();
+    const size_t smem = a.legacy_stream ? stream_smem_bytes() : stream_tc_smem_bytes();
+    // Tensor cores by default; A_small is zero when X_new is expanded (bf16), so kSplitA = !y.
+    auto kernel =
+        a.legacy_stream ? mhc_stream_kernel : (a.y ? mhc_stream_tc_kernel<false> : mhc_stream_tc_kernel<true>);
     CEDAR_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(mhc_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     MhcStreamParams p{a, static_cast<int>(sp.chunks_per_split), ws.partials};
-    CEDAR_RETURN_IF_ERROR(launch(mhc_stream_kernel,
-                                 dim3(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits)), kStThreads,
-                                 smem, pdl, stream, p, "mhc_stream_kernel"));
+    CEDAR_RETURN_IF_ERROR(launch(kernel, dim3(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits)),
+                                 kStThreads, smem, pdl, stream, p,
+                                 a.legacy_stream ? "mhc_stream_kernel" : "mhc_stream_tc_kernel"));
     const auto grid = static_cast<unsigned>((a.n + 7) / 8);
     mhc_stream_finish_kernel<<<grid, 256, 0, stream>>>(a, ws.partials, static_cast<int>(sp.splits));
     return launch_status("mhc_stream_finish_kernel");
@@ -656,7 +890,7 @@ Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t 
 }
 
 const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_decode_kernel<false>); }
-const void* mhc_stream_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_kernel); }
+const void* mhc_stream_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_tc_kernel<false>); }
 const void* mhc_stream_finish_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_stream_finish_kernel); }
 const void* mhc_elementwise_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_elementwise_kernel); }
 

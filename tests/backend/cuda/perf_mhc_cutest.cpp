@@ -104,7 +104,7 @@ struct GpuRun {
 // Runs one site on the GPU: mix rows in place (strided, mix_stride = 24) or copied to packed arrays;
 // mix_out written with stride `mix_stride` (the gaps must stay untouched).
 GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bool in_place, Ws ws_kind, bool strided,
-                int64_t mix_stride = 0, bool pdl = false) {
+                int64_t mix_stride = 0, bool pdl = false, bool legacy_stream = false) {
   const int64_t n = s.n, d = s.d, ms = mix_stride ? mix_stride : kMix;
   std::vector<float> post(n * 4), comb(n * 16), cw(n * 4);
   for (int64_t t = 0; t < n; ++t) {
@@ -139,6 +139,7 @@ GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bo
   if (strided) a.post_stride = a.comb_stride = a.collapse_w_stride = kMix;
   a.mix_stride = mix_stride;
   a.programmatic_launch = pdl;
+  a.legacy_stream = legacy_stream;
   MhcWorkspace ws{dpart.get(), dcnt.get()};
   if (ws_kind == Ws::Sized) {
     ws.partial_floats = floats;
@@ -208,6 +209,64 @@ TEST(CudaMhcPaths, StreamingPrefill) {
   check_site(make_site(1000, 1024, 83), true, true, true, false, Ws::Sized, false, "stream n=1000 d=1024");
   check_site(make_site(300, 256, 84), false, true, true, false, Ws::Sized, false, "stream n=300 d=256 no-expand");
   check_site(make_site(130, 5120, 85), true, false, true, false, Ws::Sized, true, "stream n=130 no-collapse", 40);
+}
+
+// The streaming kernel's dot products on tensor cores (3xTF32 MMAs, mhc_stream_tc_kernel) against the
+// session-4 FMA kernel (legacy_stream) and both against the CPU oracle, with the max errors printed
+// (PARITY lines): X_out / collapsed bit for bit between the kernels (untouched arithmetic), the mix rows
+// within kCoeff of the CPU. Cases: 8192 × 5120 (5 splits of 32 chunks: the longest per-thread chains;
+// the CPU oracle on every 16th token), 2048 × 5120, a partial tile, and no expand with X not
+// representable in bf16 (the A operand split into big + small; the model's X is bf16, so is make_site's).
+size_t bits_differ(const std::vector<float>& x, const std::vector<float>& y);
+
+TEST(CudaMhcPaths, StreamTensorCoresMatchTheFmaKernelAndTheCpu) {
+  CEDAR_REQUIRE_GPU();
+  struct Case {
+    int64_t n, d;
+    bool expand;
+    bool fp32_x;     // X with full fp32 mantissas (no expand: the kernel's A operand is X itself)
+    int64_t sample;  // the CPU checks tokens t % sample == 0
+  };
+  for (const Case c :
+       {Case{8192, 5120, true, false, 16}, Case{2048, 5120, true, false, 1}, Case{333, 5120, true, false, 1},
+        Case{1000, 1024, false, true, 1}, Case{4096, 5120, false, true, 8}}) {
+    Site s = make_site(c.n, c.d, 131 + static_cast<uint32_t>(c.n));
+    if (c.fp32_x) {
+      std::mt19937 rng(7 + static_cast<uint32_t>(c.n));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (auto& v : s.X) v = nd(rng);
+    }
+    const std::string tag = " n=" + std::to_string(c.n) + " d=" + std::to_string(c.d) + (c.expand ? "" : " no-expand") +
+                            (c.fp32_x ? " fp32 X" : "");
+    const GpuRun tc = gpu_site(s, c.expand, true, true, false, Ws::Sized, false);
+    const GpuRun fma = gpu_site(s, c.expand, true, true, false, Ws::Sized, false, 0, false, true);
+    if (c.expand) {
+      EXPECT_TRUE(parity("mhc stream tensor vs fma kernel: X" + tag, tc.X_out, fma.X_out, kExact));
+    }
+    EXPECT_TRUE(parity("mhc stream tensor vs fma kernel: collapsed" + tag, tc.collapsed, fma.collapsed, kExact));
+    // The CPU oracle on the sampled tokens (a site of those rows: every token is independent).
+    Site sub;
+    sub.d = s.d;
+    sub.fn = s.fn;
+    sub.base = s.base;
+    sub.scale = s.scale;
+    const int64_t width = kHc * s.d;
+    std::vector<float> tc_mix, fma_mix;
+    for (int64_t t = 0; t < s.n; t += c.sample) {
+      ++sub.n;
+      sub.X.insert(sub.X.end(), s.X.begin() + t * width, s.X.begin() + (t + 1) * width);
+      sub.y.insert(sub.y.end(), s.y.begin() + t * s.d, s.y.begin() + (t + 1) * s.d);
+      sub.prev_mix.insert(sub.prev_mix.end(), s.prev_mix.begin() + t * kMix, s.prev_mix.begin() + (t + 1) * kMix);
+      tc_mix.insert(tc_mix.end(), tc.mix.begin() + t * kMix, tc.mix.begin() + (t + 1) * kMix);
+      fma_mix.insert(fma_mix.end(), fma.mix.begin() + t * kMix, fma.mix.begin() + (t + 1) * kMix);
+    }
+    const Want w = cpu_site(sub, c.expand, true, true);
+    EXPECT_TRUE(parity("mhc stream tensor kernel vs cpu: mix" + tag, tc_mix, w.mix, kCoeff));
+    EXPECT_TRUE(parity("mhc stream fma kernel vs cpu: mix" + tag, fma_mix, w.mix, kCoeff));
+    EXPECT_TRUE(parity("mhc stream tensor vs fma kernel: mix" + tag, tc.mix, fma.mix, kCoeff));
+    std::printf("mhc stream tensor vs fma kernel%s: %zu of %zu mix values differ in their bits\n", tag.c_str(),
+                bits_differ(tc.mix, fma.mix), tc.mix.size());
+  }
 }
 
 // fn == null: expand and/or collapse only (the final collapse; the expand before Engram), any n.
