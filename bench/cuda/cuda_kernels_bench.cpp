@@ -275,6 +275,7 @@ struct MhcMode {
   bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
   bool legacy_stream = false;  // MhcFusedArgs::legacy_stream (the session-4 streaming kernel: FMA dot products)
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
+  int64_t stream_blocks = 0;   // MhcFusedArgs::stream_blocks (0: the default plan)
   const char* name = nullptr;  // row name override
 };
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
@@ -302,7 +303,9 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   auto mix_out = must(DeviceBuffer<float>::allocate(n * mix));
   auto norm_w = tiled_floats(d, 10, 1.0f);
   auto normed = must(DeviceBuffer<float>::allocate(n * d));
-  const int64_t ws_floats = mhc_workspace_floats(n, d), ws_counters = mhc_workspace_counters(n);
+  // A forced block target may split the channels up to d / 32 ways: room for every split.
+  const int64_t ws_floats = std::max(mhc_workspace_floats(n, d), mode.stream_blocks > 0 ? (d / 32) * n * 25 : 0);
+  const int64_t ws_counters = mhc_workspace_counters(n);
   auto part = must(DeviceBuffer<float>::allocate(ws_floats));
   auto counter = must(DeviceBuffer<unsigned>::allocate(ws_counters));
   must(counter.zero());
@@ -327,6 +330,7 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.programmatic_launch = mode.pdl && !mode.cluster;
     a.legacy_decode = mode.legacy;
     a.legacy_stream = mode.legacy_stream;
+    a.stream_blocks = mode.stream_blocks;
     if (mode.norm) {
       a.norm_weight = norm_w.get();
       a.normed = normed.get();
@@ -1058,6 +1062,16 @@ int run(int argc, char** argv) {
     st.name = "mhc_stream";
     for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
     // s6-mhc3: mhc_stream has its dot products on the tensor cores (3xTF32); _fma is the session-4 kernel.
+    // The channel split's block target (default 6 per SM = 792): rows mhc_stream_b<target>.
+    static const int64_t kTargets[] = {264, 528, 1584};
+    static std::string target_names[std::size(kTargets)];
+    for (size_t i = 0; i < std::size(kTargets); ++i) {
+      MhcMode sb = st;
+      sb.stream_blocks = kTargets[i];
+      target_names[i] = "mhc_stream_b" + std::to_string(kTargets[i]);
+      sb.name = target_names[i].c_str();
+      for (int64_t n : {4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, sb);
+    }
     st.legacy_stream = true;
     st.name = "mhc_stream_fma";
     for (int64_t n : {1024, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);

@@ -53,6 +53,7 @@ struct CudaKernelPaths {
   bool programmatic_launch = true;
   // moe_route with its split-K workspace: the gate streamed by ~120 blocks and, up to 8 rows, one fused
   // launch (logits + selection); above kRouterBlasMinTokens rows the logits as one cuBLASLt GEMM.
+  // Except at decode with concurrent branches (the router beside the shared expert): unsplit there.
   // false: the unsplit kernels.
   bool router_splitk = true;
   // mhc_fused with a sized workspace: every token tile of a call in one launch, the streaming kernel

@@ -757,8 +757,10 @@ Status CudaModel::route(int64_t l, const Rows& r) {
   ra.logits = w.router_logits;
   ra.experts = w.experts[static_cast<size_t>(l)] + r.first * c.num_experts_per_tok;
   ra.weights = w.route_w;
-  if (options_.paths.router_splitk) {
-    // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM.
+  // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM. Not
+  // beside the shared expert (decode branches): there its ~120 blocks compete with the shared expert's
+  // GEMVs, and the unsplit kernel was faster at batch 1 in every A/B of s5 / s6 (−0.08 to −0.09 ms).
+  if (options_.paths.router_splitk && !branches(r)) {
     ra.splitk = w.router_ws;
     if (tables_->blas && r.n * c.hidden_size <= w.dense_x_elems) {
       ra.blas = tables_->blas.get();
