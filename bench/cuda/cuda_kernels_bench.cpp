@@ -1062,7 +1062,8 @@ int run(int argc, char** argv) {
     st.name = "mhc_stream";
     for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
     // s6-mhc3: mhc_stream has its dot products on the tensor cores (3xTF32); _fma is the session-4 kernel.
-    // The channel split's block target (default 6 per SM = 792): rows mhc_stream_b<target>.
+    // The channel split's block target (default 6 per SM = 792 from 64 token tiles on, else 528): rows
+    // mhc_stream_b<target>.
     static const int64_t kTargets[] = {264, 528, 1584};
     static std::string target_names[std::size(kTargets)];
     for (size_t i = 0; i < std::size(kTargets); ++i) {

@@ -151,7 +151,7 @@ struct MhcFusedArgs {
   // The session-4 streaming kernel (the 24 dot products with CUDA-core FMAs instead of 3xTF32 MMAs):
   // for the parity test and the bench rows only.
   bool legacy_stream = false;
-  // The streaming kernel's target block count (0: the default plan's, 4 per SM); bench sweeps only.
+  // The streaming kernel's target block count (0: the default plan's, 4 or 6 per SM); bench sweeps only.
   int64_t stream_blocks = 0;
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the

@@ -283,10 +283,13 @@ constexpr int kStWarps = kStThreads / 32;
 constexpr int kStTokens = 64;                               // per block; lane = tokens lane and lane + 32
 constexpr int kStValues = kHc * kChannels;                  // 128 values (4 streams × 32 channels) per chunk
 constexpr int kStXs = kStTokens + 1;                        // row stride of xs: conflict-free stores and loads
-// ~3 waves of 2 blocks per SM. s6 run 8 swept the target for the tensor-core kernel: 264 / 528 / 792 /
-// 1056 / 1584 / 2112 / 3168 blocks gave 668 / 661 / 657 / 657 / 654 / 669 / 687 µs at 8192 rows and
-// 398 / 366 / 339 / 344 / 359 / 360 / 379 µs at 4096: flat near 6 per SM.
+// Blocks per SM the channel split aims at. s6 run 8 swept the target for the tensor-core kernel: 264 /
+// 528 / 792 / 1056 / 1584 / 2112 / 3168 blocks gave 668 / 661 / 657 / 657 / 654 / 669 / 687 µs at 8192
+// rows and 398 / 366 / 339 / 344 / 359 / 360 / 379 µs at 4096 (best near 6 per SM); at 1024 rows 792
+// was slower than 528 (114.5 vs 103.6 µs, run 9): 6 per SM from 64 token tiles on, 4 below.
 constexpr int64_t kStTargetBlocks = 6 * 132;
+constexpr int64_t kStTargetBlocksSmall = 4 * 132;
+constexpr int64_t kStManyTiles = 64;
 constexpr int kStPieces = kStTokens * kHc * kChannels / 4;  // 16-byte X pieces per chunk (2048)
 constexpr int kStYPieces = kStTokens * kChannels / 4;       // 16-byte y pieces per chunk (512)
 static_assert(kStPieces == kStThreads * (kStTokens / kStWarps) && kStYPieces % kStThreads == 0,
@@ -768,9 +771,10 @@ struct StreamPlan {
 // latency with 16 warps per SM (registers and 114 KB of shared memory allow 2 blocks).
 // (Minimizing waves × chunks per block — 8192 rows in one wave of 2 splits — measured slower: 832 vs
 // 662 µs, s6 run 7: the blocks of a wave run in step, so more, shorter blocks overlap better.)
-StreamPlan stream_plan(int64_t n, int64_t d, int64_t target = kStTargetBlocks) {
+StreamPlan stream_plan(int64_t n, int64_t d, int64_t target = 0) {
   StreamPlan s;
   s.tiles = (n + kStTokens - 1) / kStTokens;
+  if (target <= 0) target = s.tiles >= kStManyTiles ? kStTargetBlocks : kStTargetBlocksSmall;
   const int64_t chunks = d / kChannels;
   const int64_t want = std::clamp<int64_t>((target + s.tiles - 1) / s.tiles, 1, chunks);
   s.chunks_per_split = (chunks + want - 1) / want;
@@ -846,7 +850,7 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
   if (!ws.partials || !ws.counter)
     return make_error("cuda::mhc_fused: the workspace (partials and counter) is required with fn");
   const bool aligned = (reinterpret_cast<uintptr_t>(a.X) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0;
-  const StreamPlan sp = stream_plan(a.n, a.d, a.stream_blocks > 0 ? a.stream_blocks : kStTargetBlocks);
+  const StreamPlan sp = stream_plan(a.n, a.d, a.stream_blocks);
   if (a.n >= kMhcStreamMinTokens && ws.partial_floats >= sp.splits * a.n * kSlot && aligned &&
       a.n * kHc * a.d < (int64_t{1} << 32)) {  // the streaming kernel's 16-byte copies, 32-bit offsets
     if (sp.tiles > 0x7FFFFFFF || sp.splits > 65535)
