@@ -363,6 +363,24 @@ __device__ __forceinline__ void stream_prefetch(const MhcFusedArgs& a, const Str
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+// The tile's per-token mix rows for the expand (post[4], comb[16]) and the collapse (collapse_w[4]) into
+// coef[kStTokens][kCoef]; tokens past n repeat token t0 (never stored), absent inputs are zeros.
+__device__ __forceinline__ void stage_tile_coefficients(const MhcFusedArgs& a, int64_t t0, int64_t n, float* coef,
+                                                        int tid) {
+  for (int q = tid; q < kStTokens * kCoef; q += kStThreads) {
+    const int t = q / kCoef, r = q % kCoef;
+    const int64_t tok = t0 + t < n ? t0 + t : t0;
+    float v = 0.0f;
+    if (r < kHc)
+      v = a.y ? a.post[tok * a.post_stride + r] : 0.0f;
+    else if (r < kHc + kHc * kHc)
+      v = a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
+    else
+      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
+    coef[q] = v;
+  }
+}
+
 // Block (tile x, split y). Per chunk: wait for its copies, expand / collapse / store from the staging
 // buffer into xs, start the next chunk's copies, then the FMAs over xs and fs. The session-4 kernel:
 // MhcFusedArgs::legacy_stream (A/B and parity only); the default is mhc_stream_tc_kernel below.
@@ -397,18 +415,7 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_kernel(MhcStreamPara
   }
   detail::pdl_wait();
   stream_prefetch(a, off, ch_begin, stage, ystage, fs_buf, tid);
-  for (int q = tid; q < kStTokens * kCoef; q += kStThreads) {
-    const int t = q / kCoef, r = q % kCoef;
-    const int64_t tok = t0 + t < n ? t0 + t : t0;
-    float v = 0.0f;
-    if (r < kHc)
-      v = a.y ? a.post[tok * a.post_stride + r] : 0.0f;
-    else if (r < kHc + kHc * kHc)
-      v = a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
-    else
-      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
-    coef[q] = v;
-  }
+  stage_tile_coefficients(a, t0, n, coef, tid);
   float acc0[kSlot], acc1[kSlot];  // tokens lane and lane + 32
 #pragma unroll
   for (int i = 0; i < kSlot; ++i) acc0[i] = acc1[i] = 0.0f;
@@ -569,18 +576,7 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_tc_kernel(MhcStreamP
   };
   detail::pdl_wait();
   stream_prefetch(a, offsets(), ch_begin, stage, ybuf, fs_buf, tid);
-  for (int q = tid; q < kStTokens * kCoef; q += kStThreads) {
-    const int tl = q / kCoef, r = q % kCoef;
-    const int64_t tok = t0 + tl < n ? t0 + tl : t0;
-    float v = 0.0f;
-    if (r < kHc)
-      v = a.y ? a.post[tok * a.post_stride + r] : 0.0f;
-    else if (r < kHc + kHc * kHc)
-      v = a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
-    else
-      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
-    coef[q] = v;
-  }
+  stage_tile_coefficients(a, t0, n, coef, tid);
   float acc[kTcMTiles][kTcNTiles][4];  // rows tb + 16mi + g (+8), slots 8ni + 2t (+1)
   float sq[kTcMTiles][2];              // Σ x² of rows tb + 16mi + g and + 8 (this lane's columns)
 #pragma unroll
