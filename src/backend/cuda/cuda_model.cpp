@@ -325,6 +325,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.fused_q_rope = false;
   p.attn_head_split = false;
   p.mhc_split = false;
+  p.mhc_split_norm = false;
   return p;
 }
 
@@ -347,6 +348,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"attn_head_split", &p.attn_head_split, nullptr},
           {"mhc_split", &p.mhc_split, nullptr},
+          {"mhc_split_norm", &p.mhc_split_norm, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

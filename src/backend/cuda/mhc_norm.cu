@@ -24,10 +24,10 @@ namespace {
 using namespace mhc_detail;
 
 constexpr int kMaxRows = static_cast<int>(kMhcNormFuseMaxTokens);
-static_assert(kMaxRows * kNormThreads <= 1024, "one row per 256 threads of one block");
+constexpr int kMaxThreads = kMaxRows * kNormThreads;
+static_assert(kMaxThreads <= 1024, "one row per 256 threads of one block");
 
-__global__ void __launch_bounds__(kMaxRows* kNormThreads)
-    mhc_expand_collapse_norm_kernel(MhcFusedArgs a, unsigned* counter) {
+__global__ void __launch_bounds__(kMaxThreads) mhc_expand_collapse_norm_kernel(MhcFusedArgs a, unsigned* counter) {
   __shared__ float warp_sums[kMaxRows][kNormThreads / 32];
   __shared__ bool is_last;
   detail::pdl_launch_dependents();
