@@ -275,6 +275,7 @@ struct MhcMode {
   bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
   bool legacy_stream = false;  // MhcFusedArgs::legacy_stream (the session-4 streaming kernel: FMA dot products)
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
+  bool norm_counter = false;   // MhcWorkspace::norm_counter (fn = null + norm: one launch up to 4 rows)
   int64_t stream_blocks = 0;   // MhcFusedArgs::stream_blocks (0: the default plan)
   const char* name = nullptr;  // row name override
 };
@@ -309,6 +310,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   auto part = must(DeviceBuffer<float>::allocate(ws_floats));
   auto counter = must(DeviceBuffer<unsigned>::allocate(ws_counters));
   must(counter.zero());
+  auto norm_counter = must(DeviceBuffer<unsigned>::allocate(kMhcNormCounters));
+  must(norm_counter.zero());
   const bool two_x = x_bytes > (size_t{64} << 20);
   auto launch = [&](int i) {
     MhcFusedArgs a;
@@ -340,6 +343,7 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
       ws.partial_floats = ws_floats;
       ws.counter_count = ws_counters;
     }
+    if (mode.norm_counter) ws.norm_counter = norm_counter.get();
     return mode.cluster ? mhc_fused_cluster(a, stream, mode.pdl) : mhc_fused(a, ws, stream);
   };
   // PDL may be unsupported inside graphs on some drivers: that row is skipped instead of ending the run.
@@ -1093,6 +1097,22 @@ int run(int argc, char** argv) {
       m.pdl = true;
       m.name = legacy ? "mhc_norm_legacy_pdl" : "mhc_norm_pdl";
       for (int64_t n : {1, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+    }
+  }
+  {  // s6-normfuse: the critical half of a split decode site (paths.mhc_split): expand + collapse + the
+     // input RMSNorm in one launch (norm_counter; up to kMhcNormFuseMaxTokens = 4 rows, n = 8 falls
+     // back to two) vs mhc_elementwise_kernel + rms_norm (_2l); _pdl back to back as in the model.
+    for (const bool one : {true, false}) {
+      MhcMode m;
+      m.sized_ws = true;
+      m.coefficients = false;
+      m.norm = true;
+      m.norm_counter = one;
+      m.name = one ? "mhc_expand_collapse_norm" : "mhc_expand_collapse_norm_2l";
+      for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+      m.pdl = true;
+      m.name = one ? "mhc_expand_collapse_norm_pdl" : "mhc_expand_collapse_norm_2l_pdl";
+      for (int64_t n : {1, 4}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
     }
   }
   // cuda-ffn: the cluster mHC, the packed MXFP4 expert layout, the device-routed experts and the rest.

@@ -16,6 +16,7 @@ const void* mhc_fused_kernel_ptr();
 const void* mhc_stream_kernel_ptr();
 const void* mhc_stream_finish_kernel_ptr();
 const void* mhc_elementwise_kernel_ptr();
+const void* mhc_expand_collapse_norm_kernel_ptr();
 const void* rms_norm_kernel_ptr();
 const void* copy_kernel_ptr();
 
@@ -36,6 +37,8 @@ const Entry kEntries[] = {
     {"mhc_stream_finish", "fused mHC, prefill: split sums in order, coefficients + Sinkhorn per token",
      mhc_stream_finish_kernel_ptr},
     {"mhc_expand_collapse", "mHC expand and/or collapse without coefficients", mhc_elementwise_kernel_ptr},
+    {"mhc_expand_collapse_norm", "mHC expand + collapse + the input RMSNorm in one launch (split decode site)",
+     mhc_expand_collapse_norm_kernel_ptr},
     {"copy", "vectorized device copy (bandwidth reference)", copy_kernel_ptr},
 };
 }  // namespace

@@ -236,9 +236,12 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.mhc.counter_count = mhc_workspace_counters(R);
   w.mhc.partials = k.take<float>("split-k + mhc scratch", w.mhc.partial_floats);
   w.mhc.counter = k.take<unsigned>("split-k + mhc scratch", w.mhc.counter_count);
+  // The expand + collapse + norm kernel's own ticket (the critical half of a split site, mhc_split).
+  w.mhc.norm_counter = k.take<unsigned>("split-k + mhc scratch", kMhcNormCounters);
   // The legacy contract (partial_floats = 0: min(n, 8)·25·(d/32) floats, one counter) on the same memory.
   w.mhc_legacy.partials = w.mhc.partials;
   w.mhc_legacy.counter = w.mhc.counter;
+  w.mhc_legacy.norm_counter = w.mhc.norm_counter;
   int64_t gemm_floats = 0;
   for (const auto& [v, count] : quant_shapes(c))
     for (int64_t m : {R, LR}) gemm_floats = std::max(gemm_floats, quant_gemm_workspace_floats(v, m));
@@ -322,6 +325,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.fused_q_rope = false;
   p.attn_head_split = false;
   p.mhc_split = false;
+  p.mhc_split_norm = false;
   return p;
 }
 
@@ -344,6 +348,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"fused_q_rope", &p.fused_q_rope, nullptr},
           {"attn_head_split", &p.attn_head_split, nullptr},
           {"mhc_split", &p.mhc_split, nullptr},
+          {"mhc_split_norm", &p.mhc_split_norm, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

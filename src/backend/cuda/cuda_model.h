@@ -88,6 +88,10 @@ struct CudaKernelPaths {
   // on a third stream, joined at the next site — the coefficients are only read there (single-pass
   // mHC), so they run beside the sublayer. Same kernels and inputs, so the same bits.
   bool mhc_split = true;
+  // The critical half of a split site in one launch: expand + collapse + the input norm
+  // (mhc_expand_collapse_norm_kernel, up to kMhcNormFuseMaxTokens rows) instead of the elementwise
+  // kernel and a separate rms_norm. rms_norm's arithmetic op for op, so the same bits.
+  bool mhc_split_norm = true;
   static CudaKernelPaths legacy();
 };
 

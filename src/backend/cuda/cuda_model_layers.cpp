@@ -198,7 +198,9 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
     return a.normed ? rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, cs(), false)
                     : Status::Ok();
   }
-  return mhc_fused(a, mhc_ws(), cs());
+  MhcWorkspace ws = mhc_ws();
+  if (!p.mhc_split_norm) ws.norm_counter = nullptr;  // fn = null with normed: elementwise + rms_norm launches
+  return mhc_fused(a, ws, cs());
 }
 
 Status CudaModel::fork_coefficients(const void* args_ptr) {
@@ -230,8 +232,9 @@ Status CudaModel::join_coefficients() {
 
 // The site's input norm: requested from mhc_fused (fused into its decode kernel up to
 // kMhcNormFuseMaxTokens rows), or a separate rms_norm launch (paths.mhc_fused_norm = false). With
-// paths.mhc_split (decode branches), the critical kernels first (expand + collapse, then rms_norm),
-// the coefficients on the coefficient stream.
+// paths.mhc_split (decode branches), the critical kernel first (expand + collapse + the norm in one
+// launch up to kMhcNormFuseMaxTokens rows, paths.mhc_split_norm; else the elementwise kernel and
+// rms_norm), the coefficients on the coefficient stream.
 Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight) {
   MhcFusedArgs& a = *static_cast<MhcFusedArgs*>(args_ptr);
   if (options_.paths.mhc_split && branches(r) && a.fn && a.mix_out && !cur_) {

@@ -140,8 +140,9 @@ struct MhcFusedArgs {
   // coefficients. Inside a graph this becomes a programmatic edge.
   bool programmatic_launch = false;
   // Optional: normed = rms_norm(collapsed, n, d, norm_weight, normed_eps) (the next sublayer's input
-  // norm, rms_norm's bits). The decode kernel's last block computes it up to kMhcNormFuseMaxTokens
-  // rows (no second launch); otherwise mhc_fused launches rms_norm after the mHC kernels.
+  // norm, rms_norm's bits). Up to kMhcNormFuseMaxTokens rows it is computed in the same launch: by the
+  // decode kernel's last block, or with fn = null (expand / collapse only) by the expand + collapse +
+  // norm kernel when the workspace has its norm_counter; otherwise mhc_fused launches rms_norm after.
   const float* norm_weight = nullptr;  // [d] or null (unweighted)
   float* normed = nullptr;             // [n, d] or null
   float normed_eps = 1e-6f;
@@ -161,14 +162,20 @@ struct MhcFusedArgs {
 //   sized (partial_floats = mhc_workspace_floats(n, d), counter_count = mhc_workspace_counters(n)):
 //     every tile of a decode batch in one launch, and n >= kMhcStreamMinTokens on the streaming
 //     (prefill) path.
+//   norm_counter (kMhcNormCounters, zero before the first call): the ticket of the fn = null kernel that
+//     also computes `normed` (one launch instead of expand / collapse + rms_norm). Its own counter: the
+//     coefficient half of a split site may use `counter` on another stream at the same time. Null: the
+//     two launches.
 struct MhcWorkspace {
   float* partials = nullptr;
   unsigned* counter = nullptr;
   int64_t partial_floats = 0;
   int64_t counter_count = 1;
+  unsigned* norm_counter = nullptr;
 };
 constexpr int64_t kMhcStreamMinTokens = 128;
 constexpr int64_t kMhcNormFuseMaxTokens = 4;
+constexpr int64_t kMhcNormCounters = 1;
 int64_t mhc_workspace_floats(int64_t n, int64_t d);
 int64_t mhc_workspace_counters(int64_t n);
 Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream);

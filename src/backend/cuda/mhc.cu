@@ -20,7 +20,9 @@
 //   fn chunk to [value][24] (one broadcast float4 per 4 rows), and lane = token (two tokens per lane)
 //   accumulates its 25 sums with FMAs. Per split, the warps' sums are added in order into
 //   partials[split][token][25]; a second kernel adds the splits in order and finishes each token.
-// * fn == null: expand and/or collapse only (elementwise, any n).
+// * fn == null: expand and/or collapse only (elementwise, any n); with normed, up to
+//   kMhcNormFuseMaxTokens rows and the workspace's norm_counter, expand + collapse + norm in one
+//   launch (mhc_norm.cu).
 //
 // Expand and collapse are bit-exact with model/mhc.h in every path (mhc_common.cuh); the coefficients
 // are summed in fixed blocked orders (deterministic, ~1e-6 relative from the CPU's sequential sums).
@@ -66,49 +68,9 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// The fused RMSNorm of `collapsed` in the last block: rms_norm_kernel's arithmetic op for op (thread t
-// sums channels t, t + 256, ... with FMAs, warp_sum, the warps in order; the same rstd in every thread),
-// so `normed` has rms_norm's bits. Batches of kNormBatch loads per thread: one round trip at d = 5120.
-constexpr int kNormBatch = 20;
-constexpr int kTailBlocksPerLane = 4;  // the last block's partial loads in flight per lane and slot: G <= 128
-__device__ void fused_norm_row(const float* xr, const float* weight, int64_t dim, float eps, float* yr,
-                               float* warp_sums) {
-  const int tid = threadIdx.x;
-  float ss = 0.0f;
-  for (int64_t c0 = tid; c0 < dim; c0 += int64_t{kDecThreads} * kNormBatch) {
-    float v[kNormBatch];
-#pragma unroll
-    for (int q = 0; q < kNormBatch; ++q) {
-      const int64_t c = c0 + int64_t{kDecThreads} * q;
-      v[q] = c < dim ? __ldcg(xr + c) : 0.0f;
-    }
-#pragma unroll
-    for (int q = 0; q < kNormBatch; ++q)
-      if (c0 + int64_t{kDecThreads} * q < dim) ss = fmaf(v[q], v[q], ss);
-  }
-  ss = detail::warp_sum(ss);
-  if ((tid & 31) == 0) warp_sums[tid >> 5] = ss;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kDecThreads / 32; ++w) total += warp_sums[w];
-  const float r = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
-  for (int64_t c0 = tid; c0 < dim; c0 += int64_t{kDecThreads} * kNormBatch) {
-    float v[kNormBatch], wv[kNormBatch];
-#pragma unroll
-    for (int q = 0; q < kNormBatch; ++q) {
-      const int64_t c = c0 + int64_t{kDecThreads} * q;
-      v[q] = c < dim ? __ldcg(xr + c) : 0.0f;
-      wv[q] = c < dim && weight ? __ldg(weight + c) : 0.0f;
-    }
-#pragma unroll
-    for (int q = 0; q < kNormBatch; ++q) {
-      const int64_t c = c0 + int64_t{kDecThreads} * q;
-      const float x = __fmul_rn(v[q], r);
-      if (c < dim) yr[c] = detail::round_bf16(weight ? __fmul_rn(wv[q], x) : x);
-    }
-  }
-  __syncthreads();  // warp_sums is reused by the next row
-}
+// The last block's partial loads in flight per lane and slot: G <= 128.
+constexpr int kTailBlocksPerLane = 4;
+static_assert(kDecThreads == kNormThreads, "the fused norm (norm_row) runs on the whole decode block");
 
 // kLegacy: the session-3 kernel (coefficients by one thread per token; collapsed after the ticket; no
 // fused norm), kept for the parity test and the bench rows. The current one: the last block runs the
@@ -269,7 +231,8 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
     // The norm first (all threads, its stores in flight), then one warp per token's coefficients.
     if (p.fuse_norm) {
       for (int t = 0; t < nt; ++t)
-        fused_norm_row(a.collapsed + (t0 + t) * d, a.norm_weight, d, a.normed_eps, a.normed + (t0 + t) * d, warp_sums);
+        norm_row<false>(a.collapsed + (t0 + t) * d, a.norm_weight, d, a.normed_eps, a.normed + (t0 + t) * d, warp_sums,
+                        tid);
     }
     if (warp < nt) finish_mix_warp(m_all[warp], a, a.mix_out + (t0 + warp) * a.mix_stride, lane);
   }
@@ -839,6 +802,11 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
   const bool pdl = a.programmatic_launch;
   if (a.fn == nullptr) {  // expand / collapse only
     if (!a.y && !a.collapse_w) return Status::Ok();
+    // The critical half of a split decode site: the norm in the same launch (its own ticket counter).
+    if (a.normed && ws.norm_counter && a.n <= kMhcNormFuseMaxTokens) {
+      *norm_fused = true;
+      return launch_expand_collapse_norm(a, ws.norm_counter, stream);
+    }
     const int64_t total = a.n * a.d;
     const auto grid = static_cast<unsigned>(std::clamp<int64_t>((total + 255) / 256, 1, 132 * 8));
     return launch(mhc_elementwise_kernel, dim3(grid), 256, 0, pdl, stream, a, "mhc_elementwise_kernel");

@@ -787,6 +787,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: mhc_fused_norm 1 vs 0", fast, with(fast, "mhc_fused_norm=0")},
       // The split site runs the same expand / collapse / norm / coefficient arithmetic in other launches.
       {"defaults: mhc_split 1 vs 0", fast, with(fast, "mhc_split=0")},
+      // The split site's norm in its expand / collapse launch repeats rms_norm's arithmetic op for op.
+      {"defaults: mhc_split_norm 1 vs 0", fast, with(fast, "mhc_split_norm=0")},
   };
   for (const Case& c : cases) {
     g.set_paths(c.a);

@@ -1,7 +1,8 @@
 // The fused mHC's paths (kernels.h mhc_fused): decode tiles in one launch with a sized workspace, the
-// streaming prefill path, the fn == null mode (expand / collapse only), mix rows read and written with
-// a stride, programmatic launch — each against the CPU oracle (model/mhc.h) with mhc_fused's
-// tolerances, and the paths against each other where their arithmetic is the same.
+// streaming prefill path, the fn == null mode (expand / collapse only, and with the RMSNorm in the same
+// launch), mix rows read and written with a stride, programmatic launch, graph replay — each against
+// the CPU oracle (model/mhc.h) with mhc_fused's tolerances, and the paths against each other where
+// their arithmetic is the same.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -11,7 +12,10 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_graph.h"
+#include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/stream.h"
 #include "core/numeric.h"
 #include "cuda_test_util.h"
 #include "ffn_test_util.h"
@@ -418,6 +422,193 @@ TEST(CudaMhcPaths, NormedIsTheRmsNormOfCollapsed) {
         }
       }
     }
+  }
+}
+
+// ---- the critical half of a split decode site: expand + collapse + the RMSNorm in one launch --------
+
+struct NormSiteRun {
+  std::vector<float> X_out, collapsed, normed;
+};
+struct NormSiteOpts {
+  bool fused = true;  // the workspace's norm_counter (else elementwise + rms_norm: the reference)
+  bool expand = true;
+  bool in_place = false;  // X_out = X
+  bool strided = false;   // post / comb / collapse_w read in place from the mix rows (stride 24)
+  bool weighted = true;
+  bool pdl = false;
+};
+struct NormSiteBuffers {
+  DeviceBuffer<float> X, y, prev, post, comb, cw, w, X_out, collapsed, normed;
+  DeviceBuffer<unsigned> norm_counter, coef_counter;
+};
+// Device copies of a site; outputs poisoned (X_out −5, collapsed −4, normed −3); the norm counter
+// zero, the coefficient kernel's counter 7 (the fused path must not touch it).
+NormSiteBuffers norm_site_buffers(const Site& s, const std::vector<float>& w) {
+  const int64_t n = s.n, d = s.d;
+  std::vector<float> post(n * 4), comb(n * 16), cw(n * 4);
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(s.prev_mix.begin() + t * kMix, 4, cw.begin() + t * 4);
+    std::copy_n(s.prev_mix.begin() + t * kMix + 4, 4, post.begin() + t * 4);
+    std::copy_n(s.prev_mix.begin() + t * kMix + 8, 16, comb.begin() + t * 16);
+  }
+  return NormSiteBuffers{upload(s.X),
+                         upload(s.y),
+                         upload(s.prev_mix),
+                         upload(post),
+                         upload(comb),
+                         upload(cw),
+                         upload(w),
+                         upload(std::vector<float>(s.X.size(), -5.0f)),
+                         upload(std::vector<float>(n * d, -4.0f)),
+                         upload(std::vector<float>(n * d, -3.0f)),
+                         upload(std::vector<unsigned>(kMhcNormCounters, 0u)),
+                         upload(std::vector<unsigned>{7u})};
+}
+MhcFusedArgs norm_site_args(const Site& s, NormSiteBuffers& b, const NormSiteOpts& o) {
+  MhcFusedArgs a;
+  a.n = s.n;
+  a.d = s.d;
+  a.X = b.X.get();
+  a.X_out = o.in_place ? b.X.get() : b.X_out.get();
+  a.y = o.expand ? b.y.get() : nullptr;
+  a.post = o.strided ? b.prev.get() + 4 : b.post.get();
+  a.comb = o.strided ? b.prev.get() + 8 : b.comb.get();
+  a.collapse_w = o.strided ? b.prev.get() : b.cw.get();
+  if (o.strided) a.post_stride = a.comb_stride = a.collapse_w_stride = kMix;
+  a.collapsed = b.collapsed.get();
+  a.normed = b.normed.get();
+  a.norm_weight = o.weighted ? b.w.get() : nullptr;
+  a.normed_eps = 1e-6f;
+  a.programmatic_launch = o.pdl;
+  return a;  // fn = null: no coefficients
+}
+MhcWorkspace norm_site_ws(NormSiteBuffers& b, bool fused) {
+  MhcWorkspace ws{nullptr, b.coef_counter.get()};
+  ws.norm_counter = fused ? b.norm_counter.get() : nullptr;
+  return ws;
+}
+
+// One site with fn = null and normed, launched twice: before the second launch X is re-uploaded (in
+// place) and normed poisoned again, so a ticket that was not re-armed leaves normed at −3.
+NormSiteRun run_norm_site(const Site& s, const std::vector<float>& w, const NormSiteOpts& o) {
+  NormSiteBuffers b = norm_site_buffers(s, w);
+  const MhcFusedArgs a = norm_site_args(s, b, o);
+  const MhcWorkspace ws = norm_site_ws(b, o.fused);
+  for (int rep = 0; rep < 2; ++rep) {
+    if (rep == 1) {
+      EXPECT_TRUE(b.X.upload(s.X.data(), s.X.size()).ok());
+      const std::vector<float> poison(s.n * s.d, -3.0f);
+      EXPECT_TRUE(b.normed.upload(poison.data(), poison.size()).ok());
+    }
+    const Status st = mhc_fused(a, ws, nullptr);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+  }
+  EXPECT_EQ(download(b.norm_counter), std::vector<unsigned>(kMhcNormCounters, 0u)) << "norm ticket not re-armed";
+  EXPECT_EQ(download(b.coef_counter), std::vector<unsigned>{7u}) << "the coefficient kernel's counter was used";
+  return NormSiteRun{download(o.in_place ? b.X : b.X_out), download(b.collapsed), download(b.normed)};
+}
+
+// Expands, collapses and normalizes like cpu_site + cpu::rms_norm: the references of one run.
+void check_norm_site_against_cpu(const Site& s, const std::vector<float>& w, const NormSiteOpts& o,
+                                 const NormSiteRun& g, const std::string& tag) {
+  const Want want = cpu_site(s, o.expand, true, false);
+  if (o.expand) {
+    EXPECT_TRUE(parity("mhc+norm expand vs cpu" + tag, g.X_out, want.X_new, kExact));
+  }
+  EXPECT_TRUE(parity("mhc+norm collapse vs cpu" + tag, g.collapsed, want.collapsed, kExact));
+  std::vector<float> cpu_out(s.n * s.d);
+  const std::vector<float> ones(s.d, 1.0f);
+  for (int64_t t = 0; t < s.n; ++t)
+    cpu::rms_norm(std::span<const float>(g.collapsed.data() + t * s.d, s.d), s.d, o.weighted ? w : ones, 1e-6,
+                  std::span<float>(cpu_out.data() + t * s.d, s.d));
+  EXPECT_TRUE(parity("mhc+norm normed vs cpu::rms_norm" + tag, g.normed, cpu_out,
+                     Tolerance{.max_nmse = 1e-6, .min_cosine = 0.99999, .rel = 1e-2, .abs = 1e-6}));
+}
+
+// fn = null with normed (the critical half of a split decode site): up to kMhcNormFuseMaxTokens rows
+// one launch (mhc_expand_collapse_norm_kernel), above it the two launches — X_out, collapsed and normed
+// bit for bit those of mhc_elementwise_kernel + rms_norm (the workspace without norm_counter), and
+// against the CPU oracle. n = 1..8; d = 5120, 96 (one block, 96 of 256 channels live), 288 (a second
+// block of 32 channels), 6144 (norm_row's batched two-pass path: d > 256·20); with and without
+// expand, in place, strided mix rows, unweighted, PDL.
+TEST(CudaMhcPaths, ExpandCollapseNormInOneLaunch) {
+  CEDAR_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+  const NormSiteOpts kinds[] = {
+      NormSiteOpts{},
+      NormSiteOpts{.in_place = true, .strided = true},
+      NormSiteOpts{.expand = false, .strided = true, .weighted = false},
+      NormSiteOpts{.in_place = true, .strided = true, .pdl = true},
+  };
+  for (int64_t n = 1; n <= 8; ++n) {
+    for (const int64_t d : {int64_t{5120}, int64_t{96}, int64_t{288}, int64_t{6144}}) {
+      const Site s = make_site(n, d, 211 + static_cast<uint32_t>(n * 7 + d));
+      std::vector<float> w(d);
+      for (auto& v : w) v = round_to_bf16(ud(rng));
+      for (size_t k = 0; k < std::size(kinds); ++k) {
+        NormSiteOpts o = kinds[k];
+        const std::string tag = " n=" + std::to_string(n) + " d=" + std::to_string(d) + (o.expand ? "" : " no-expand") +
+                                (o.in_place ? " in-place" : "") + (o.strided ? " strided" : "") +
+                                (o.weighted ? "" : " unweighted") + (o.pdl ? " pdl" : "");
+        const NormSiteRun fused = run_norm_site(s, w, o);
+        o.fused = false;
+        const NormSiteRun two = run_norm_site(s, w, o);
+        if (o.expand) {
+          EXPECT_EQ(bits_differ(fused.X_out, two.X_out), 0u) << "X_out" << tag;
+        }
+        EXPECT_EQ(bits_differ(fused.collapsed, two.collapsed), 0u) << "collapsed" << tag;
+        EXPECT_EQ(bits_differ(fused.normed, two.normed), 0u) << "normed" << tag;
+        EXPECT_TRUE(
+            parity("mhc+norm one launch vs elementwise + rms_norm: normed" + tag, fused.normed, two.normed, kExact));
+        check_norm_site_against_cpu(s, w, o, fused, tag);
+      }
+    }
+  }
+}
+
+// In a CUDA graph (the decode step): one node up to kMhcNormFuseMaxTokens rows (two above: the
+// elementwise kernel + rms_norm), and every replay — new X, y and mix rows uploaded into the same
+// buffers, normed poisoned — gives the bits of the two-launch path (a ticket left armed would leave
+// normed at −3 from the second replay on). In place with strided mix rows, as the model runs it.
+TEST(CudaMhcPaths, ExpandCollapseNormGraphReplays) {
+  CEDAR_REQUIRE_GPU();
+  auto stream = Stream::create();
+  ASSERT_TRUE(stream.ok()) << stream.error().message;
+  const NormSiteOpts o{.in_place = true, .strided = true};
+  for (const int64_t n : {int64_t{1}, kMhcNormFuseMaxTokens, kMhcNormFuseMaxTokens + 2}) {
+    const int64_t d = 5120;
+    std::vector<Site> sites;
+    for (uint32_t r = 0; r < 3; ++r) sites.push_back(make_site(n, d, 307 + 11 * r + static_cast<uint32_t>(n)));
+    std::vector<float> w(d);
+    for (int64_t c = 0; c < d; ++c) w[c] = round_to_bf16(0.75f + 0.5f * static_cast<float>(c % 7) / 7.0f);
+    NormSiteBuffers b = norm_site_buffers(sites[0], w);
+    const MhcFusedArgs a = norm_site_args(sites[0], b, o);
+    const MhcWorkspace ws = norm_site_ws(b, true);
+    auto g = CudaGraph::capture(stream->get(), [&](cudaStream_t st) { return mhc_fused(a, ws, st); });
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    EXPECT_EQ(g->nodes(), n <= kMhcNormFuseMaxTokens ? 1u : 2u) << "graph nodes at n=" << n;
+    for (size_t r = 0; r < sites.size(); ++r) {
+      const Site& s = sites[r];
+      const std::vector<float> poison(n * d, -3.0f);
+      ASSERT_TRUE(b.X.upload(s.X.data(), s.X.size()).ok());
+      ASSERT_TRUE(b.y.upload(s.y.data(), s.y.size()).ok());
+      ASSERT_TRUE(b.prev.upload(s.prev_mix.data(), s.prev_mix.size()).ok());
+      ASSERT_TRUE(b.normed.upload(poison.data(), poison.size()).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_TRUE(g->launch(stream->get()).ok());
+      ASSERT_TRUE(stream->synchronize().ok());
+      NormSiteOpts ref = o;
+      ref.fused = false;
+      const NormSiteRun two = run_norm_site(s, w, ref);
+      const std::string tag = " n=" + std::to_string(n) + " replay " + std::to_string(r);
+      EXPECT_EQ(bits_differ(download(b.X), two.X_out), 0u) << "X_out" << tag;
+      EXPECT_EQ(bits_differ(download(b.collapsed), two.collapsed), 0u) << "collapsed" << tag;
+      EXPECT_EQ(bits_differ(download(b.normed), two.normed), 0u) << "normed" << tag;
+    }
+    EXPECT_EQ(download(b.norm_counter), std::vector<unsigned>(kMhcNormCounters, 0u)) << "n=" << n;
+    EXPECT_EQ(download(b.coef_counter), std::vector<unsigned>{7u}) << "n=" << n;
   }
 }
 
