@@ -220,8 +220,8 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
     w.e_scales = k.take<float>("engram scratch", R * engram_in(c) / 32 + 1);
     w.engram_recent = k.take<int32_t>("engram history", o.kv.max_sequences * (c.engram_max_ngram_size - 1));
     w.engram_next = k.take<int64_t>("engram history", o.kv.max_sequences);
-    // paths.engram_ahead: each slot's projection has its own buffers (the layers' run concurrently with
-    // the loop, which keeps e_codes / y for the serial path); decode GEMV rows only.
+    // paths.engram_ahead: each slot's projection has its own buffers (they run beside the loop, which
+    // keeps e_codes / y for the serial path); decode GEMV rows only.
     w.engram_ahead_rows = std::min(LR, kGemvMaxRows);
     const int64_t ar = w.engram_ahead_rows;
     w.ahead_codes.assign(static_cast<size_t>(slots), nullptr);
