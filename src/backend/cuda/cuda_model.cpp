@@ -220,6 +220,18 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
     w.e_scales = k.take<float>("engram scratch", R * engram_in(c) / 32 + 1);
     w.engram_recent = k.take<int32_t>("engram history", o.kv.max_sequences * (c.engram_max_ngram_size - 1));
     w.engram_next = k.take<int64_t>("engram history", o.kv.max_sequences);
+    // paths.engram_ahead: each slot's projection has its own buffers (they run beside the loop, which
+    // keeps e_codes / y for the serial path); decode GEMV rows only.
+    w.engram_ahead_rows = std::min(LR, kGemvMaxRows);
+    const int64_t ar = w.engram_ahead_rows;
+    w.ahead_codes.assign(static_cast<size_t>(slots), nullptr);
+    w.ahead_scales.assign(static_cast<size_t>(slots), nullptr);
+    w.ahead_kv.assign(static_cast<size_t>(slots), nullptr);
+    for (size_t s = 0; s < static_cast<size_t>(slots); ++s) {
+      w.ahead_codes[s] = k.take<uint16_t>("engram scratch", ar * engram_in(c));
+      w.ahead_scales[s] = k.take<float>("engram scratch", ar * engram_in(c) / 32 + 1);
+      w.ahead_kv[s] = k.take<float>("engram scratch", ar * (hc + 1) * d);
+    }
   }
 
   const SplitKSize sk = max_splitk(c);
@@ -231,6 +243,12 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.splitk_aux.counters = k.take<unsigned>("split-k + mhc scratch", sk.counters);
   w.splitk_aux.partial_floats = sk.partial_floats;
   w.splitk_aux.counter_count = sk.counters;
+  if (!c.engram_layer_ids.empty()) {  // the Engram stream's wkv GEMVs (the same size: the same K split)
+    w.splitk_engram.partials = k.take<float>("split-k + mhc scratch", sk.partial_floats);
+    w.splitk_engram.counters = k.take<unsigned>("split-k + mhc scratch", sk.counters);
+    w.splitk_engram.partial_floats = sk.partial_floats;
+    w.splitk_engram.counter_count = sk.counters;
+  }
   // mHC: every decode tile in one launch, the streaming kernel from kMhcStreamMinTokens rows on.
   w.mhc.partial_floats = mhc_workspace_floats(R, d);
   w.mhc.counter_count = mhc_workspace_counters(R);
@@ -291,7 +309,8 @@ CudaModel::CudaModel(std::shared_ptr<const DeepseekV41Model> host, const CudaMod
       kv_(std::move(kv)),
       ws_(std::move(ws)),
       tables_(std::move(tables)),
-      memory_plan_(std::move(plan)) {}
+      memory_plan_(std::move(plan)),
+      engram_pending_(tables_->engram_done_ev.size(), false) {}
 
 CudaModel::~CudaModel() = default;
 
@@ -326,6 +345,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.attn_head_split = false;
   p.mhc_split = false;
   p.mhc_split_norm = false;
+  p.engram_ahead = false;
   return p;
 }
 
@@ -349,6 +369,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"attn_head_split", &p.attn_head_split, nullptr},
           {"mhc_split", &p.mhc_split, nullptr},
           {"mhc_split_norm", &p.mhc_split_norm, nullptr},
+          {"engram_ahead", &p.engram_ahead, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
@@ -475,6 +496,13 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
   CEDAR_ASSIGN_OR_RETURN(t.coef, Stream::create());
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.coef_fork_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.coef_done_ev, cudaEventDisableTiming));
+  if (!c.engram_layer_ids.empty()) {
+    CEDAR_ASSIGN_OR_RETURN(t.engram, Stream::create());
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.engram_fork_ev, cudaEventDisableTiming));
+    t.engram_done_ev.assign(c.engram_layer_ids.size(), nullptr);
+    for (cudaEvent_t& e : t.engram_done_ev)
+      CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   return Status::Ok();
 }
 

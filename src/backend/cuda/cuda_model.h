@@ -92,6 +92,11 @@ struct CudaKernelPaths {
   // (mhc_expand_collapse_norm_kernel, up to kMhcNormFuseMaxTokens rows) instead of the elementwise
   // kernel and a separate rms_norm. rms_norm's arithmetic op for op, so the same bits.
   bool mhc_split_norm = true;
+  // Decode with concurrent branches: every Engram layer's gather + quantization + wkv GEMV (they read
+  // only the step's n-gram hashes, not the streams) on a fourth stream from the step's start, each layer
+  // joined right before its engram_update — off the critical path between the layers. Same kernels and
+  // inputs (own codes, kv and split-K buffers), so the same bits.
+  bool engram_ahead = true;
   static CudaKernelPaths legacy();
 };
 
@@ -190,6 +195,9 @@ class CudaModel {
   // ffn_out / engram_out / out, final_norm is not produced) through `sink` (downloads: slow). Empty: off.
   void set_debug_sink(TensorSink sink) { debug_sink_ = std::move(sink); }
   size_t decode_graph_count() const { return decode_graphs_.size(); }
+  // Tests: Engram layers whose projection the last issued call (direct run or graph capture) put on the
+  // Engram stream (paths.engram_ahead); 0 when they ran serially.
+  int64_t engram_ahead_layers() const { return engram_ahead_layers_; }
   bool has_decode_graph(int64_t batch) const {
     for (const auto& [key, graph] : decode_graphs_)
       if (key.first == batch) return true;
@@ -248,6 +256,12 @@ class CudaModel {
   Status run_step(const Rows& r, CudaStepOutput& out);  // graph / direct + argmax download
   Status embed(const Rows& r);
   Status engram(int64_t layer, const Rows& r);
+  // paths.engram_ahead: at the step's start (after the hashes), every Engram layer's gather + wkv on the
+  // Engram stream into its own kv buffer; join_engram(slot) before that layer's update, join_engram(-1)
+  // every layer still pending (run_rows: after errors too, so a capture in progress ends merged).
+  bool engram_ahead_on(const Rows& r) const;
+  Status fork_engram(const Rows& r);
+  Status join_engram(int64_t slot);
   Status attention_site(int64_t layer, const Rows& r);
   Status attention(int64_t layer, const Rows& r);
   Status compressor(int64_t layer, const Rows& r);
@@ -308,6 +322,8 @@ class CudaModel {
   bool pdl_rows_ = false;               // the rows of the call in flight may use PDL (decode)
   bool pdl_fresh_[2] = {false, false};  // main / aux stream: the next kernel must not use PDL
   bool coef_pending_ = false;           // a site's coefficients run on the coefficient stream, not joined yet
+  std::vector<bool> engram_pending_;    // per Engram slot: its projection runs on the Engram stream, not joined
+  int64_t engram_ahead_layers_ = 0;
   int64_t last_rows_ = 0;
   bool state_written_ = false;  // a step has written sequence state (KV rings / caches): errors poison it
 };

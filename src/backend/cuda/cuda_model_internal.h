@@ -86,6 +86,12 @@ struct CudaModel::Workspace {
   float* e_scales = nullptr;
   int32_t* engram_recent = nullptr;  // [max_sequences, N − 1]
   int64_t* engram_next = nullptr;    // [max_sequences]
+  // paths.engram_ahead (decode, <= ahead_rows rows): per Engram slot the gather's codes / scales and the
+  // wkv output [ahead_rows, (hc+1)·d], and the Engram stream's split-K scratch.
+  int64_t engram_ahead_rows = 0;
+  std::vector<uint16_t*> ahead_codes;
+  std::vector<float*> ahead_scales, ahead_kv;
+  SplitKWorkspace splitk_engram;
   // Split-K / mHC / GEMM / cuBLAS scratch.
   SplitKWorkspace splitk, splitk_aux;  // the aux stream's GEMVs have their own
   MhcWorkspace mhc, mhc_legacy;        // sized (all tiles in one launch, streaming) / the same memory, legacy contract
@@ -124,7 +130,14 @@ struct CudaModel::Tables {
   // The mHC coefficients beside the sublayer (paths.mhc_split).
   Stream coef;
   cudaEvent_t coef_fork_ev = nullptr, coef_done_ev = nullptr;
+  // The Engram projections ahead of the layers (paths.engram_ahead): one done event per Engram slot.
+  Stream engram;
+  cudaEvent_t engram_fork_ev = nullptr;
+  std::vector<cudaEvent_t> engram_done_ev;
   ~Tables() {
+    if (engram_fork_ev) cudaEventDestroy(engram_fork_ev);
+    for (cudaEvent_t e : engram_done_ev)
+      if (e) cudaEventDestroy(e);
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
     if (coef_fork_ev) cudaEventDestroy(coef_fork_ev);

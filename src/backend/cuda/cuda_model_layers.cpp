@@ -302,18 +302,23 @@ MhcFusedArgs mhc_args(const ModelConfig& c, const DeviceHc& hc, int64_t n, float
 
 Status CudaModel::run_rows(const Rows& r) {
   const Status st = run_layers(r);
-  // Every fork of the coefficient stream is joined, after an error too: a capture in progress ends merged.
+  // Every fork of the coefficient and Engram streams is joined, after an error too: a capture in
+  // progress ends merged.
   const Status joined = join_coefficients();
+  const Status engram_joined = join_engram(-1);
   CEDAR_RETURN_IF_ERROR(st);
-  return joined;
+  CEDAR_RETURN_IF_ERROR(joined);
+  return engram_joined;
 }
 
 Status CudaModel::run_layers(const Rows& r) {
   state_written_ = true;  // from the first kernel on, sequence state (rings, caches, Engram history) changes
   pdl_rows_ = r.decode;   // PDL inside decode steps (prefill kernels are long: nothing to hide)
   pdl_fresh_[0] = pdl_fresh_[1] = true;
+  engram_ahead_layers_ = 0;
   CEDAR_RETURN_IF_ERROR(mark("start"));
   CEDAR_RETURN_IF_ERROR(embed(r));
+  if (engram_ahead_on(r)) CEDAR_RETURN_IF_ERROR(fork_engram(r));
   const LayerPlan& p = plan();
   const int64_t last = r.tail ? p.num_layers() - 1 : p.last_kv_source;
   const int64_t d = config().hidden_size;
@@ -366,33 +371,106 @@ Status CudaModel::embed(const Rows& r) {
   return mark("embed");
 }
 
-// engram_forward: gather + dequant (+ FP8 codes of E), wkv, gated update of the streams.
+namespace {
+
+// engram_gather_quant's arguments for one layer's slot of the step's hashes.
+EngramGatherArgs gather_args(const ModelConfig& c, const DeviceEngram& E, const int64_t* rows, int64_t slot, int64_t n,
+                             uint16_t* codes, float* scales) {
+  const int64_t cols = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
+  EngramGatherArgs g;
+  g.n = n;
+  g.cols = cols;
+  g.head_dim = E.head_dim;
+  g.rows = rows + slot * n * cols;
+  g.table_rows = E.rows;
+  g.bf16_table = !E.table_fp8;
+  g.table = E.table;
+  g.table_scale = E.table_scale;
+  g.codes = codes;
+  g.scales = scales;
+  return g;
+}
+
+}  // namespace
+
+bool CudaModel::engram_ahead_on(const Rows& r) const {
+  return options_.paths.engram_ahead && branches(r) && !cur_ && ws_->engram_rows && tables_->engram.get() &&
+         r.n <= ws_->engram_ahead_rows;
+}
+
+// The gathers and wkv GEMVs of every Engram layer these rows run, on the Engram stream after the hashes
+// (embed). The GEMV is the serial path's (gemv_quantized with a split-K workspace of the same size), so
+// each layer's kv is the serial path's to the bit.
+Status CudaModel::fork_engram(const Rows& r) {
+  const ModelConfig& c = config();
+  Workspace& w = *ws_;
+  Tables& t = *tables_;
+  const cudaStream_t s = stream_.get(), e = t.engram.get();
+  const int64_t last = r.tail ? plan().num_layers() - 1 : plan().last_kv_source;
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.engram_fork_ev, s));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(e, t.engram_fork_ev, 0));
+  for (int64_t l = 0; l <= last; ++l) {
+    const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+    const int64_t slot = t.engram_slot[static_cast<size_t>(l)];
+    // No slot: the serial path reports it at the layer. Each slot joins once per call.
+    if (!L.engram || slot < 0 || engram_pending_[static_cast<size_t>(slot)]) continue;
+    const DeviceEngram& E = *L.engram;
+    const size_t si = static_cast<size_t>(slot);
+    engram_pending_[si] = true;  // joined even if a launch fails, so a capture in progress ends merged
+    Status st =
+        engram_gather_quant(gather_args(c, E, w.engram_rows, slot, r.n, w.ahead_codes[si], w.ahead_scales[si]), e);
+    // The gather launches without PDL (the first kernel after the fork event, and after the previous
+    // layer's GEMV, whose codes buffer it does not share anyway); the GEMV follows it as in qlinear.
+    const bool pdl_gemv = pdl_rows_ && options_.paths.programmatic_launch && !profiler_;
+    if (st.ok())
+      st = gemv_quantized(E.wkv.quant(), w.ahead_codes[si], w.ahead_scales[si], r.n, w.ahead_kv[si], true, e,
+                          w.splitk_engram, pdl_gemv);
+    const cudaError_t rec = cudaEventRecord(t.engram_done_ev[si], e);
+    if (!st.ok()) return st.error().with_context("Engram layer " + str(l) + " (ahead)");
+    CEDAR_CUDA_RETURN_IF_ERROR(rec);
+    ++engram_ahead_layers_;
+  }
+  return Status::Ok();
+}
+
+Status CudaModel::join_engram(int64_t slot) {
+  Status first;
+  for (size_t s = 0; s < engram_pending_.size(); ++s) {
+    if (!engram_pending_[s] || (slot >= 0 && static_cast<size_t>(slot) != s)) continue;
+    engram_pending_[s] = false;
+    // After the final join the next kernel depends on the Engram stream too. At a layer the next one is
+    // engram_update, which launches without PDL, so the collapse after it keeps its programmatic edge.
+    if (slot < 0) pdl_fresh_[0] = true;
+    const Status st =
+        cuda_status(cudaStreamWaitEvent(stream_.get(), tables_->engram_done_ev[s], 0), "cudaStreamWaitEvent(engram)");
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
+// engram_forward: gather + dequant (+ FP8 codes of E), wkv, gated update of the streams. With the
+// projection ahead (fork_engram), the wait for it and the update only.
 Status CudaModel::engram(int64_t l, const Rows& r) {
   const ModelConfig& c = config();
   Workspace& w = *ws_;
   const DeviceEngram& E = *weights_.layers()[static_cast<size_t>(l)].engram;
   const int64_t slot = tables_->engram_slot[static_cast<size_t>(l)];
-  const int64_t cols = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
   if (slot < 0 || !w.engram_rows) return make_error("Engram layer " + str(l) + " has no hash slot");
-  EngramGatherArgs g;
-  g.n = r.n;
-  g.cols = cols;
-  g.head_dim = E.head_dim;
-  g.rows = w.engram_rows + slot * r.n * cols;
-  g.table_rows = E.rows;
-  g.bf16_table = !E.table_fp8;
-  g.table = E.table;
-  g.table_scale = E.table_scale;
-  g.codes = w.e_codes;
-  g.scales = w.e_scales;
-  CEDAR_RETURN_IF_ERROR(engram_gather_quant(g, cs()));
-  CEDAR_RETURN_IF_ERROR(qlinear(E.wkv, w.e_codes, w.e_scales, r.n, w.y));
+  const float* kv = w.y;
+  if (engram_pending_[static_cast<size_t>(slot)]) {
+    CEDAR_RETURN_IF_ERROR(join_engram(slot));
+    kv = w.ahead_kv[static_cast<size_t>(slot)];
+  } else {
+    CEDAR_RETURN_IF_ERROR(
+        engram_gather_quant(gather_args(c, E, w.engram_rows, slot, r.n, w.e_codes, w.e_scales), cs()));
+    CEDAR_RETURN_IF_ERROR(qlinear(E.wkv, w.e_codes, w.e_scales, r.n, w.y));
+  }
   EngramUpdateArgs u;
   u.n = r.n;
   u.hc = c.hc_mult;
   u.d = c.hidden_size;
   u.X = w.X;
-  u.kv = w.y;
+  u.kv = kv;
   u.qk = E.qk.data;
   u.norm_eps = static_cast<float>(c.rms_norm_eps);
   CEDAR_RETURN_IF_ERROR(engram_update(u, cs()));

@@ -789,14 +789,31 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: mhc_split 1 vs 0", fast, with(fast, "mhc_split=0")},
       // The split site's norm in its expand / collapse launch repeats rms_norm's arithmetic op for op.
       {"defaults: mhc_split_norm 1 vs 0", fast, with(fast, "mhc_split_norm=0")},
+      // The Engram gathers + wkv GEMVs on their own stream from the step's start: the same kernels on
+      // the same inputs into other buffers (the workload's decode steps run batch 2 and 1, both Engram
+      // layers, on the GEMV path with concurrent branches).
+      {"defaults: engram_ahead 1 vs 0", fast, with(fast, "engram_ahead=0")},
+      {"legacy: engram_ahead 1 vs 0", with(old, "engram_ahead=1"), old},
   };
+  const int64_t engram_layers = static_cast<int64_t>(g.config().engram_layer_ids.size());
+  ASSERT_GT(engram_layers, 0) << GetParam() << ": no Engram layers, engram_ahead is not exercised";
   for (const Case& c : cases) {
     g.set_paths(c.a);
     const std::vector<float> a = gpu_workload(g, ids);
+    const int64_t ahead_a = g.engram_ahead_layers();
     g.set_paths(c.b);
     const std::vector<float> b = gpu_workload(g, ids);
     expect_bitwise(GetParam() + " " + c.name, a, b, V);
+    // The last call of the workload is a decode step (batch 1, captured): every Engram layer ahead or none.
+    EXPECT_EQ(ahead_a, c.a.engram_ahead ? engram_layers : 0) << GetParam() << " " << c.name << " (a)";
+    EXPECT_EQ(g.engram_ahead_layers(), c.b.engram_ahead ? engram_layers : 0) << GetParam() << " " << c.name << " (b)";
   }
+  // Serial without concurrent branches (the path the A/B baseline and profiling take).
+  g.set_paths(fast);
+  g.use_concurrent_branches(false);
+  (void)gpu_workload(g, ids);
+  g.use_concurrent_branches(m->options.concurrent_branches);
+  EXPECT_EQ(g.engram_ahead_layers(), 0) << GetParam() << ": engram_ahead ran without concurrent branches";
 }
 
 TEST_P(CudaModelParity, Fp8WoAEqualsBf16WoABitwise) {
