@@ -18,10 +18,11 @@ __device__ __forceinline__ float ue8m0_to_float(uint32_t b) {
   return __uint_as_float(b << 23);
 }
 
-// Weight-scale decode for the GEMV inner loop: 2 instructions. Byte 0 (2^-127) is exact; byte 0xFF
+// Weight-scale decode for the GEMV inner loop: a shift and one FMNMX (b << 23 is 2^(b-127) for b >= 1
+// and 0 for b = 0, below the subnormal 2^-127 that byte 0 means). Byte 0 (2^-127) is exact; byte 0xFF
 // (NaN, which no checkpoint uses) decodes to +Inf instead of NaN.
 __device__ __forceinline__ float ue8m0_scale(uint32_t b) {
-  return b != 0 ? __uint_as_float(b << 23) : __uint_as_float(0x00400000u);
+  return fmaxf(__uint_as_float(b << 23), __uint_as_float(0x00400000u));
 }
 
 // Exponent byte of the smallest power of two >= x (core/numeric.cpp ue8m0_ceil_pow2, bit for bit).

@@ -63,6 +63,36 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t v, uint32_t& w0, uint32_
   w1 = __byte_perm(even, odd, 0x7362);  // values 4,5,6,7
 }
 
+// ---- the packed layout's words: e2m1 codes placed for f16 (repack_mxfp4) ------------------------
+// Byte k (k = 0..3) of a packed word holds value k of the thread's 8-value slice at bits 1..3 (the
+// magnitude `eem`) and 7 (sign), and value 4 + k at bits 4..6 and 0. Bits 1..3 and 7 of a byte are
+// bits 9..11 and 15 of an f16 whose high byte it is: the f16 e2m1 · 2^-14, exact for normals and
+// subnormals alike (0.5 → the f16 subnormal 2^-15). So 8 values become 4 f16x2 in 9 integer ops (the
+// e4m3 route took 15: the nibble spread, two byte permutes, two shifts and four cvt).
+constexpr uint32_t kF16HighBits = 0x8E8E8E8Eu;  // per byte: the bits an f16 high byte takes
+
+// Host and device: the packed word of 8 e2m1 codes (code v = value v of the slice, 4 bits each).
+__host__ __device__ constexpr uint32_t e2m1_f16_word(const uint8_t (&code)[8]) {
+  uint32_t w = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t a = code[k] & 0xFu, b = code[4 + k] & 0xFu;
+    const uint32_t byte = ((a & 7u) << 1) | ((a >> 3) << 7) | ((b & 7u) << 4) | (b >> 3);
+    w |= byte << (8 * k);
+  }
+  return w;
+}
+
+// A packed word → f16x2 of values {0,1}, {2,3}, {4,5}, {6,7} (low half = the lower value), each
+// e2m1 · 2^-14 exactly.
+__device__ __forceinline__ void e2m1_word_to_f16x2(uint32_t w, uint32_t (&f)[4]) {
+  const uint32_t a = w & kF16HighBits;                                        // values 0..3 in place
+  const uint32_t b = ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);    // values 4..7 moved there
+  f[0] = __byte_perm(a, 0u, 0x1404);  // byte 1 ← byte 0, byte 3 ← byte 1, bytes 0 and 2 zero
+  f[1] = __byte_perm(a, 0u, 0x3424);
+  f[2] = __byte_perm(b, 0u, 0x1404);
+  f[3] = __byte_perm(b, 0u, 0x3424);
+}
+
 // Multiprocessors of the current device (132 on an H200; 132 if the query fails): sizes persistent grids.
 inline int device_sm_count() {
   int dev = 0, sms = 0;

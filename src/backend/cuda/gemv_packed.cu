@@ -85,29 +85,79 @@ __device__ __forceinline__ float comp_of(const float4& v, int u) {
   return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
 }
 
+// kOne: the unit has one token (every decode step at batch 1): the accumulator columns of token 1 are
+// never stored, so their scale math is skipped (the MMA computes them regardless).
+template <bool kOne>
 __device__ __forceinline__ void compute_group(const GroupLoads& L, float (&acc)[2][4]) {
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     const float sa0 = comp_of(L.sa0, u), sa1 = comp_of(L.sa1, u);
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
-      uint32_t lo0, lo1, hi0, hi1;
-      e2m1x8_to_e4m3(word_of(L.w[2 * rt], u), lo0, lo1);
-      e2m1x8_to_e4m3(word_of(L.w[2 * rt + 1], u), hi0, hi1);
-      // 2^6 undoes the e2m1 → e4m3 exponent shift (as the plain kernel).
-      const float sw_lo = 64.0f * detail::ue8m0_scale((L.s[2 * rt] >> (8 * u)) & 0xFFu);
-      const float sw_hi = 64.0f * detail::ue8m0_scale((L.s[2 * rt + 1] >> (8 * u)) & 0xFFu);
+      uint32_t lo[4], hi[4];  // f16x2 of values {0,1}, {2,3}, {4,5}, {6,7} of rows g(+16) and g+8(+16)
+      e2m1_word_to_f16x2(word_of(L.w[2 * rt], u), lo);
+      e2m1_word_to_f16x2(word_of(L.w[2 * rt + 1], u), hi);
+      // 2^14 undoes the f16 placement's e2m1 · 2^-14 (an exact power-of-two rescaling of the plain
+      // kernel's e4m3 route, e2m1 · 2^-6 and 2^6: the same products, MMA sums and results).
+      const float sw_lo = 16384.0f * detail::ue8m0_scale((L.s[2 * rt] >> (8 * u)) & 0xFFu);
+      const float sw_hi = 16384.0f * detail::ue8m0_scale((L.s[2 * rt + 1] >> (8 * u)) & 0xFFu);
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const uint32_t a1[4] = {e4m3x2_to_f16x2(lo0), e4m3x2_to_f16x2(hi0), e4m3x2_to_f16x2(lo0 >> 16),
-                              e4m3x2_to_f16x2(hi0 >> 16)};
+      const uint32_t a1[4] = {lo[0], hi[0], lo[1], hi[1]};
       mma_f16(a1, L.act[u].x, L.act[u].y, d);
-      const uint32_t a2[4] = {e4m3x2_to_f16x2(lo1), e4m3x2_to_f16x2(hi1), e4m3x2_to_f16x2(lo1 >> 16),
-                              e4m3x2_to_f16x2(hi1 >> 16)};
+      const uint32_t a2[4] = {lo[2], hi[2], lo[3], hi[3]};
       mma_f16(a2, L.act[u].z, L.act[u].w, d);
       acc[rt][0] += d[0] * (sw_lo * sa0);
-      acc[rt][1] += d[1] * (sw_lo * sa1);
       acc[rt][2] += d[2] * (sw_hi * sa0);
-      acc[rt][3] += d[3] * (sw_hi * sa1);
+      if (!kOne) {
+        acc[rt][1] += d[1] * (sw_lo * sa1);
+        acc[rt][3] += d[3] * (sw_hi * sa1);
+      }
+    }
+  }
+}
+
+// A warp's K groups of one unit (the plain schedule or the balanced one), accumulated into acc.
+struct UnitStream {
+  const uint8_t* const (&wp)[4];
+  const uint8_t* const (&sp)[4];
+  const uint16_t* a_row;
+  const float* as0;
+  const float* as1;
+  int n_kb, warp, warps;
+  bool balanced;
+};
+
+template <bool kOne>
+__device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2][4]) {
+  if (!u.balanced) {
+    for (int kb0 = u.warp * kRun; kb0 < u.n_kb; kb0 += kGemvWarps * kRun) {
+      const int q0 = kb0 / 4;
+      if (kb0 + kRun <= u.n_kb) {  // a whole run: both groups' loads in flight, then the math in block order
+        GroupLoads L0, L1;
+        load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q0, L0);
+        load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q0 + 1, L1);
+        compute_group<kOne>(L0, acc);
+        compute_group<kOne>(L1, acc);
+      } else {  // the last, half run (u.n_kb % 8 == 4)
+        GroupLoads L0;
+        load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q0, L0);
+        compute_group<kOne>(L0, acc);
+      }
+    }
+  } else {  // groups warp, warp + W, ... (two in flight), evenly spread over the W warps
+    const int n_groups = u.n_kb / 4, W = u.warps;
+    int q = u.warp;
+    for (; q + W < n_groups; q += 2 * W) {
+      GroupLoads L0, L1;
+      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
+      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q + W, L1);
+      compute_group<kOne>(L0, acc);
+      compute_group<kOne>(L1, acc);
+    }
+    if (q < n_groups) {
+      GroupLoads L0;
+      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
+      compute_group<kOne>(L0, acc);
     }
   }
 }
@@ -155,37 +205,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
     const float* as0 = op.as + row_of(op.act_row, tok0 < op.n ? tok0 : 0) * n_kb;
     const float* as1 = op.as + row_of(op.act_row, tok1 < op.n ? tok1 : 0) * n_kb;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    if (!p.balanced) {
-      for (int kb0 = warp * kRun; kb0 < n_kb; kb0 += kGemvWarps * kRun) {
-        const int q0 = kb0 / 4;
-        if (kb0 + kRun <= n_kb) {  // a whole run: both groups' loads in flight, then the math in block order
-          GroupLoads L0, L1;
-          load_group(wp, sp, a_row, as0, as1, q0, L0);
-          load_group(wp, sp, a_row, as0, as1, q0 + 1, L1);
-          compute_group(L0, acc);
-          compute_group(L1, acc);
-        } else {  // the last, half run (n_kb % 8 == 4)
-          GroupLoads L0;
-          load_group(wp, sp, a_row, as0, as1, q0, L0);
-          compute_group(L0, acc);
-        }
-      }
-    } else {  // groups warp, warp + W, ... (two in flight), evenly spread over the W warps
-      const int n_groups = n_kb / 4, W = p.warps;
-      int q = warp;
-      for (; q + W < n_groups; q += 2 * W) {
-        GroupLoads L0, L1;
-        load_group(wp, sp, a_row, as0, as1, q, L0);
-        load_group(wp, sp, a_row, as0, as1, q + W, L1);
-        compute_group(L0, acc);
-        compute_group(L1, acc);
-      }
-      if (q < n_groups) {
-        GroupLoads L0;
-        load_group(wp, sp, a_row, as0, as1, q, L0);
-        compute_group(L0, acc);
-      }
-    }
+    const UnitStream us{wp, sp, a_row, as0, as1, n_kb, warp, p.warps, p.balanced};
+    if (op.n == 1) unit_k_loop<true>(us, acc);  // block-uniform branch
+    else unit_k_loop<false>(us, acc);
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
       partial[warp][16 * rt + g][tok0] = acc[rt][0];
@@ -251,8 +273,15 @@ Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* pack
     uint8_t* dst = packed + r * row_bytes;
     for (int64_t q = 0; q < row_bytes / 64; ++q)
       for (int t = 0; t < 4; ++t)
-        for (int u = 0; u < 4; ++u)
-          for (int j = 0; j < 4; ++j) dst[64 * q + 16 * t + 4 * u + j] = src[64 * q + 16 * u + 4 * t + j];
+        for (int u = 0; u < 4; ++u) {
+          // Thread t's 4 bytes of K block 4q + u (values 8t .. 8t + 7, low nibble first) → one word in
+          // the f16 placement (gemv_common.cuh e2m1_f16_word), stored little-endian.
+          const uint8_t* b = src + 64 * q + 16 * u + 4 * t;
+          const uint8_t code[8] = {uint8_t(b[0] & 15), uint8_t(b[0] >> 4), uint8_t(b[1] & 15), uint8_t(b[1] >> 4),
+                                   uint8_t(b[2] & 15), uint8_t(b[2] >> 4), uint8_t(b[3] & 15), uint8_t(b[3] >> 4)};
+          const uint32_t w = e2m1_f16_word(code);
+          for (int j = 0; j < 4; ++j) dst[64 * q + 16 * t + 4 * u + j] = static_cast<uint8_t>(w >> (8 * j));
+        }
   }
   return Status::Ok();
 }

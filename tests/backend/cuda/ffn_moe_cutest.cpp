@@ -509,18 +509,24 @@ TEST(CudaGemvPacked, BalancedGroupedMatchesCpu) {
 }
 
 TEST(CudaGemvPacked, RepackIsTheDocumentedPermutationAndRejectsOddShapes) {
-  // Host-only: no GPU needed. Thread t's 16 bytes of group q hold bytes 4t..4t+3 of blocks 4q..4q+3.
+  // Host-only: no GPU needed. Thread t's 16 bytes of group q hold its 4 bytes (values 8t .. 8t + 7,
+  // low nibble first) of blocks 4q..4q+3, one 32-bit word per block in the f16 placement: byte k has
+  // value k's magnitude at bits 1..3 and sign at 7, value 4 + k's at bits 4..6 and 0.
   const int64_t out = 3, in = 256;
   std::vector<uint8_t> plain(out * in / 2), packed(plain.size());
-  std::iota(plain.begin(), plain.end(), 0);
+  std::mt19937 rng(7);
+  for (uint8_t& b : plain) b = static_cast<uint8_t>(rng());
   ASSERT_TRUE(repack_mxfp4(plain.data(), out, in, packed.data()).ok());
   for (int64_t r = 0; r < out; ++r)
     for (int64_t kb = 0; kb < in / 32; ++kb)
       for (int t = 0; t < 4; ++t)
-        for (int j = 0; j < 4; ++j)
-          ASSERT_EQ(packed[r * in / 2 + (kb / 4) * 64 + 16 * t + 4 * (kb % 4) + j],
-                    plain[r * in / 2 + kb * 16 + 4 * t + j])
-              << "row " << r << " block " << kb << " thread " << t << " byte " << j;
+        for (int v = 0; v < 8; ++v) {
+          const uint8_t src = plain[r * in / 2 + kb * 16 + 4 * t + v / 2];
+          const int code = v % 2 ? src >> 4 : src & 15;
+          const uint8_t byte = packed[r * in / 2 + (kb / 4) * 64 + 16 * t + 4 * (kb % 4) + v % 4];
+          const int mag = v < 4 ? (byte >> 1) & 7 : (byte >> 4) & 7, sign = v < 4 ? byte >> 7 : byte & 1;
+          ASSERT_EQ(mag | (sign << 3), code) << "row " << r << " block " << kb << " thread " << t << " value " << v;
+        }
   EXPECT_FALSE(repack_mxfp4(plain.data(), 3, 96, packed.data()).ok());
   EXPECT_FALSE(mxfp4_packable(16, 96));
   EXPECT_TRUE(mxfp4_packable(2304, 5120));
