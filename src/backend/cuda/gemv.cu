@@ -96,6 +96,7 @@ struct GemvParams {
   int kb_per_split;
   float* split_partials;          // [group][ksplit][8][out]
   unsigned* split_counters;       // [group][row tiles], zero between launches
+  int warps;                      // = blockDim.x / 32 (gemv_warps)
 };
 
 struct ChunkPointers {
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
   // chunk reaching past the K range clamps its block indices.
-  for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += kGemvWarps * kU) {
+  for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += p.warps * kU) {
     if (kb0 + kU <= kb_end) gemv_chunk<kFp4, true>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
     else gemv_chunk<kFp4, false>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
   }
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   float sum = 0.0f;
   if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
 #pragma unroll
-    for (int w = 0; w < kGemvWarps; ++w) sum += partial[w][row][tok];
+    for (int w = 0; w < p.warps; ++w) sum += partial[w][row][tok];
   }
   if (p.ksplit > 1) {
     float* split_partials = p.split_partials + static_cast<int64_t>(blockIdx.z) * p.ksplit * kTokensPerTile * p.out;
@@ -280,6 +281,7 @@ struct GemvItemsParams {
   int kb_shift;
   int64_t tiles;  // row tiles per matrix
   bool bf16_output;
+  int warps;  // = blockDim.x / 32 (gemv_warps)
 };
 
 template <bool kFp4>
@@ -310,7 +312,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
     ChunkPointers cp{w + r_lo * w_stride + t * (kFp4 ? 4 : 8), w + r_hi * w_stride + t * (kFp4 ? 4 : 8), s_lo, s_hi,
                      a_row, as0, as1};
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int kb0 = warp * kU; kb0 < n_kb; kb0 += kGemvWarps * kU) {
+    for (int kb0 = warp * kU; kb0 < n_kb; kb0 += p.warps * kU) {
       if (kb0 + kU <= n_kb) gemv_chunk<kFp4, true>(cp, kb0, 0, n_kb, p.kb_shift, acc);
       else gemv_chunk<kFp4, false>(cp, kb0, 0, n_kb, p.kb_shift, acc);
     }
@@ -323,7 +325,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
       const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
       float sum = 0.0f;
 #pragma unroll
-      for (int ww = 0; ww < kGemvWarps; ++ww) sum += partial[ww][row][tok];
+      for (int ww = 0; ww < p.warps; ++ww) sum += partial[ww][row][tok];
       if (tok < n && row0 + row < p.out)
         it->y[static_cast<int64_t>(it->y_row[tok]) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
@@ -349,6 +351,27 @@ Status check_weight(const QuantWeightView& w) {
   if ((w.out + kRowsPerBlock - 1) / kRowsPerBlock > 0x7FFFFFFF)
     return make_error("cuda::gemv_quantized: out=" + std::to_string(w.out) + " is too large");
   return Status::Ok();
+}
+
+// Warps per block (each takes chunks of kUnroll K blocks, strided by the warp count). MXFP4: 8 (the
+// packed layout is bit-equal to this schedule). FP8: the W in 8..4 that spreads a block's chunks most
+// evenly (chunks / (W·ceil(chunks / W)), ties to more warps) — a block of the short-K shapes otherwise
+// waits a second HBM round trip for two of its eight warps (wq_b: K = 1280 is 10 chunks: 5 warps × 2
+// instead of 8 + 2), and 256-thread blocks fill an SM with 3 where 160-thread ones fill it with 5.
+// At least 4: the epilogue reduces 16 rows × 8 tokens with one thread each.
+int gemv_warps(bool fp4, int64_t kb_range) {
+  if (fp4) return kGemvWarps;
+  const int64_t chunks = (kb_range + kUnroll<false> - 1) / kUnroll<false>;
+  int best = kGemvWarps;
+  double best_eff = 0;
+  for (int w = kGemvWarps; w >= 4; --w) {
+    const double eff = static_cast<double>(chunks) / (w * ((chunks + w - 1) / w));
+    if (eff > best_eff + 1e-9) {
+      best_eff = eff;
+      best = w;
+    }
+  }
+  return best;
 }
 
 // K splits: when the row tiles of all matrices of a launch fill less than one wave (the blocks one
@@ -433,12 +456,13 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.kb_per_split = static_cast<int>(kb_per_split);
       p.split_partials = splitk.partials;
       p.split_counters = splitk.counters;
+      p.warps = gemv_warps(shape.format == QuantWeightFormat::MXFP4, kb_per_split);
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
       if (shape.format == QuantWeightFormat::MXFP4) {
-        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
                                             programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
       } else {
-        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(kGemvWarps * 32), 0, stream,
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream,
                                             programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
       }
     }
@@ -511,11 +535,12 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
     p.split_partials = splitk.partials;
     p.split_counters = splitk.counters;
+    p.warps = gemv_warps(tallest.format == QuantWeightFormat::MXFP4, p.kb_per_split);
     if (tallest.format == QuantWeightFormat::MXFP4) {
-      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(kGemvWarps * 32), 0, stream,
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
                                           programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
     } else {
-      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(kGemvWarps * 32), 0, stream,
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream,
                                           programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
     }
   }
@@ -546,13 +571,14 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   p.tiles = (shape.out + kRowsPerBlock - 1) / kRowsPerBlock;
   p.bf16_output = bf16_output;
   const bool fp4 = shape.format == QuantWeightFormat::MXFP4;
+  p.warps = gemv_warps(fp4, shape.in / 32);
   const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   if (fp4) {
-    gemv_items_kernel<true><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+    gemv_items_kernel<true><<<grid, p.warps * 32, 0, stream>>>(p);
     return launch_status("gemv_items_kernel<MXFP4>");
   }
-  gemv_items_kernel<false><<<grid, kGemvWarps * 32, 0, stream>>>(p);
+  gemv_items_kernel<false><<<grid, p.warps * 32, 0, stream>>>(p);
   return launch_status("gemv_items_kernel<FP8Block>");
 }
 

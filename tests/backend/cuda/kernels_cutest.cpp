@@ -220,6 +220,10 @@ TEST(CudaGemvFp8, MatchesCpuLinear) {
   check_gemv(random_fp8_weight(40, 96, 32, 37), 11, 38, "gemv_fp8");      // n > 8: two token tiles
   check_gemv(random_fp8_weight(64, 2048, 32, 47), 10, 48, "gemv_fp8");    // split-K with two token tiles
   check_gemv(random_fp8_weight(256, 512, 128, 39), 2, 40, "gemv_fp8_b128");  // V4: 128×128 blocks
+  // gemv_warps: wq_b's K (40 blocks = 10 chunks: 5 warps); shared w2's K (18 chunks: 6 warps unsplit,
+  // 9 per split: 5 warps).
+  check_gemv(random_fp8_weight(256, 1280, 32, 49), 1, 50, "gemv_fp8");
+  check_gemv(random_fp8_weight(64, 2304, 32, 51), 2, 52, "gemv_fp8");
 }
 
 TEST(CudaGemvMxfp4, MatchesCpuLinear) {
