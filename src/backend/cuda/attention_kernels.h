@@ -69,12 +69,19 @@ struct Bf16GemvArgs {
   // Requires block_in % 32 == 0, w_fp8 8-byte aligned.
   const uint8_t* w_fp8 = nullptr;
   const uint8_t* w_scales = nullptr;
+  // The caller vouches that no code is NaN (0x7F / 0xFF) and every scale is in [20, 142]
+  // (fp8_weight_fast, checked once at upload): the kernel skips its per-chunk check for the exact
+  // fallback. Same bits either way on such a weight.
+  bool w_fp8_fast = false;
   int64_t block_out = 32, block_in = 32;
   int64_t scale_group_stride = 0;
   // Programmatic dependent launch (kernels.h): the first weight lines are prefetched into L2 before
   // the kernel waits for the previous one; same results.
   bool programmatic_launch = false;
 };
+// Host: whether an FP8 weight (e4m3 codes, UE8M0 scale bytes) takes gemv_bf16's register fast path
+// everywhere (no NaN code, every scale in [20, 142]) — Bf16GemvArgs::w_fp8_fast.
+bool fp8_weight_fast(const uint8_t* codes, int64_t n_codes, const uint8_t* scales, int64_t n_scales);
 // Workspace a split-K launch of this shape can use (zeros: never split). Counters must be zero before
 // the first call; the kernel re-arms them.
 SplitKSize gemv_bf16_splitk_size(int64_t out, int64_t in, int64_t groups = 1);

@@ -171,6 +171,7 @@ Status CudaModel::dense(const DenseCall& c) {
   if (fp8) {  // dequantized in registers: bit-identical to gemv_bf16 on the BF16 values
     a.w_fp8 = w.data;
     a.w_scales = w.scales;
+    a.w_fp8_fast = w.fp8_fast;
     a.block_out = w.block_out;
     a.block_in = w.block_in;
   } else {

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_buffer.h"
 #include "core/numeric.h"
@@ -279,6 +280,9 @@ class DeviceWeightPlacer {
     if (m.bytes() != data.bytes.size() + scale.bytes.size())
       return make_error(base + "weight: stored FP8 bytes do not match its [" + std::to_string(m.out) + ", " +
                         std::to_string(m.in) + "] shape");
+    if (device_base_)
+      m.fp8_fast = fp8_weight_fast(data.bytes.data(), static_cast<int64_t>(data.bytes.size()), scale.bytes.data(),
+                                 static_cast<int64_t>(scale.bytes.size()));
     return m;
   }
 

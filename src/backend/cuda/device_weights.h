@@ -46,6 +46,9 @@ struct DeviceMatrix {
   const uint8_t* data = nullptr;
   const uint8_t* scales = nullptr;        // Fp8Block / Mxfp4
   int64_t block_out = 32, block_in = 32;  // Fp8Block
+  // Fp8Block: no NaN code and every scale in [20, 142] (fp8_weight_fast, checked at upload; set for
+  // wo_a as stored): gemv_bf16 may skip its per-chunk check.
+  bool fp8_fast = false;
   bool present() const { return data != nullptr; }
   uint64_t data_bytes() const;
   uint64_t scale_bytes() const;

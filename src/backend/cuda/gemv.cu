@@ -354,20 +354,31 @@ Status check_weight(const QuantWeightView& w) {
 }
 
 // Warps per block (each takes chunks of kUnroll K blocks, strided by the warp count). MXFP4: 8 (the
-// packed layout is bit-equal to this schedule). FP8: the W in 8..4 that spreads a block's chunks most
-// evenly (chunks / (W·ceil(chunks / W)), ties to more warps) — a block of the short-K shapes otherwise
-// waits a second HBM round trip for two of its eight warps (wq_b: K = 1280 is 10 chunks: 5 warps × 2
-// instead of 8 + 2), and 256-thread blocks fill an SM with 3 where 160-thread ones fill it with 5.
-// At least 4: the epilogue reduces 16 rows × 8 tokens with one thread each.
-int gemv_warps(bool fp4, int64_t kb_range) {
-  if (fp4) return kGemvWarps;
+// packed layout is bit-equal to this schedule). FP8 with at most two rounds of chunks at 8 warps: the W
+// in 8..4 with the fewest HBM round trips per SM — waves (blocks over the resident blocks at W warps,
+// at least 1) × chunk rounds per warp (ceil(chunks / W)); ties to more warps. Many short-K blocks gain:
+// wq_b (K = 1280: 10 chunks, 2 048 blocks) runs 5 warps × 2 rounds at 5 blocks per SM instead of 8
+// warps (two of them in a second round) at 3; a grid under one wave keeps 8 warps (fewer would only
+// add rounds). Longer K keeps 8: its last partial round is amortized, and fewer warps per block only
+// lengthen the tail wave (16384² went 78 → 101 µs at 4 warps). At least 4 warps: the epilogue reduces
+// 16 rows × 8 tokens with one thread each.
+int gemv_warps(bool fp4, int64_t kb_range, int64_t blocks) {
   const int64_t chunks = (kb_range + kUnroll<false> - 1) / kUnroll<false>;
+  if (fp4 || chunks > 2 * kGemvWarps) return kGemvWarps;
+  const int sms = device_sm_count();
   int best = kGemvWarps;
-  double best_eff = 0;
+  double best_cost = 0;
   for (int w = kGemvWarps; w >= 4; --w) {
-    const double eff = static_cast<double>(chunks) / (w * ((chunks + w - 1) / w));
-    if (eff > best_eff + 1e-9) {
-      best_eff = eff;
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quantized_kernel<false>, w * 32, 0) != cudaSuccess ||
+        per_sm <= 0) {
+      (void)cudaGetLastError();
+      return kGemvWarps;
+    }
+    const double waves = std::max(1.0, static_cast<double>(blocks) / (static_cast<double>(per_sm) * sms));
+    const double cost = waves * static_cast<double>((chunks + w - 1) / w);
+    if (w == kGemvWarps || cost < best_cost - 1e-9) {
+      best_cost = cost;
       best = w;
     }
   }
@@ -456,7 +467,8 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.kb_per_split = static_cast<int>(kb_per_split);
       p.split_partials = splitk.partials;
       p.split_counters = splitk.counters;
-      p.warps = gemv_warps(shape.format == QuantWeightFormat::MXFP4, kb_per_split);
+      p.warps = gemv_warps(shape.format == QuantWeightFormat::MXFP4, kb_per_split,
+                           static_cast<int64_t>(grid.x) * grid.y * grid.z);
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
       if (shape.format == QuantWeightFormat::MXFP4) {
         CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
@@ -535,7 +547,8 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
     p.split_partials = splitk.partials;
     p.split_counters = splitk.counters;
-    p.warps = gemv_warps(tallest.format == QuantWeightFormat::MXFP4, p.kb_per_split);
+    p.warps = gemv_warps(tallest.format == QuantWeightFormat::MXFP4, p.kb_per_split,
+                         static_cast<int64_t>(grid.x) * grid.y * grid.z);
     if (tallest.format == QuantWeightFormat::MXFP4) {
       CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
                                           programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
@@ -571,7 +584,9 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   p.tiles = (shape.out + kRowsPerBlock - 1) / kRowsPerBlock;
   p.bf16_output = bf16_output;
   const bool fp4 = shape.format == QuantWeightFormat::MXFP4;
-  p.warps = gemv_warps(fp4, shape.in / 32);
+  // The rule of gemv_quantized over this launch's units (the same W, so the same bits, wherever both
+  // see the same number of waves).
+  p.warps = gemv_warps(fp4, shape.in / 32, capacity * p.tiles);
   const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   if (fp4) {

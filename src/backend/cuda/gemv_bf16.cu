@@ -43,6 +43,7 @@ struct Bf16Params {
   const uint8_t* w8_scales;
   int64_t block_out, block_in, scale_cols, scale_group_stride;
   int block_in_shift;  // log2(block_in)
+  bool w8_fast;        // Bf16GemvArgs::w_fp8_fast
   int64_t out, in;
   int64_t w_group_stride;
   const float* x;
@@ -134,7 +135,8 @@ __device__ __forceinline__ void fp8x4_to_bf16_exact(uint32_t bytes, uint32_t s, 
 
 // Block (x, y, z): rows [16x, 16x+16) of group z, K chunks of split y; tokens [0, n) of this pass.
 // kFp8: the weight is FP8 + UE8M0 scales, dequantized in registers to the same bf16 values.
-template <int kTiles, bool kFp8 = false>
+// kFast (with kFp8): the weight was checked at upload (fp8_weight_fast), no per-chunk check.
+template <int kTiles, bool kFp8 = false, bool kFast = false>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
   constexpr int kTok = kTiles * kTokensPerTile;
   constexpr int kU = kUnroll<kTiles>;
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        if (fp8_fast(bl[u], bh[u], sl[u], sh[u])) {
+        if (kFast || fp8_fast(bl[u], bh[u], sl[u], sh[u])) {
           fp8x4_to_bf16_fast(bl[u].x, sl[u], wl[u].x, wl[u].y);
           fp8x4_to_bf16_fast(bl[u].y, sl[u], wl[u].z, wl[u].w);
           fp8x4_to_bf16_fast(bh[u].x, sh[u], wh[u].x, wh[u].y);
@@ -322,6 +324,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 template <int kTiles>
 Status launch(const Bf16Params& p, dim3 grid, cudaStream_t stream, bool pdl) {
+  if (p.w8 != nullptr && p.w8_fast)
+    return launch_kernel(gemv_bf16_kernel<kTiles, true, true>, grid, dim3(kWarps * 32), 0, stream, pdl,
+                         "gemv_bf16_kernel<fp8 weight, checked at upload>", p);
   if (p.w8 != nullptr)
     return launch_kernel(gemv_bf16_kernel<kTiles, true>, grid, dim3(kWarps * 32), 0, stream, pdl,
                          "gemv_bf16_kernel<fp8 weight>", p);
@@ -361,6 +366,7 @@ Status gemv_bf16(const Bf16GemvArgs& a, cudaStream_t stream, const SplitKWorkspa
       return fail("grouped FP8 weight: out % block_out != 0 needs an explicit scale_group_stride");
     p.w8 = a.w_fp8;
     p.w8_scales = a.w_scales;
+    p.w8_fast = a.w_fp8_fast;
     p.block_out = a.block_out;
     p.block_in = a.block_in;
     while ((int64_t{1} << p.block_in_shift) < a.block_in) ++p.block_in_shift;
@@ -417,5 +423,14 @@ Status gemv_bf16(const Bf16GemvArgs& a, cudaStream_t stream, const SplitKWorkspa
 // For the catalog's loadability check.
 const void* gemv_bf16_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_bf16_kernel<1>); }
 const void* gemv_fp8w_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_bf16_kernel<1, true>); }
+
+bool fp8_weight_fast(const uint8_t* codes, int64_t n_codes, const uint8_t* scales, int64_t n_scales) {
+  if (codes == nullptr || scales == nullptr || n_codes < 0 || n_scales < 0) return false;
+  for (int64_t i = 0; i < n_codes; ++i)
+    if ((codes[i] & 0x7Fu) == 0x7Fu) return false;
+  for (int64_t i = 0; i < n_scales; ++i)
+    if (scales[i] < 20 || scales[i] > 142) return false;
+  return true;
+}
 
 }  // namespace cedar::cuda

@@ -91,16 +91,18 @@ template <bool kOne>
 __device__ __forceinline__ void compute_group(const GroupLoads& L, float (&acc)[2][4]) {
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
-    const float sa0 = comp_of(L.sa0, u), sa1 = comp_of(L.sa1, u);
+    // 2^14 undoes the f16 placement's e2m1 · 2^-14: an exact power-of-two rescaling of the plain
+    // kernel's e4m3 route (e2m1 · 2^-6, its 2^6 on the weight scale) — the same products and MMA sums
+    // scaled by 2^-8, and (Σ·2^-8)·(s_w·2^14·s_a) is the plain (Σ)·(2^6·s_w·s_a): the same result bits.
+    // Taken on the activation scale, once per block and token instead of per row tile.
+    const float sa0 = 16384.0f * comp_of(L.sa0, u), sa1 = 16384.0f * comp_of(L.sa1, u);
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
       uint32_t lo[4], hi[4];  // f16x2 of values {0,1}, {2,3}, {4,5}, {6,7} of rows g(+16) and g+8(+16)
       e2m1_word_to_f16x2(word_of(L.w[2 * rt], u), lo);
       e2m1_word_to_f16x2(word_of(L.w[2 * rt + 1], u), hi);
-      // 2^14 undoes the f16 placement's e2m1 · 2^-14 (an exact power-of-two rescaling of the plain
-      // kernel's e4m3 route, e2m1 · 2^-6 and 2^6: the same products, MMA sums and results).
-      const float sw_lo = 16384.0f * detail::ue8m0_scale((L.s[2 * rt] >> (8 * u)) & 0xFFu);
-      const float sw_hi = 16384.0f * detail::ue8m0_scale((L.s[2 * rt + 1] >> (8 * u)) & 0xFFu);
+      const float sw_lo = detail::ue8m0_scale((L.s[2 * rt] >> (8 * u)) & 0xFFu);
+      const float sw_hi = detail::ue8m0_scale((L.s[2 * rt + 1] >> (8 * u)) & 0xFFu);
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const uint32_t a1[4] = {lo[0], hi[0], lo[1], hi[1]};
       mma_f16(a1, L.act[u].x, L.act[u].y, d);

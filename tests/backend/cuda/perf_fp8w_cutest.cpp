@@ -75,6 +75,21 @@ void check(const Case& c) {
     ASSERT_TRUE(s.ok()) << s.error().message;
   }
   const auto got = download(y8), ref = download(y16);
+  // The upload-time check: the specials (NaN codes, scales outside [20, 142]) must fail it; a random
+  // weight passes, and the kernel without its per-chunk check gives the same bits.
+  const bool fast = fp8_weight_fast(w.data.data(), static_cast<int64_t>(w.data.size()), w.scales.data(),
+                                    static_cast<int64_t>(w.scales.size()));
+  EXPECT_EQ(fast, !c.specials);
+  if (fast) {
+    a.w_fp8_fast = true;
+    auto yf = alloc<float>(static_cast<size_t>(c.n * rows));
+    a.y = yf.get();
+    s = gemv_bf16(a, nullptr, ws);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    const auto gotf = download(yf);
+    EXPECT_EQ(std::memcmp(gotf.data(), ref.data(), ref.size() * sizeof(float)), 0)
+        << "w_fp8_fast: bits differ from gemv_bf16 on the dequantized weight";
+  }
   const std::string tag = "gemv fp8w " + std::to_string(c.groups) + "x" + std::to_string(c.out) + "x" +
                           std::to_string(c.in) + " n=" + std::to_string(c.n) + " b" + std::to_string(c.block) +
                           (c.specials ? " specials" : "") + (split.counters ? " splitk" : "");
