@@ -3,11 +3,13 @@
 // scale bytes, 16 activation bytes and 2 activation scales (~1 byte per load instruction); here one
 // 16-byte load brings a thread's bytes of 4 consecutive K blocks of a row (the packed permutation), one
 // 32-bit load their 4 scales, one float4 the 4 activation scales of a token, and each warp covers 32
-// rows (two m16 tiles) so every activation fragment feeds two MMAs: ~5 weight bytes per load.
+// rows (two m16 tiles) so every activation fragment feeds two MMAs: ~5 weight bytes per load. Each
+// word is stored in the f16 placement (gemv_common.cuh e2m1_f16_word): the codes sit where an f16's
+// bits are, so 8 values become MMA operands in 9 integer ops, with no e4m3 detour and no cvt.
 //
 // Bit-equality with the plain kernel (no split-K): each warp takes the plain kernel's K runs (8
-// consecutive blocks, runs strided by 8 warps), accumulates the same MMA results with the same
-// expression in the same block order, and the warps' partials are added in warp order — per 16-row
+// consecutive blocks, runs strided by 8 warps), accumulates the same MMA results (scaled by the exact
+// 2^-8 of the placement, undone on the activation scale) with the same expression in the same block order, and the warps' partials are added in warp order — per 16-row
 // tile exactly the plain computation. (The plain kernel's padding blocks past the end of K add ±0,
 // which can only change the sign of an exact zero.)
 #include <algorithm>
