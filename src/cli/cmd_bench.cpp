@@ -68,7 +68,7 @@ CommandSpec bench_spec() {
          "--device cuda: kernel-path switches of the CUDA model, NAME=VALUE,... or legacy (names: "
          "programmatic_launch, router_splitk, mhc_batched, mhc_cluster, mhc_fused_norm, gemv_multi, fused_q_rope, "
          "attn_head_split, mhc_split, mhc_split_norm, engram_ahead, blas_min_rows, "
-         "moe_items_max_rows, wo_a_fp8, concurrent_branches, prefetch_attention, cuda_graphs)",
+         "moe_items_max_rows, wo_a_fp8, concurrent_branches, cuda_graphs)",
          true, "", "SPEC"},
         {"ab",
          "--device cuda: 1 = A/B of each fast kernel path against its old path (decode at batch 1, the "

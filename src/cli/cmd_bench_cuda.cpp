@@ -195,9 +195,8 @@ struct DecodeTiming {
   double distinct_experts = 0;          // measured: distinct routed experts per layer in the last step
   std::vector<cuda::StageTime> stages;  // batch 1 only (--profile)
   double profiled_step_us = 0;
-  double serial_step_s = 0;           // the same steps without the concurrent branches (batch <= 8)
-  double owner_attention_step_s = 0;  // batch 1: with attention_kernels.h's sparse attention
-  std::vector<AbRow> ab;              // batch 1 (--ab): each kernel-path switch against the defaults
+  double serial_step_s = 0;  // the same steps without the concurrent branches (batch <= 8)
+  std::vector<AbRow> ab;     // batch 1 (--ab): each kernel-path switch against the defaults
 };
 
 // Mean time of 16 decode steps of `batch` forks of `base` (after two warm-up steps: the first runs
@@ -228,16 +227,6 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
     for (int i = 0; i < kSteps && st.ok(); ++i) st = m.decode_step(ptrs, tokens(4 + kSteps + i), out);
     t.serial_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / kSteps;
     m.use_concurrent_branches(true);
-    CEDAR_RETURN_IF_ERROR(st);
-  }
-  if (batch == 1) {  // A/B: cuda-attn's sparse attention instead of model_attention.cu's prefetching copy
-    m.use_prefetch_attention(false);
-    Status st = m.decode_step(ptrs, tokens(40), out);
-    if (st.ok()) st = m.decode_step(ptrs, tokens(41), out);
-    const auto s0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kSteps && st.ok(); ++i) st = m.decode_step(ptrs, tokens(42 + i), out);
-    t.owner_attention_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / kSteps;
-    m.use_prefetch_attention(true);
     CEDAR_RETURN_IF_ERROR(st);
   }
   if (batch == 1 && ab) {  // A/B: every fast kernel path against its old one (the graphs are re-captured)
@@ -440,7 +429,6 @@ int run(const BenchOptions& o) {
       row["achieved_gbps"] = t.step_bytes() / secs / 1e9;
       row["ratio_to_copy_peak"] = t.step_bytes() / secs / 1e9 / peaks->copy_gbps;
       if (timing.serial_step_s > 0) row["serial_step_s"] = timing.serial_step_s;
-      if (timing.owner_attention_step_s > 0) row["owner_attention_step_s"] = timing.owner_attention_step_s;
       tpot = fmt("%.3f", 1e3 * secs);
       gbps = fmt("%.0f", t.step_bytes() / secs / 1e9);
       pct = fmt("%.1f", 100 * t.step_bytes() / secs / 1e9 / peaks->copy_gbps);
@@ -451,8 +439,6 @@ int run(const BenchOptions& o) {
                  t.weight_bytes() / 1e9, t.distinct_experts_per_layer, t.kv_read_bytes_per_token / 1e6,
                  t.bytes_per_token() / 1e9, 1e3 * ideal, tpot.c_str(), gbps.c_str(), pct.c_str());
     if (timing.serial_step_s > 0) std::fprintf(stderr, "   (one stream: %.3f ms)", 1e3 * timing.serial_step_s);
-    if (timing.owner_attention_step_s > 0)
-      std::fprintf(stderr, " (attention_kernels.h attention: %.3f ms)", 1e3 * timing.owner_attention_step_s);
     std::fprintf(stderr, "\n");
     if (!timing.ab.empty()) {
       json ab = json::array();

@@ -1,7 +1,8 @@
 """`cedar bench --device cuda` in a CPU-only build: it exits non-zero with a message that names the cause
 (built without CUDA) and the way out (the `cuda` preset), before loading any model; an unknown device is
 a usage error (exit 2). In a CUDA build the command needs a GPU: the test skips, saying so (the GPU run
-is part of the device batch, docs/cuda.md).
+is part of the device batch, docs/cuda.md); an unknown --cuda-options name is a usage error there, before
+any device work.
 Binary: $CEDAR_BINARY, default <repo>/build/release/cedar.
 """
 from __future__ import annotations
@@ -46,6 +47,17 @@ def test_unknown_device_is_a_usage_error():
     proc = run("bench", "--device", "tpu")
     assert proc.returncode == 2
     assert "--device" in proc.stderr and "tpu" in proc.stderr
+
+
+def test_cuda_build_rejects_an_unknown_cuda_option_before_any_device_work():
+    if not is_cuda_build():
+        pytest.skip("this binary is a CPU build: it refuses --device cuda before reading --cuda-options")
+    # prefetch_attention was removed (the sparse attention has one tile loader): naming it is an error
+    # that lists the known names, a usage error (exit 2) before any model or GPU is touched.
+    proc = run("bench", "--device", "cuda", "--cuda-options", "prefetch_attention=1")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "CUDA option 'prefetch_attention' is unknown" in proc.stderr
+    assert "concurrent_branches" in proc.stderr and "cuda_graphs" in proc.stderr
 
 
 def test_help_documents_the_cuda_options():

@@ -399,7 +399,7 @@ constexpr int64_t kSparseDecodeMaxRows = 64;
 bool sparse_attention_decode_supported(int64_t n, int64_t head_dim);
 SparseAttnWorkspaceSize sparse_attention_decode_workspace_size(int64_t n, int64_t heads, int64_t head_dim,
                                                                int64_t window, int64_t topk_width);
-// Whether sparse_attention (and the model's sparse_attention_prefetch) run the decode kernel for a.
+// Whether sparse_attention runs the decode kernel for a.
 bool sparse_attention_picks_decode(const SparseAttnArgs& a, const SparseAttnWorkspace& ws);
 // The same decision from the shape alone (topk_width 0: SWA-only), for callers that must know it before
 // the arguments exist (the model skips rope_apply on q when the decode kernel will rotate it).

@@ -374,7 +374,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
           {"concurrent_branches", &o.concurrent_branches, nullptr},
-          {"prefetch_attention", &o.prefetch_attention, nullptr},
           {"cuda_graphs", &o.cuda_graphs, nullptr}};
 }
 
@@ -691,10 +690,9 @@ int64_t context_bucket(int64_t positions, int64_t max_context) {
 
 Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
   Status st;
-  // One graph per shape: batch, context bucket, concurrent branches, attention kernel (set_paths drops
-  // the graphs of the other switches).
-  const std::pair<int64_t, int64_t> key{r.n,
-                                        4 * r.context + (branches(r) ? 1 : 0) + (options_.prefetch_attention ? 2 : 0)};
+  // One graph per shape: batch, context bucket, concurrent branches (set_paths drops the graphs of the
+  // other switches).
+  const std::pair<int64_t, int64_t> key{r.n, 2 * r.context + (branches(r) ? 1 : 0)};
   if (r.decode && options_.cuda_graphs && !profiler_) {
     auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end() && !warmed_[key]) {

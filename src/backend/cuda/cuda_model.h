@@ -113,9 +113,6 @@ struct CudaModelOptions {
   // Decode (GEMV path): independent chains of a layer run on a second stream inside the step's graph
   // (the query path beside the SWA KV path and the compressor; the shared expert beside the routed ones).
   bool concurrent_branches = true;
-  // The sparse attention through model_attention.cu's prefetching tile loader (bit-identical to the
-  // attention_kernels.h kernel, which `false` selects).
-  bool prefetch_attention = true;
   // wo_a as stored (FP8 + scales, decided at load): decode reads half its bytes (gemv_bf16 with w_fp8,
   // bit-identical to the BF16 values); calls above 64 rows dequantize it per call for cuBLASLt (the
   // same bf16 values, so the same bits as the BF16 weight). false: the BF16 values are uploaded.
@@ -185,7 +182,6 @@ class CudaModel {
   bool has_cublas() const;
   void use_cuda_graphs(bool on) { options_.cuda_graphs = on; }
   void use_concurrent_branches(bool on) { options_.concurrent_branches = on; }
-  void use_prefetch_attention(bool on) { options_.prefetch_attention = on; }
   // Tests / benchmarks: switch kernel paths after load (moe_items_max_rows clamped to the workspace);
   // drops the captured decode graphs.
   void set_paths(const CudaKernelPaths& p);

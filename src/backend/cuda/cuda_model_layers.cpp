@@ -10,7 +10,6 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_model_internal.h"
 #include "backend/cuda/cuda_status.h"
-#include "backend/cuda/model_kernels.h"
 
 namespace cedar::cuda {
 namespace {
@@ -624,8 +623,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.out = w.o;
   sa.q_before_rope = q_rope_in_attention;
   sa.decode_head_split = options_.paths.attn_head_split;
-  CEDAR_RETURN_IF_ERROR(options_.prefetch_attention ? sparse_attention_prefetch(sa, cs(), w.sparse)
-                                                    : sparse_attention(sa, cs(), w.sparse));
+  CEDAR_RETURN_IF_ERROR(sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
   // The ring is written after attending (the chunk's own keys came from the staged records).
   SwaRingCommitArgs rc;

@@ -670,37 +670,6 @@ TEST_P(CudaModelParity, GraphReplayEqualsDirectRun) {
   }
 }
 
-TEST_P(CudaModelParity, PrefetchAttentionEqualsTheOwnersKernelInTheModel) {
-  CEDAR_REQUIRE_MODEL(m, GetParam());
-  // model_attention.cu's sparse attention against attention_kernels.h's, through the whole model: the
-  // logits of a prefill and of decode steps must be identical.
-  const std::vector<int64_t> ids = prompt(40, 16);
-  std::vector<Logits> runs;
-  for (bool prefetch : {false, true}) {
-    m->gpu->use_prefetch_attention(prefetch);
-    auto s = m->gpu->new_sequence({});
-    ASSERT_TRUE(s.ok());
-    Logits all = gpu_prefill(*m->gpu, *s, ids, LogitRows::All, nullptr);
-    for (int step = 0; step < 3; ++step) {
-      CudaSequence* one[] = {&*s};
-      CudaStepOutput out;
-      const int64_t tok = 900 + step;
-      ASSERT_TRUE(m->gpu->decode_step(one, std::span<const int64_t>(&tok, 1), out).ok());
-      const Logits l = gpu_logits(*m->gpu, out);
-      all.values.insert(all.values.end(), l.values.begin(), l.values.end());
-    }
-    runs.push_back(std::move(all));
-  }
-  m->gpu->use_prefetch_attention(true);
-  ASSERT_EQ(runs[0].values.size(), runs[1].values.size());
-  size_t diff = 0;
-  for (size_t i = 0; i < runs[0].values.size(); ++i)
-    diff += std::memcmp(&runs[0].values[i], &runs[1].values[i], 4) != 0;
-  std::printf("MODEL %s prefetch attention vs owner kernel: %zu of %zu logits differ\n", GetParam().c_str(), diff,
-              runs[0].values.size());
-  EXPECT_EQ(diff, 0u);
-}
-
 // ---- kernel-path switches (CudaKernelPaths, wo_a_fp8) --------------------------------------------
 
 // Every logit of one fixed GPU workload, for bitwise comparisons of two configurations: a prefill in one
@@ -887,6 +856,11 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   const Status bad = apply_cuda_options("router_split=1", o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("router_split"), std::string::npos) << bad.error().message;
+  // A removed switch (prefetch_attention: the sparse attention has one tile loader now) is an error.
+  const Status removed = apply_cuda_options("prefetch_attention=1", o);
+  ASSERT_FALSE(removed.ok());
+  EXPECT_NE(removed.error().message.find("'prefetch_attention' is unknown"), std::string::npos)
+      << removed.error().message;
   const Status val = apply_cuda_options("mhc_batched=2", o);
   ASSERT_FALSE(val.ok());
   EXPECT_NE(val.error().message.find("0 or 1"), std::string::npos) << val.error().message;
