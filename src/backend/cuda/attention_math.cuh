@@ -13,6 +13,7 @@
 
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda::detail {
 
@@ -50,6 +51,35 @@ __device__ __forceinline__ float e2m1_to_f32(uint32_t code) {
 // by at most an ulp of double, so the rounded float agrees except when exp(x) lies within ~2^-29
 // (relative) of a float rounding boundary.
 __device__ __forceinline__ float exp_f32(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+
+// ---- key records → bf16 (the sparse attention kernels' tile loaders) ------------------------------------
+
+// 8 channels of a key record as loaded → 8 bf16 (exact). fp8 (SWA record): lo, hi are the e4m3 codes of
+// channels 0..3 and 4..7, sb their UE8M0 block scale byte; fp4 (main KV record): lo holds the e2m1 codes
+// (channel i at bits 4i..4i+3), sb their E4M3 block scale byte; neither (an absent key): zeros.
+__device__ __forceinline__ uint4 key_chunk_to_bf16(bool fp8, bool fp4, uint32_t lo, uint32_t hi, uint32_t sb) {
+  float v[8];
+  if (fp8) {
+    const float s = ue8m0_to_float(sb);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(e4m3_to_f32(lo >> (8 * i)), s);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[4 + i] = __fmul_rn(e4m3_to_f32(hi >> (8 * i)), s);
+  } else if (fp4) {
+    const float s = e4m3_to_f32(sb);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(e2m1_to_f32(lo >> (4 * i)), s);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+  }
+  uint4 out;
+  out.x = pack_bf16x2_rn(v[0], v[1]);
+  out.y = pack_bf16x2_rn(v[2], v[3]);
+  out.z = pack_bf16x2_rn(v[4], v[5]);
+  out.w = pack_bf16x2_rn(v[6], v[7]);
+  return out;
+}
 
 // ---- QDQ recipes (core/numeric.cpp), for a block whose amax is known finite ----------------------
 
@@ -134,6 +164,33 @@ __device__ __forceinline__ float rms_apply(float x, float r, const float* w, int
 __device__ __forceinline__ uint8_t* record_ptr(const PagedRecords& s, int64_t j) {
   const int64_t b = j / s.entries_per_block;
   return s.pool + static_cast<int64_t>(s.block_table[b]) * s.block_bytes + (j % s.entries_per_block) * s.record_bytes;
+}
+
+// ---- sparse attention kernel inputs ---------------------------------------------------------------------
+
+// What the sparse attention kernels (sparse_attention.cu, sparse_attention_decode.cu) read of a call's
+// SparseAttnArgs; each kernel's parameter struct adds its plan (key ranges, workspace) to it.
+struct SparseAttnInputs {
+  const float* q;
+  const float* sink;
+  float scale;
+  bool bf16_p;
+  int64_t heads, window;
+  const AttnToken* tokens;
+  const uint8_t* chunk_records;
+  const SwaRingDesc* rings;
+  const int32_t* topk;
+  int64_t topk_width;  // 0 without top-k
+  const KvSourceSeq* kv_seqs;
+  RopeTableView rope;
+  float* out;
+};
+inline SparseAttnInputs sparse_attn_inputs(const SparseAttnArgs& a) {
+  const int64_t topk_width = a.topk != nullptr ? a.topk_width : 0;
+  return SparseAttnInputs{a.q,     a.sink,   a.scale,    a.bf16_probabilities,
+                          a.heads, a.window, a.tokens,   a.chunk_records,
+                          a.rings, a.topk,   topk_width, a.kv_seqs,
+                          a.rope,  a.out};
 }
 
 // ---- reductions over the 16 lanes of a half warp (all 32 lanes must call) ----------------------------

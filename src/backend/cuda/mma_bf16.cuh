@@ -1,5 +1,6 @@
-// bf16 tensor-core helpers shared by the skinny-GEMM kernels (router logits, FP8-weight GEMV):
-// mma.sync m16n8k16 bf16 × bf16 → f32 and the exact fp32 → bf16x2 packing of bf16-valued inputs.
+// bf16 tensor-core helpers shared by the skinny-GEMM kernels (router logits, FP8-weight GEMV) and the
+// sparse attention kernels: mma.sync m16n8k16 bf16 × bf16 → f32, ldmatrix of shared-memory fragments and
+// the exact fp32 → bf16x2 packing of bf16-valued inputs.
 //
 // Fragment convention (the one gemv_bf16.cu documents): per 32-wide K chunk, thread (g = lane/4,
 // t = lane%4) holds the 8 consecutive values 8t..8t+7 of weight rows g and g+8 and of token g; the
@@ -21,6 +22,26 @@ __device__ __forceinline__ void mma_bf16_16816(const uint32_t (&a)[4], uint32_t 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix (.trans: transposed) of 8×8 b16 matrices from shared memory; lane l gives the row address
+// of matrix l / 8 (x2: lanes 0..15).
+__device__ __forceinline__ void ldmatrix_x4(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(const void* p, uint32_t& r0, uint32_t& r1) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
 }
 
 // Two fp32 values → bf16x2 (low half = first), RNE (exact for bf16-valued inputs).

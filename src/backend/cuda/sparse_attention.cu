@@ -28,6 +28,7 @@
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/attention_math.cuh"
 #include "backend/cuda/cuda_status.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -40,20 +41,7 @@ constexpr int kHeadsPerBlock = 16;
 constexpr int kTile = 32;
 constexpr int kSmemLimit = 227 * 1024;
 
-struct AttnParams {
-  const float* q;
-  const float* sink;
-  float scale;
-  bool bf16_p;
-  int64_t heads, window;
-  const AttnToken* tokens;
-  const uint8_t* chunk_records;
-  const SwaRingDesc* rings;
-  const int32_t* topk;
-  int64_t topk_width;
-  const KvSourceSeq* kv_seqs;
-  RopeTableView rope;
-  float* out;
+struct AttnParams : detail::SparseAttnInputs {
   int splits;
   int64_t keys_per_split;  // multiple of kTile
   int64_t ld_s;            // floats per score row in shared memory
@@ -63,28 +51,10 @@ struct AttnParams {
   unsigned* ws_count;      // [n, head groups]
 };
 
-__device__ __forceinline__ void mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                                  uint32_t& r3) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(const void* p, uint32_t& r0, uint32_t& r1) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) | (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
-}
+using detail::ldmatrix_x2_trans;
+using detail::ldmatrix_x4_trans;
+using detail::mma_bf16_16816;
+using detail::pack_bf16x2_rn;
 
 // The key list of a row: window positions [lo, lo + nw), then nc compressed ids.
 struct RowKeys {
@@ -182,27 +152,8 @@ __device__ void load_tile(const AttnParams& p, const AttnToken& tk, int64_t row,
   for (int it = 0; it < kIters; ++it) {
     const int e = threadIdx.x + it * kThreads;
     const int key = e / kChunks, c = (e % kChunks) * 8;
-    float v[8];
-    if (kd[it] == kFp8) {
-      const float s = detail::ue8m0_to_float(sb[it]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(detail::e4m3_to_f32(lo[it] >> (8 * i)), s);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[4 + i] = __fmul_rn(detail::e4m3_to_f32(hi[it] >> (8 * i)), s);
-    } else if (kd[it] == kFp4) {
-      const float s = detail::e4m3_to_f32(sb[it]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(detail::e2m1_to_f32(lo[it] >> (4 * i)), s);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-    }
-    uint4 out;
-    out.x = pack_bf16x2(v[0], v[1]);
-    out.y = pack_bf16x2(v[2], v[3]);
-    out.z = pack_bf16x2(v[4], v[5]);
-    out.w = pack_bf16x2(v[6], v[7]);
-    *reinterpret_cast<uint4*>(Ks + key * ld + c) = out;
+    *reinterpret_cast<uint4*>(Ks + key * ld + c) =
+        detail::key_chunk_to_bf16(kd[it] == kFp8, kd[it] == kFp4, lo[it], hi[it], sb[it]);
   }
   __syncthreads();
 }
@@ -236,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnParams p
     const int h = e / (kHd / 2), c = 2 * (e % (kHd / 2));
     float2 v = make_float2(0.0f, 0.0f);
     if (h0 + h < p.heads) v = *reinterpret_cast<const float2*>(p.q + (row * p.heads + h0 + h) * kHd + c);
-    *reinterpret_cast<uint32_t*>(Qs + h * kLd + c) = pack_bf16x2(v.x, v.y);
+    *reinterpret_cast<uint32_t*>(Qs + h * kLd + c) = pack_bf16x2_rn(v.x, v.y);
   }
   // (load_tile's first __syncthreads orders these stores before phase A reads them)
 
@@ -257,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnParams p
                              *reinterpret_cast<const uint32_t*>(Qs + (g + 8) * kLd + c0 + 2 * t + 8)};
       const uint32_t b0 = *reinterpret_cast<const uint32_t*>(Ks + key * kLd + c0 + 2 * t);
       const uint32_t b1 = *reinterpret_cast<const uint32_t*>(Ks + key * kLd + c0 + 2 * t + 8);
-      mma_bf16(a, b0, b1, acc[ks & 3]);
+      mma_bf16_16816(a, b0, b1, acc[ks & 3]);
     }
     // Keys 8w + 2t, +1 for heads g, g + 8; absent keys score −inf.
     const int kc = 8 * warp + 2 * t;
@@ -331,7 +282,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnParams p
       int parts = 1;
       if (p.bf16_p) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[0][i] = pack_bf16x2(pv[2 * i], pv[2 * i + 1]);
+        for (int i = 0; i < 4; ++i) a[0][i] = pack_bf16x2_rn(pv[2 * i], pv[2 * i + 1]);
       } else {  // p = hi + mid + lo exactly (8 + 8 + 8 bits)
         parts = 3;
 #pragma unroll
@@ -340,7 +291,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnParams p
 #pragma unroll
           for (int part = 0; part < 3; ++part) {
             const float q0 = detail::round_bf16(r0), q1 = detail::round_bf16(r1);
-            a[part][i] = pack_bf16x2(q0, q1);
+            a[part][i] = pack_bf16x2_rn(q0, q1);
             r0 = __fsub_rn(r0, q0);
             r1 = __fsub_rn(r1, q1);
           }
@@ -352,15 +303,15 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(AttnParams p
       if constexpr (kNT == 1) {
         uint32_t b0, b1;
         ldmatrix_x2_trans(vrow + nbase, b0, b1);
-        for (int part = 0; part < parts; ++part) mma_bf16(a[part], b0, b1, acc[0]);
+        for (int part = 0; part < parts; ++part) mma_bf16_16816(a[part], b0, b1, acc[0]);
       } else {
 #pragma unroll
         for (int np = 0; np < kNT / 2; ++np) {
           uint32_t b0, b1, b2, b3;
           ldmatrix_x4_trans(vrow + nbase + np * 16 + ((mtx >> 1) ? 8 : 0), b0, b1, b2, b3);
           for (int part = 0; part < parts; ++part) {
-            mma_bf16(a[part], b0, b1, acc[2 * np]);
-            mma_bf16(a[part], b2, b3, acc[2 * np + 1]);
+            mma_bf16_16816(a[part], b0, b1, acc[2 * np]);
+            mma_bf16_16816(a[part], b2, b3, acc[2 * np + 1]);
           }
         }
       }
@@ -535,21 +486,7 @@ Status sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t stream, cons
   if (splits > 1 && (ws.float_count < a.n * a.heads * splits * (hd + 2) ||
                      ws.counter_count < a.n * ((a.heads + kHeadsPerBlock - 1) / kHeadsPerBlock)))
     return make_error(who + "split workspace too small for " + str(splits) + " key ranges");
-  AttnParams p{};
-  p.q = a.q;
-  p.sink = a.sink;
-  p.scale = a.scale;
-  p.bf16_p = a.bf16_probabilities;
-  p.heads = a.heads;
-  p.window = a.window;
-  p.tokens = a.tokens;
-  p.chunk_records = a.chunk_records;
-  p.rings = a.rings;
-  p.topk = a.topk;
-  p.topk_width = a.topk != nullptr ? a.topk_width : 0;
-  p.kv_seqs = a.kv_seqs;
-  p.rope = a.rope;
-  p.out = a.out;
+  AttnParams p{detail::sparse_attn_inputs(a)};  // the plan's fields zero until set
   p.splits = splits;
   p.keys_per_split = kps;
   p.ld_s = kps + 8;

@@ -61,20 +61,7 @@ constexpr int kMaxSplitKeys = kTile * kMaxTilesPerSplit;
 constexpr int kSpLd = kTile + 8;    // partial-score row stride (floats): conflict-free float2 stores
 constexpr int kTargetBlocks = 132;  // one wave on an H200 (one block per SM: ~200 KB of shared memory)
 
-struct DecodeParams {
-  const float* q;
-  const float* sink;
-  float scale;
-  bool bf16_p;
-  int64_t heads, window;
-  const AttnToken* tokens;
-  const uint8_t* chunk_records;
-  const SwaRingDesc* rings;
-  const int32_t* topk;
-  int64_t topk_width;
-  const KvSourceSeq* kv_seqs;
-  RopeTableView rope;
-  float* out;
+struct DecodeParams : detail::SparseAttnInputs {
   int splits;
   int keys_per_split;  // multiple of kTile, <= kMaxSplitKeys
   int ld_s;            // floats per score row: keys_per_split + 8 (≡ 8 mod 32: conflict-free float2 reads)
@@ -87,34 +74,12 @@ struct DecodeParams {
 
 enum KeyKind : int8_t { kNone = 0, kFp8 = 1, kFp4 = 2 };
 
-__device__ __forceinline__ void mma_bf16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldmatrix_x4(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                                  uint32_t& r3) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(const void* p, uint32_t& r0, uint32_t& r1) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) | (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
-}
+using detail::ldmatrix_x2_trans;
+using detail::ldmatrix_x4;
+using detail::ldmatrix_x4_trans;
+using detail::mma_bf16_16816;
+using detail::pack_bf16x2_rn;
+
 __device__ __forceinline__ uint32_t load_u32(const uint8_t* r) {
   if ((reinterpret_cast<uintptr_t>(r) & 3u) == 0) return __ldg(reinterpret_cast<const uint32_t*>(r));
   return r[0] | (r[1] << 8) | (r[2] << 16) | (static_cast<uint32_t>(r[3]) << 24);
@@ -210,28 +175,9 @@ __device__ __forceinline__ void tile_store(const TileRegs<kHd, kPacked>& t, __nv
   for (int it = 0; it < Regs::kIters; ++it) {
     const int e = threadIdx.x + it * kThreads;
     const int key = e / Regs::kChunks, c = (e % Regs::kChunks) * 8;
-    float v[8];
     const uint32_t kd = t.kind(it), sb = t.scale(it);
-    if (kd == kFp8) {
-      const float s = detail::ue8m0_to_float(sb);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = __fmul_rn(detail::e4m3_to_f32(t.lo[it] >> (8 * i)), s);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[4 + i] = __fmul_rn(detail::e4m3_to_f32(t.hi[it] >> (8 * i)), s);
-    } else if (kd == kFp4) {
-      const float s = detail::e4m3_to_f32(sb);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(detail::e2m1_to_f32(t.lo[it] >> (4 * i)), s);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-    }
-    uint4 o;
-    o.x = pack_bf16x2(v[0], v[1]);
-    o.y = pack_bf16x2(v[2], v[3]);
-    o.z = pack_bf16x2(v[4], v[5]);
-    o.w = pack_bf16x2(v[6], v[7]);
-    *reinterpret_cast<uint4*>(Ks + key * (kHd + 8) + c) = o;
+    *reinterpret_cast<uint4*>(Ks + key * (kHd + 8) + c) =
+        detail::key_chunk_to_bf16(kd == kFp8, kd == kFp4, t.lo[it], t.hi[it], sb);
   }
 }
 
@@ -316,10 +262,10 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_att
           if (hb < p.heads) detail::rope_pair(p.rope, tk.pos, (c1 - rope_start) / 2, false, a3.x, a3.y);
         }
       }
-      qa[ks][0] = pack_bf16x2(a0.x, a0.y);
-      qa[ks][1] = pack_bf16x2(a1.x, a1.y);
-      qa[ks][2] = pack_bf16x2(a2.x, a2.y);
-      qa[ks][3] = pack_bf16x2(a3.x, a3.y);
+      qa[ks][0] = pack_bf16x2_rn(a0.x, a0.y);
+      qa[ks][1] = pack_bf16x2_rn(a1.x, a1.y);
+      qa[ks][2] = pack_bf16x2_rn(a2.x, a2.y);
+      qa[ks][3] = pack_bf16x2_rn(a3.x, a3.y);
     }
   }
 
@@ -403,8 +349,8 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_att
       for (int pair = 0; pair < 2; ++pair) {
         uint32_t b0, b1, b2, b3;
         ldmatrix_x4(kb + pair * 16 * kLd + 16 * ks, b0, b1, b2, b3);
-        mma_bf16(qa[ks], b0, b1, acc[2 * pair]);
-        mma_bf16(qa[ks], b2, b3, acc[2 * pair + 1]);
+        mma_bf16_16816(qa[ks], b0, b1, acc[2 * pair]);
+        mma_bf16_16816(qa[ks], b2, b3, acc[2 * pair + 1]);
       }
     }
     // C fragments: heads 16·mt + g (+8), keys 8·nt + 2t (+1).
@@ -506,9 +452,9 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_att
         if (p.bf16_p) {
           uint32_t a[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) a[i] = pack_bf16x2(pv[2 * i], pv[2 * i + 1]);
+          for (int i = 0; i < 4; ++i) a[i] = pack_bf16x2_rn(pv[2 * i], pv[2 * i + 1]);
 #pragma unroll
-          for (int i = 0; i < kNTw; ++i) mma_bf16(a, bv[i][0], bv[i][1], acc[m4][i]);
+          for (int i = 0; i < kNTw; ++i) mma_bf16_16816(a, bv[i][0], bv[i][1], acc[m4][i]);
         } else {  // p = hi + mid + lo exactly (8 + 8 + 8 bits)
           float r[8];
 #pragma unroll
@@ -519,12 +465,12 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<kHB>()) sparse_att
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               const float q0 = detail::round_bf16(r[2 * i]), q1 = detail::round_bf16(r[2 * i + 1]);
-              a[i] = pack_bf16x2(q0, q1);
+              a[i] = pack_bf16x2_rn(q0, q1);
               r[2 * i] = __fsub_rn(r[2 * i], q0);
               r[2 * i + 1] = __fsub_rn(r[2 * i + 1], q1);
             }
 #pragma unroll
-            for (int i = 0; i < kNTw; ++i) mma_bf16(a, bv[i][0], bv[i][1], acc[m4][i]);
+            for (int i = 0; i < kNTw; ++i) mma_bf16_16816(a, bv[i][0], bv[i][1], acc[m4][i]);
           }
         }
       }
@@ -842,21 +788,7 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
                       str(ws.floats ? ws.float_count : 0));
   if ((a.heads + d.heads_per_block - 1) / d.heads_per_block > 65535)
     return make_error(who + str(a.heads) + " heads (grid z: " + str(d.heads_per_block) + " per block)");
-  DecodeParams p{};
-  p.q = a.q;
-  p.sink = a.sink;
-  p.scale = a.scale;
-  p.bf16_p = a.bf16_probabilities;
-  p.heads = a.heads;
-  p.window = a.window;
-  p.tokens = a.tokens;
-  p.chunk_records = a.chunk_records;
-  p.rings = a.rings;
-  p.topk = a.topk;
-  p.topk_width = topk_width;
-  p.kv_seqs = a.kv_seqs;
-  p.rope = a.rope;
-  p.out = a.out;
+  DecodeParams p{detail::sparse_attn_inputs(a)};  // the plan's fields zero until set
   p.legacy_merge = a.legacy_decode_merge;
   p.q_rope = a.q_before_rope;
   p.splits = d.splits;
