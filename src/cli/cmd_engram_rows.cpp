@@ -14,6 +14,7 @@
 #include "io/config.h"
 #include "model/engram.h"
 #include "text/engram_norm.h"
+#include "text/frozen_engram_map.h"
 
 namespace cedar::cli {
 
@@ -31,8 +32,7 @@ const CommandSpec& spec() {
        {"ids", "comma-separated raw token ids", true, "", "I,J,..."},
        {"image", "comma-separated 0/1 image-span flags, one per id (image tokens are DEAD)", true, "", "F,F,..."},
        {"chunk", "hash in chunks of this many tokens (history carried across chunks)", true, "", "N"},
-       {"map", "frozen token map (.npy int32)", true,
-        std::string(CEDAR_SOURCE_DIR) + "/assets/engram/deepseek_v41_token_map.npy", "FILE"},
+       {"map", "token map (.npy int32; default: the frozen map built into cedar)", true, "", "FILE"},
        {"json", "print JSON", false, "", ""}},
   };
   return s;
@@ -75,7 +75,7 @@ int cmd_engram_rows(const Args& args) {
 
   auto config = load_model_config(a.get("config"));
   if (!config) return fail(config.error().message);
-  auto map = text::load_engram_map_npy(a.get("map"));
+  auto map = a.has("map") ? text::load_engram_map_npy(a.get("map")) : text::frozen_engram_map();
   if (!map) return fail(map.error().message);
   auto hasher = EngramHasher::create(*config, std::move(*map));
   if (!hasher) return fail(hasher.error().message);

@@ -39,8 +39,9 @@ const CommandSpec kSpec{
                          "[rows, width] plus DIR/index.json (positions per tensor)",
          true, "", "REGEX DIR"},
         {"threads", "worker threads (0 = all cores)", true, "0", "N"},
-        {"engram-map", "Engram token map .npy (default: MODEL/engram_token_map.npy, else cedar's frozen asset)", true,
-         "", "FILE"},
+        {"engram-map",
+         "Engram token map .npy (default: MODEL/engram_token_map.npy, else the frozen map built into cedar)", true, "",
+         "FILE"},
     }};
 
 int usage_error(const std::string& message) {

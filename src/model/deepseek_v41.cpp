@@ -4,21 +4,13 @@
 #include <string>
 
 #include "backend/cpu/ops.h"
+#include "model/engram_token_map.h"
 #include "model/forward_common.h"
-#include "text/engram_norm.h"
 
 namespace cedar {
 namespace {
 
 using namespace model_detail;  // the helpers the CPU forwards share (forward_common.h)
-
-// The Engram token map named by the options, else one next to the model, else the frozen asset.
-std::filesystem::path engram_map_path(const std::filesystem::path& dir, const LoadOptions& o) {
-  if (!o.engram_map.empty()) return o.engram_map;
-  const std::filesystem::path local = dir / "engram_token_map.npy";
-  if (std::filesystem::exists(local)) return local;
-  return std::filesystem::path(CEDAR_SOURCE_DIR) / "assets" / "engram" / "deepseek_v41_token_map.npy";
-}
 
 }  // namespace
 
@@ -68,15 +60,14 @@ Result<DeepseekV41Model> DeepseekV41Model::load(const std::filesystem::path& pat
   const ModelConfig& c = m.config_;
 
   if (!c.engram_layer_ids.empty()) {
-    const std::filesystem::path map_path = engram_map_path(dir, options);
-    auto map = text::load_engram_map_npy(map_path.string());
-    if (!map.ok()) return map.error().with_context("Engram token map");
-    if (static_cast<int64_t>(map->size()) != c.vocab_size)
-      return make_error(map_path.string() + ": Engram token map has " + str(static_cast<int64_t>(map->size())) +
+    CEDAR_ASSIGN_OR_RETURN(ResolvedEngramMap map, resolve_engram_map(dir, options.engram_map));
+    if (static_cast<int64_t>(map.map.size()) != c.vocab_size)
+      return make_error(map.source() + ": Engram token map has " + str(static_cast<int64_t>(map.map.size())) +
                         " entries, the model's vocabulary " + str(c.vocab_size));
-    auto hasher = EngramHasher::create(c, std::move(*map));
-    if (!hasher.ok()) return hasher.error().with_context(map_path.string());
+    auto hasher = EngramHasher::create(c, std::move(map.map));
+    if (!hasher.ok()) return hasher.error().with_context(map.source());
     m.hasher_.emplace(std::move(*hasher));
+    m.engram_map_file_ = std::move(map.file);
     m.engram_params_ = EngramParams{c.hc_mult, c.hidden_size, m.hasher_->layout().cols(), c.rms_norm_eps};
   }
 

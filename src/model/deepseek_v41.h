@@ -76,6 +76,9 @@ class DeepseekV41Model {
   const BoundWeights& weights() const { return weights_; }
   // The Engram hasher (null without Engram layers): its layout and token map feed device-side hashing.
   const EngramHasher* engram_hasher() const { return hasher_ ? &*hasher_ : nullptr; }
+  // The file the Engram token map was read from (model/engram_token_map.h); empty: the map built into
+  // cedar, or no Engram layers.
+  const std::filesystem::path& engram_map_file() const { return engram_map_file_; }
 
   Result<SequenceState> new_sequence(const SequenceOptions& options = {}) const;
 
@@ -125,6 +128,7 @@ class DeepseekV41Model {
   MoeParams moe_;
   EngramParams engram_params_;
   std::optional<EngramHasher> hasher_;
+  std::filesystem::path engram_map_file_;
   std::vector<int64_t> engram_slot_;  // per layer: Engram layout slot, -1 without Engram
 };
 

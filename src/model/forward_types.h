@@ -135,7 +135,7 @@ class SequenceState {
 
 struct LoadOptions {
   // Engram token map (.npy int32 [vocab]); empty: <model>/engram_token_map.npy if present, else the
-  // frozen map shipped with cedar (assets/engram/deepseek_v41_token_map.npy).
+  // frozen map built into cedar (model/engram_token_map.h).
   std::filesystem::path engram_map;
   ThreadPool* pool = nullptr;  // parallelizes load-time conversions
 };

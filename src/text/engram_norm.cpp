@@ -188,31 +188,39 @@ Status save_engram_map_npy(const std::vector<int32_t>& map, const std::string& p
   return Status::Ok();
 }
 
-Result<std::vector<int32_t>> load_engram_map_npy(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return make_error("cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  const std::string data = ss.str();
-  auto bad = [&](const std::string& why) { return make_error("'" + path + "' is not an int32 .npy vector: " + why); };
+Result<std::vector<int32_t>> parse_engram_map_npy(std::string_view data, const std::string& label) {
+  auto bad = [&](const std::string& why) { return make_error("'" + label + "' is not an int32 .npy vector: " + why); };
   if (data.size() < 10 || data.compare(0, 6, "\x93NUMPY") != 0) return bad("no NumPy magic");
   if (data[6] != 1) return bad("format version " + std::to_string(static_cast<int>(data[6])) + " (want 1)");
   const size_t hlen = static_cast<unsigned char>(data[8]) | (static_cast<size_t>(static_cast<unsigned char>(data[9])) << 8);
   if (data.size() < 10 + hlen) return bad("truncated header");
-  const std::string header = data.substr(10, hlen);
+  const std::string header(data.substr(10, hlen));
   if (header.find("'descr': '<i4'") == std::string::npos) return bad("dtype is not '<i4'");
   if (header.find("'fortran_order': False") == std::string::npos) return bad("fortran order");
   const size_t shape = header.find("'shape': (");
   if (shape == std::string::npos) return bad("no shape");
   const size_t count = std::strtoull(header.c_str() + shape + 10, nullptr, 10);
-  if (header.compare(shape + 10 + std::to_string(count).size(), 2, ",)") != 0) return bad("not one-dimensional");
-  if (data.size() != 10 + hlen + count * 4) return bad("payload size " + std::to_string(data.size() - 10 - hlen) + " bytes for " + std::to_string(count) + " values");
+  const size_t after = shape + 10 + std::to_string(count).size();  // past the first dimension
+  if (after > header.size() || header.compare(after, 2, ",)") != 0) return bad("not one-dimensional");
+  // The first test keeps count * 4 from overflowing on a forged shape.
+  const size_t payload = data.size() - 10 - hlen;
+  if (count > payload / 4 || payload != count * 4)
+    return bad("payload size " + std::to_string(payload) + " bytes for " + std::to_string(count) + " values");
   std::vector<int32_t> out(count);
   for (size_t i = 0; i < count; ++i) {
     const auto* p = reinterpret_cast<const unsigned char*>(data.data() + 10 + hlen + 4 * i);
     out[i] = static_cast<int32_t>(uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24));
   }
   return out;
+}
+
+Result<std::vector<int32_t>> load_engram_map_npy(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return make_error("cannot open '" + path + "'");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return make_error("cannot read '" + path + "'");
+  return parse_engram_map_npy(ss.str(), path);
 }
 
 }  // namespace cedar::text

@@ -55,5 +55,7 @@ Result<EngramTokenMap> build_engram_token_map(const Tokenizer& tokenizer);
 // The frozen map as a NumPy .npy file: little-endian int32, shape (vocab,).
 Status save_engram_map_npy(const std::vector<int32_t>& map, const std::string& path);
 Result<std::vector<int32_t>> load_engram_map_npy(const std::string& path);
+// The same from the bytes of such a file; `label` names them in errors.
+Result<std::vector<int32_t>> parse_engram_map_npy(std::string_view data, const std::string& label);
 
 }  // namespace cedar::text

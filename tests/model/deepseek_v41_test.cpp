@@ -12,6 +12,7 @@
 #include <map>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,9 @@
 #include "io/safetensors.h"
 #include "model/tiny_checkpoint.h"
 #include "test_support/forward_trace.h"
+#include "test_support/repo_engram_map.h"
 #include "test_support/tiny_model.h"
+#include "text/engram_norm.h"
 
 namespace cedar {
 namespace {
@@ -292,6 +295,41 @@ TEST_F(DeepseekV41Test, LoadChecksTheEngramMap) {
   auto m = DeepseekV41Model::load(checkpoint(), LoadOptions{map, nullptr});
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("has 3 entries, the model's vocabulary 129280"), std::string::npos)
+      << m.error().message;
+}
+
+// The suite's checkpoint has no engram_token_map.npy: the model hashes with the map built into cedar, which
+// equals the repo asset read straight from the source tree. (The loader cannot reach that file itself:
+// model/ is compiled without CEDAR_SOURCE_DIR.)
+TEST_F(DeepseekV41Test, WithoutAModelMapTheBuiltInMapIsUsed) {
+  ASSERT_FALSE(fs::exists(checkpoint() / "engram_token_map.npy"));
+  EXPECT_TRUE(model_->engram_map_file().empty()) << model_->engram_map_file();
+  ASSERT_NE(model_->engram_hasher(), nullptr);
+  const std::span<const int32_t> used = model_->engram_hasher()->token_map();
+  const std::vector<int32_t> want = test_support::read_repo_engram_map().values;
+  ASSERT_EQ(want.size(), 129280u);
+  EXPECT_EQ(std::vector<int32_t>(used.begin(), used.end()), want);
+}
+
+TEST_F(DeepseekV41Test, AModelMapIsUsedInstead) {
+  std::vector<int32_t> map = test_support::read_repo_engram_map().values;
+  ASSERT_GT(map.size(), 101u);
+  map[100] = map[101];  // still a valid map, but not the built-in one
+  const fs::path local = checkpoint() / "engram_token_map.npy";
+  ASSERT_TRUE(text::save_engram_map_npy(map, local.string()).ok());
+  auto m = DeepseekV41Model::load(checkpoint());
+  fs::remove(local);  // the suite's other tests load this checkpoint without a map
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->engram_map_file(), local);
+  const std::span<const int32_t> used = m->engram_hasher()->token_map();
+  EXPECT_EQ(std::vector<int32_t>(used.begin(), used.end()), map);
+}
+
+TEST_F(DeepseekV41Test, ABadExplicitMapIsAnErrorNamingIt) {
+  const fs::path missing = root() / "no-such-map.npy";
+  auto m = DeepseekV41Model::load(checkpoint(), LoadOptions{missing, nullptr});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("Engram token map: cannot open '" + missing.string() + "'"), std::string::npos)
       << m.error().message;
 }
 

@@ -78,8 +78,12 @@ class Reference:
 
 # ---- helpers ------------------------------------------------------------------------------------------
 
-def run_rows(config_dir: pathlib.Path, ids: list[int], image: list[int] | None = None, chunk: int | None = None):
+def run_rows(config_dir: pathlib.Path, ids: list[int], image: list[int] | None = None, chunk: int | None = None,
+             token_map: pathlib.Path | None = None):
+    """Without `token_map`, cedar hashes with its built-in map (the asset compiled in)."""
     args = [CEDAR, "engram-rows", "--config", str(config_dir), "--ids", ",".join(map(str, ids)), "--json"]
+    if token_map is not None:
+        args += ["--map", str(token_map)]
     if image is not None:
         args += ["--image", ",".join(map(str, image))]
     if chunk is not None:
@@ -170,6 +174,26 @@ def test_other_layouts_match_numpy(real_config, token_map, tmp_path):
         assert layer["multipliers"] == ref.multipliers[slot].tolist()
         assert layer["primes"] == ref.primes[slot].tolist()
         assert np.array_equal(np.array(layer["rows"], dtype=np.int64), want[slot])
+
+
+def test_explicit_map_replaces_the_built_in_one(real_config, token_map, tmp_path):
+    other = token_map.copy()
+    other[:1000] = other[1000:2000]  # still compressed ids, but not the frozen map's
+    np.save(tmp_path / "other.npy", other)
+    ids = list(range(0, 1000, 7))
+    doc = run_rows(REAL_CONFIG.parent, ids, token_map=tmp_path / "other.npy")
+    want = Reference(real_config["text_config"], other).rows(ids, [0] * len(ids))
+    frozen = Reference(real_config["text_config"], token_map).rows(ids, [0] * len(ids))
+    for slot, layer in enumerate(doc["layers"]):
+        rows = np.array(layer["rows"], dtype=np.int64)
+        assert np.array_equal(rows, want[slot]) and not np.array_equal(rows, frozen[slot])
+
+
+def test_bad_explicit_map_is_named(tmp_path):
+    missing = tmp_path / "no-such-map.npy"
+    proc = subprocess.run([CEDAR, "engram-rows", "--config", str(REAL_CONFIG.parent), "--ids", "1,2", "--map",
+                           str(missing)], capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and str(missing) in proc.stderr, proc.stderr
 
 
 def test_num_embeddings_mismatch_is_reported(real_config, tmp_path):
