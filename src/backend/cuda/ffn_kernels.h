@@ -185,7 +185,10 @@ Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
 // Device layout "MXFP4 packed" (in % 128 == 0): the plain [out, in/2] bytes with every 64-byte group
 // of a row (4 K blocks of 32 values) permuted so that packed[64q + 16t + 4u + j] = plain[64q + 16u +
 // 4t + j] (t, u, j in 0..3): the 16 bytes a GEMV thread t needs from 4 consecutive K blocks are one
-// aligned 16-byte load. Scales keep the plain [out, in/32] layout. Same size as the plain layout.
+// aligned 16-byte load. Each such 4-byte word is also re-encoded in the "f16 placement" (byte k: value
+// k's magnitude at bits 1..3 and sign at 7, value 4 + k's at bits 4..6 and 0; gemv_common.cuh
+// e2m1_f16_word), so the GEMV builds f16 operands without conversions. Scales keep the plain
+// [out, in/32] layout. Same size as the plain layout.
 bool mxfp4_packable(int64_t out, int64_t in);
 // Host-side repack (load time); `plain` and `packed` are host arrays of out·in/2 bytes (not aliased).
 Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed);
