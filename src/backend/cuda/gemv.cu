@@ -137,12 +137,8 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
       // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order.
       const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
       const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
-      const uint32_t lo_even = e2m1x4_to_e4m3x4(lo & 0x0F0F0F0Fu), lo_odd = e2m1x4_to_e4m3x4((lo >> 4) & 0x0F0F0F0Fu);
-      const uint32_t hi_even = e2m1x4_to_e4m3x4(hi & 0x0F0F0F0Fu), hi_odd = e2m1x4_to_e4m3x4((hi >> 4) & 0x0F0F0F0Fu);
-      w_lo[u][0] = __byte_perm(lo_even, lo_odd, 0x5140);  // values 0,1,2,3
-      w_lo[u][1] = __byte_perm(lo_even, lo_odd, 0x7362);  // values 4,5,6,7
-      w_hi[u][0] = __byte_perm(hi_even, hi_odd, 0x5140);
-      w_hi[u][1] = __byte_perm(hi_even, hi_odd, 0x7362);
+      e2m1x8_to_e4m3(lo, w_lo[u][0], w_lo[u][1]);  // values 0..3, 4..7
+      e2m1x8_to_e4m3(hi, w_hi[u][0], w_hi[u][1]);
       // 2^6 undoes the e2m1 → e4m3 exponent shift.
       sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + kbc));
       sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + kbc));

@@ -9,8 +9,8 @@
 //
 // Bit-equality with the plain kernel (no split-K): each warp takes the plain kernel's K runs (8
 // consecutive blocks, runs strided by 8 warps), accumulates the same MMA results (scaled by the exact
-// 2^-8 of the placement, undone on the activation scale) with the same expression in the same block order, and the warps' partials are added in warp order — per 16-row
-// tile exactly the plain computation. (The plain kernel's padding blocks past the end of K add ±0,
+// 2^-8 of the placement, undone on the activation scale) with the same expression in the same block
+// order, and the warps' partials are added in warp order — per 16-row tile exactly the plain computation. (The plain kernel's padding blocks past the end of K add ±0,
 // which can only change the sign of an exact zero.)
 #include <algorithm>
 #include <string>

@@ -57,6 +57,14 @@ struct MhcDecodeParams {
 int64_t decode_blocks(int64_t d) { return (d + kDecChannels - 1) / kDecChannels; }
 
 // v[k] for a runtime k without a local-memory array.
+// Entry r of a token's mix row as the kernels stage it: post[4], comb[16], collapse_w[4] (kCoef
+// floats); absent inputs (no expand: no y; no collapse weights) are zeros.
+__device__ __forceinline__ float mix_coefficient(const MhcFusedArgs& a, int64_t tok, int r) {
+  if (r < kHc) return a.y ? a.post[tok * a.post_stride + r] : 0.0f;
+  if (r < kHc + kHc * kHc) return a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
+  return a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
+}
+
 __device__ __forceinline__ float pick(const float (&v)[kHc], int k) {
   return k == 0 ? v[0] : (k == 1 ? v[1] : (k == 2 ? v[2] : v[3]));
 }
@@ -115,15 +123,7 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   }
   if (tid < nt * kCoef) {
     const int t = tid / kCoef, q = tid % kCoef;
-    const int64_t tok = t0 + t;
-    float v = 0.0f;
-    if (q < kHc)
-      v = a.y ? a.post[tok * a.post_stride + q] : 0.0f;
-    else if (q < kHc + kHc * kHc)
-      v = a.y ? a.comb[tok * a.comb_stride + (q - kHc)] : 0.0f;
-    else
-      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (q - kHc - kHc * kHc)] : 0.0f;
-    coef[t][q] = v;
+    coef[t][q] = mix_coefficient(a, t0 + t, q);
   }
   __syncthreads();
 
@@ -332,15 +332,7 @@ __device__ __forceinline__ void stage_tile_coefficients(const MhcFusedArgs& a, i
                                                         int tid) {
   for (int q = tid; q < kStTokens * kCoef; q += kStThreads) {
     const int t = q / kCoef, r = q % kCoef;
-    const int64_t tok = t0 + t < n ? t0 + t : t0;
-    float v = 0.0f;
-    if (r < kHc)
-      v = a.y ? a.post[tok * a.post_stride + r] : 0.0f;
-    else if (r < kHc + kHc * kHc)
-      v = a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
-    else
-      v = a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
-    coef[q] = v;
+    coef[q] = mix_coefficient(a, t0 + t < n ? t0 + t : t0, r);
   }
 }
 
