@@ -511,6 +511,34 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     });
     rows.push_back(make_row("moe_routed_path" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
   }
+  {  // The model's chain: the same 4 nodes with programmatic (PDL) edges after the dispatch.
+    const double us = time_graph_us(stream, kSteps, [&](int c) {
+      dispatch(c);
+      const Mxfp4Layout bal = Mxfp4Layout::PackedBalanced;
+      must(gemv_quantized_items(shape13, bal, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream, true));
+      SwigluArgs sw{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()};
+      sw.programmatic_launch = true;
+      must(swiglu(sw, stream));
+      must(gemv_quantized_items(shape2, bal, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream, true));
+    });
+    rows.push_back(make_row("moe_routed_path_packbal_pdl", shape, n, us, bytes13 + bytes2, copy_gbps));
+  }
+  // The balanced packed kernel at every forced split (4..8 warps per block, a wave of resident blocks
+  // each): the sweep behind the split rule of gemv_quantized_items.
+  if (n <= 8)
+    for (int warps = 4; warps <= 8; ++warps) {
+      const std::string tag = "_packbal_w" + std::to_string(warps);
+      double us = time_graph_us(stream, kSteps, [&](int c) {
+        must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
+                                  2 * P, true, stream, false, warps));
+      });
+      rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
+      us = time_graph_us(stream, kSteps, [&](int c) {
+        must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
+                                  true, stream, false, warps));
+      });
+      rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
+    }
 }
 
 // Router (logits + select) on the V4.1 gate, Engram gather (device and host-mapped table), the Engram

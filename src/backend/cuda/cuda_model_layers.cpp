@@ -848,7 +848,14 @@ Status CudaModel::route(int64_t l, const Rows& r) {
       ra.x_bf16_elems = w.dense_x_elems;
     }
   }
-  CEDAR_RETURN_IF_ERROR(moe_route(ra, cs()));
+  ra.programmatic_launch = pdl();
+  if (!ra.splitk.partials && !ra.blas) {  // unsplit logits, then the selection: a PDL edge between them
+    CEDAR_RETURN_IF_ERROR(router_logits(ra, cs()));
+    ra.programmatic_launch = pdl();
+    CEDAR_RETURN_IF_ERROR(router_select(ra, cs()));
+  } else {
+    CEDAR_RETURN_IF_ERROR(moe_route(ra, cs()));
+  }
   if (ra.blas && r.n > kRouterBlasMinTokens) pdl_barrier();
   return mark("moe.route", L.gate.bytes());
 }
@@ -923,12 +930,14 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   // shared expert's GEMVs stream on the other stream.
   auto routed = [&]() -> Status {
     CEDAR_RETURN_IF_ERROR(route(l, r));
+    // The chain after the router runs under PDL: each kernel waits for its predecessor before reading.
+    da.programmatic_launch = pdl();
     CEDAR_RETURN_IF_ERROR(moe_build_items(da, cs()));
     QuantWeightView shape13 = X.first[DeviceExperts::kW1].quant();
     QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
     shape13.data = shape2.data = nullptr;
     shape13.scales = shape2.scales = nullptr;
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs()));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), pdl()));
     SwigluArgs sw;
     sw.rows = P;
     sw.inter = inter;
@@ -938,8 +947,9 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     sw.limit = limit;
     sw.codes = w.h_codes;
     sw.scales = w.h_scales;
+    sw.programmatic_launch = pdl();
     CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs()));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs(), pdl()));
     const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
     return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);
   };
@@ -957,6 +967,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     ss.limit = limit;
     ss.codes = w.sh_codes;
     ss.scales = w.sh_scales;
+    ss.programmatic_launch = pdl();
     CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
     CEDAR_RETURN_IF_ERROR(
         gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk(), pdl()));

@@ -83,6 +83,7 @@ struct RouterArgs {
   BlasContext* blas = nullptr;
   uint16_t* x_bf16 = nullptr;  // [n, d] bf16 scratch for the cuBLASLt path
   int64_t x_bf16_elems = 0;
+  bool programmatic_launch = false;  // PDL (launch.h) for this call's kernels (not the cuBLASLt GEMM)
 };
 // Split-K partials and tickets router_logits / moe_route use for this gate shape (any n).
 SplitKSize router_workspace_size(int64_t n_experts, int64_t d);
@@ -132,6 +133,7 @@ struct MoeDispatchArgs {
   int64_t n = 0, topk = 0, n_experts = 0;
   MoeItemTable tables[2];
   int n_tables = 1;
+  bool programmatic_launch = false;  // PDL (launch.h): may start while the previous kernel runs
 };
 constexpr int64_t kMoeMaxPairs = 8192;  // n·topk per dispatch (one block)
 constexpr int64_t kMoeMaxExperts = 4096;
@@ -139,17 +141,21 @@ Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream);
 
 // Device layout of MXFP4 weights for the item / packed GEMVs (see "MXFP4 packed expert layout").
 // Packed: the plain kernel's K schedule (runs of 8 K blocks strided over 8 warps): bit-equal to the
-// plain layout. PackedBalanced: the same packed bytes, K split evenly over 4..8 warps chosen per shape
-// (w1/w3 5120: 8 warps × 5 groups of 4 K blocks; w2 2304: 6 warps × 3 groups), where the plain schedule
-// leaves warps idle (2304: 9 runs over 8 warps); it differs from the plain result by summation order only.
+// plain layout. PackedBalanced: the same packed bytes, K split evenly over 4..8 warps chosen per shape and
+// item count (gemv_packed.cu packed_items_warps: w1/w3 5120 at batch 1: 8 warps × 5 groups of 4 K blocks;
+// w2 2304 and long item lists: 4 warps at 4 blocks per SM), where the plain schedule leaves warps idle
+// (2304: 9 runs over 8 warps); it differs from the plain result by summation order only.
 enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
 
 // GEMVs of a device item table: item i computes y[y_row[j]] = W_i · act[act_row[j]] for its rows, as
 // gemv_quantized does (same arithmetic, bit-equal to it for Plain / Packed). `shape` gives out, in, the
 // format and the FP8 block; `layout` the MXFP4 layout (Plain for FP8). `capacity` bounds *count (the grid
-// is sized from it; blocks loop over the live items). No split-K.
+// is sized from it; blocks loop over the live items). No split-K. programmatic_launch: PDL (launch.h;
+// the kernels wait before reading the table). packed_warps (PackedBalanced only): 0 = the split chosen
+// per shape, 4..8 = forced (benchmark sweeps); other layouts take 0.
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
-                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream);
+                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
+                            bool programmatic_launch = false, int packed_warps = 0);
 
 // ---- SwiGLU (§3.8) ------------------------------------------------------------------------------------
 // h = bf16(w_row · silu(min(g, L)) · clamp(u, ±L)) per row (clamps only if limit > 0; NaN passes as in
@@ -165,6 +171,7 @@ struct SwigluArgs {
   float* h = nullptr;         // [rows, inter] or null
   uint16_t* codes = nullptr;  // [rows, inter] or null
   float* scales = nullptr;    // [rows, inter/32] (with codes)
+  bool programmatic_launch = false;  // PDL (launch.h)
 };
 Status swiglu(const SwigluArgs& a, cudaStream_t stream);
 

@@ -6,6 +6,8 @@
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/ffn_device.cuh"
 #include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -64,6 +66,8 @@ __global__ void __launch_bounds__(kDispatchThreads) moe_build_items_kernel(MoeDi
   int32_t* group = offset + E;     // [E] first item group of expert e
   int32_t* order = group + E;      // [P] pairs sorted by (expert, pair)
   __shared__ int32_t warp_tot[32];
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();  // the router's experts
   for (int64_t p = threadIdx.x; p < P; p += blockDim.x) pair_expert[p] = a.experts[p];
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) num[e] = 0;
   __syncthreads();
@@ -118,6 +122,8 @@ __global__ void __launch_bounds__(kDispatchThreads) moe_build_items_kernel(MoeDi
 // One warp per 32-value block of h: SwiGLU with the CPU's rounding steps, then (optionally) the FP8
 // activation quantization of the block.
 __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluArgs a, int64_t n_blocks) {
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * kSwigluThreads + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (blk >= n_blocks) return;  // whole warps
@@ -218,8 +224,8 @@ Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream) {
     CEDAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_build_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     static_cast<int>(smem)));
   }
-  moe_build_items_kernel<<<1, kDispatchThreads, smem, stream>>>(a);
-  return launch_status("moe_build_items_kernel");
+  return launch_kernel(moe_build_items_kernel, dim3(1), dim3(kDispatchThreads), smem, stream, a.programmatic_launch,
+                       "moe_build_items_kernel", a);
 }
 
 Status swiglu(const SwigluArgs& a, cudaStream_t stream) {
@@ -232,8 +238,8 @@ Status swiglu(const SwigluArgs& a, cudaStream_t stream) {
   if (n_blocks == 0) return Status::Ok();
   const int64_t grid = (n_blocks * 32 + kSwigluThreads - 1) / kSwigluThreads;
   if (grid > 0x7FFFFFFF) return make_error("cuda::swiglu: too many rows (" + std::to_string(a.rows) + ")");
-  swiglu_kernel<<<static_cast<unsigned>(grid), kSwigluThreads, 0, stream>>>(a, n_blocks);
-  return launch_status("swiglu_kernel");
+  return launch_kernel(swiglu_kernel, dim3(static_cast<unsigned>(grid)), dim3(kSwigluThreads), 0, stream,
+                       a.programmatic_launch, "swiglu_kernel", a, n_blocks);
 }
 
 Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {

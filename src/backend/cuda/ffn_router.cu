@@ -20,6 +20,7 @@
 #include "backend/cuda/ffn_device.cuh"
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/gemm_kernels.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
@@ -205,6 +206,7 @@ __global__ void __launch_bounds__(kRlThreads) router_logits_kernel(RouterLogitsP
   __shared__ int32_t sel[kFuse ? kFuseMaxTokens : 1][kMaxTopk];
   __shared__ bool is_last;
   detail::pdl_launch_dependents();
+  detail::pdl_wait();  // under PDL: x comes from the previous kernel
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t E = p.E, d = p.d;
@@ -376,6 +378,7 @@ __global__ void __launch_bounds__(kSelectMaxWarps * 32) router_select_kernel(Rou
   extern __shared__ float smem[];  // [warps_per_block][2][E]
   __shared__ int32_t sel[kSelectMaxWarps][kMaxTopk];
   detail::pdl_launch_dependents();
+  detail::pdl_wait();  // under PDL: the logits come from the previous kernel
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * warps_per_block + warp;
   if (t >= a.n) return;  // whole warps: no block-wide barrier follows
@@ -432,8 +435,8 @@ Status check_router(const RouterArgs& a, bool logits_stage) {
 template <int kTiles, bool kFuse>
 Status launch_logits(const RouterLogitsParams& p, const RouterArgs& a, size_t smem, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(router_row_tiles(p.E)), static_cast<unsigned>(p.ksplit));
-  router_logits_kernel<kTiles, kFuse><<<grid, kRlThreads, smem, stream>>>(p, a);
-  return launch_status("router_logits_kernel");
+  return launch_kernel(router_logits_kernel<kTiles, kFuse>, grid, dim3(kRlThreads), smem, stream,
+                       a.programmatic_launch, "router_logits_kernel", p, a);
 }
 
 RouterLogitsParams logits_params(const RouterArgs& a) {
@@ -510,8 +513,8 @@ Status router_select(const RouterArgs& a, cudaStream_t stream) {
   const int64_t row_bytes = 2 * a.n_experts * static_cast<int64_t>(sizeof(float));
   const int wpb = static_cast<int>(std::clamp<int64_t>(kSelectSmemBytes / row_bytes, 1, kSelectMaxWarps));
   const unsigned grid = static_cast<unsigned>((a.n + wpb - 1) / wpb);
-  router_select_kernel<<<grid, wpb * 32, static_cast<size_t>(wpb * row_bytes), stream>>>(a, wpb);
-  return launch_status("router_select_kernel");
+  return launch_kernel(router_select_kernel, dim3(grid), dim3(wpb * 32), static_cast<size_t>(wpb * row_bytes), stream,
+                       a.programmatic_launch, "router_select_kernel", a, wpb);
 }
 
 bool moe_route_fused(const RouterArgs& a) {

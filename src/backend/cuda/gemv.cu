@@ -284,6 +284,8 @@ template <bool kFp4>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_items_kernel(GemvItemsParams p) {
   constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();  // under PDL: the item table and the activations come from the previous kernels
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int tok0 = 2 * t, tok1 = 2 * t + 1;
@@ -557,10 +559,12 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
 }
 
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
-                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream) {
+                            const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
+                            bool programmatic_launch, int packed_warps) {
   if (layout != Mxfp4Layout::Plain)
     return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
-                                   layout == Mxfp4Layout::PackedBalanced);
+                                   layout == Mxfp4Layout::PackedBalanced, packed_warps, programmatic_launch);
+  if (packed_warps != 0) return make_error("cuda::gemv_quantized_items: packed_warps is for the packed layouts only");
   QuantWeightView w = shape;
   w.data = w.scales = reinterpret_cast<const uint8_t*>(&shape);  // per-item pointers live on the device
   CEDAR_RETURN_IF_ERROR(check_weight(w));
@@ -585,12 +589,11 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   p.warps = gemv_warps(fp4, shape.in / 32, capacity * p.tiles);
   const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  if (fp4) {
-    gemv_items_kernel<true><<<grid, p.warps * 32, 0, stream>>>(p);
-    return launch_status("gemv_items_kernel<MXFP4>");
-  }
-  gemv_items_kernel<false><<<grid, p.warps * 32, 0, stream>>>(p);
-  return launch_status("gemv_items_kernel<FP8Block>");
+  if (fp4)
+    return launch_kernel(gemv_items_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream, programmatic_launch,
+                         "gemv_items_kernel<MXFP4>", p);
+  return launch_kernel(gemv_items_kernel<false>, dim3(grid), dim3(p.warps * 32), 0, stream, programmatic_launch,
+                       "gemv_items_kernel<FP8Block>", p);
 }
 
 Status gemv_quantized(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,

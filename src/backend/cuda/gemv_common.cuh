@@ -102,8 +102,9 @@ inline int device_sm_count() {
   return sms;
 }
 
-// gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu).
+// gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu); warps: 0 = chosen per shape.
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced);
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced, int warps,
+                               bool programmatic_launch);
 
 }  // namespace cedar::cuda::gemv_detail

@@ -19,6 +19,8 @@
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -171,6 +173,9 @@ __device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2]
 template <bool kDeviceItems>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_mxfp4_packed_kernel(PackedParams p) {
   __shared__ float partial[kGemvWarps][kPackedRows][kTokensPerTile];
+  // Under PDL (device items): the item table and the activations come from the previous kernels.
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int tok0 = 2 * t, tok1 = 2 * t + 1;
@@ -339,13 +344,43 @@ Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, co
 }
 
 namespace gemv_detail {
+// Resident blocks per SM of the item kernel at `warps` per block (register-bound: 128 registers per
+// thread, so 16 warps per SM whatever the split); 0 if the query fails.
+int packed_items_blocks_per_sm(int warps) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mxfp4_packed_kernel<true>, warps * 32, 0) !=
+          cudaSuccess ||
+      per_sm <= 0) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return per_sm;
+}
+
+// The split of the item kernel when none is forced (balanced schedule). Fewer warps per block mean more
+// resident blocks (4 per SM at 4 warps, 2 at 6..8: 16 warps either way), longer K streams per warp and
+// fewer units per block. Measured on the H200 (s8 run 1, routed top-6 of 384, µs): w2 (2 304 = 18
+// groups) at n = 1 4 warps 19.1, 5: 20.5, 6: 22.8, 8: 22.9; at n = 8 116 / 126 / 140 / 141. w1/w3 (5 120
+// = 40 groups) at n = 1 (864 units, 3.3 waves at 8 warps) 4 warps 34.5, 8: 32.8; at n = 8 (6 480 units)
+// 205.6 vs 222.0. So: 4 warps for short K or long item lists, else the even spread (8 at 5 120).
+int packed_items_warps(int64_t in, int64_t units) {
+  const int64_t groups = in / 128;
+  const int64_t wave8 = static_cast<int64_t>(kMinBlocksPerSm<true>) * device_sm_count();
+  if (groups <= 24 || units > 4 * wave8) return 4;
+  return packed_warps(in, true);
+}
+
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced) {
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced, int warps,
+                               bool programmatic_launch) {
   const char* who = "cuda::gemv_quantized_items(packed)";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
     return make_error(std::string(who) + ": items, count and a capacity in [1, 2^24] are required (capacity " +
                       std::to_string(capacity) + ")");
+  if (warps != 0 && (!balanced || warps < 4 || warps > kGemvWarps))
+    return make_error(std::string(who) + ": warps=" + std::to_string(warps) +
+                      " (a forced split needs the balanced schedule and 4..8 warps)");
   PackedParams p{};
   p.items = items;
   p.count = count;
@@ -355,11 +390,15 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   p.tiles = (shape.out + kPackedRows - 1) / kPackedRows;
   p.bf16_output = bf16_output;
   p.balanced = balanced;
-  p.warps = packed_warps(shape.in, balanced);
-  const int64_t wave = static_cast<int64_t>(kMinBlocksPerSm<true>) * device_sm_count();
+  p.warps = warps != 0 ? warps
+            : balanced ? packed_items_warps(shape.in, capacity * p.tiles)
+                       : packed_warps(shape.in, false);
+  // One wave of resident blocks (fewer warps per block: more blocks per SM).
+  const int per_sm = std::max(packed_items_blocks_per_sm(p.warps), kMinBlocksPerSm<true>);
+  const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  gemv_mxfp4_packed_kernel<true><<<grid, p.warps * 32, 0, stream>>>(p);
-  return launch_status("gemv_mxfp4_packed_kernel<items>");
+  return launch_kernel(gemv_mxfp4_packed_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream, programmatic_launch,
+                       "gemv_mxfp4_packed_kernel<items>", p);
 }
 }  // namespace gemv_detail
 

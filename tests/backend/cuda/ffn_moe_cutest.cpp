@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -353,7 +354,7 @@ TEST(CudaMoeDispatch, ItemsGroupPairsByExpertInOrder) {
 // Items built from random routing over E experts: every pair's output against gemv_quantized of that
 // expert on that token (bit-equal: same kernel arithmetic) and against cpu::linear.
 void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int64_t n, int64_t K, int64_t E,
-                      uint32_t seed) {
+                      uint32_t seed, int packed_warps = 0) {
   const bool packed = layout != Mxfp4Layout::Plain;
   std::vector<QuantWeightHost> w;
   for (int64_t e = 0; e < E; ++e)
@@ -395,7 +396,7 @@ void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int
       P};
   ASSERT_TRUE(moe_build_items(a, nullptr).ok());
   const QuantWeightView shape = view_of(w[0], nullptr, nullptr);
-  const Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), P, true, nullptr);
+  const Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), P, true, nullptr, false, packed_warps);
   ASSERT_TRUE(s.ok()) << s.error().message;
   const auto got = download(y);
   // Reference 1: the plain GEMV per pair on the GPU (no split-K): the same arithmetic, bit-equal.
@@ -419,7 +420,8 @@ void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int
                       : packed                              ? "mxfp4-packed"
                                                             : "mxfp4";
   const std::string tag = std::string(fp4 ? lname : "fp8") + " items " + std::to_string(out) + "x" +
-                          std::to_string(in) + " n=" + std::to_string(n) + " K=" + std::to_string(K);
+                          std::to_string(in) + " n=" + std::to_string(n) + " K=" + std::to_string(K) +
+                          (packed_warps ? " warps=" + std::to_string(packed_warps) : "");
   // vs the CPU: as the GEMV tests (one bf16 flip + tensor-core block sums, 2^-12·Σ|terms|).
   const Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
   if (layout == Mxfp4Layout::PackedBalanced) {
@@ -451,6 +453,31 @@ TEST(CudaGemvItems, PackedBalancedMatchesCpu) {
   check_items_gemv(true, Mxfp4Layout::PackedBalanced, 2304, 5120, 1, 6, 6, 214);  // 40 groups: 8 warps
   check_items_gemv(true, Mxfp4Layout::PackedBalanced, 5120, 2304, 2, 6, 8, 215);  // 18 groups: 6 warps
   check_items_gemv(true, Mxfp4Layout::PackedBalanced, 40, 384, 9, 2, 3, 216);     // 3 groups: fewer than the warps
+}
+
+// Every forced split (4..8 warps per block; fewer warps: more resident blocks, so a larger grid) on the
+// released shapes: the K partition changes, the result stays within the GEMV bound of the CPU.
+TEST(CudaGemvItems, PackedBalancedEverySplitMatchesCpu) {
+  CEDAR_REQUIRE_GPU();
+  for (int warps = 4; warps <= 8; ++warps) {
+    check_items_gemv(true, Mxfp4Layout::PackedBalanced, 2304, 5120, 1, 6, 6, 217, warps);
+    check_items_gemv(true, Mxfp4Layout::PackedBalanced, 5120, 2304, 2, 6, 8, 218, warps);
+    check_items_gemv(true, Mxfp4Layout::PackedBalanced, 40, 384, 9, 2, 3, 219, warps);
+  }
+}
+
+TEST(CudaGemvItems, ForcedSplitIsRejectedOutsideTheBalancedLayout) {
+  CEDAR_REQUIRE_GPU();
+  const QuantWeightView shape{QuantWeightFormat::MXFP4, 64, 256, nullptr, nullptr, 32, 32};
+  auto items = alloc<DeviceGemvItem>(1);
+  auto count = alloc<int32_t>(1);
+  for (const auto& [layout, warps] : {std::pair{Mxfp4Layout::Plain, 4}, std::pair{Mxfp4Layout::Packed, 4},
+                                      std::pair{Mxfp4Layout::PackedBalanced, 3},
+                                      std::pair{Mxfp4Layout::PackedBalanced, 9}}) {
+    const Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), 1, true, nullptr, false, warps);
+    ASSERT_FALSE(s.ok()) << "warps=" << warps;
+    EXPECT_NE(s.error().message.find("warps"), std::string::npos) << s.error().message;
+  }
 }
 
 void check_packed_grouped(int64_t count, int64_t out, int64_t in, int64_t n, uint32_t seed, bool balanced = false) {
