@@ -511,15 +511,20 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     });
     rows.push_back(make_row("moe_routed_path" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
   }
-  {  // The model's chain: the same 4 nodes with programmatic (PDL) edges after the dispatch.
+  {  // The model's chain: the same 4 nodes with programmatic (PDL) edges after the dispatch, and the
+     // GEMVs' units taken from work counters.
+    auto work = must(DeviceBuffer<unsigned>::allocate(4));
+    must(work.zero());
     const double us = time_graph_us(stream, kSteps, [&](int c) {
       dispatch(c);
       const Mxfp4Layout bal = Mxfp4Layout::PackedBalanced;
-      must(gemv_quantized_items(shape13, bal, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream, true));
+      must(gemv_quantized_items(shape13, bal, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
+                                {.programmatic_launch = true, .work = work.get()}));
       SwigluArgs sw{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()};
       sw.programmatic_launch = true;
       must(swiglu(sw, stream));
-      must(gemv_quantized_items(shape2, bal, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream, true));
+      must(gemv_quantized_items(shape2, bal, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream,
+                                {.programmatic_launch = true, .work = work.get() + 2}));
     });
     rows.push_back(make_row("moe_routed_path_packbal_pdl", shape, n, us, bytes13 + bytes2, copy_gbps));
   }
@@ -530,12 +535,12 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       const std::string tag = "_packbal_w" + std::to_string(warps);
       double us = time_graph_us(stream, kSteps, [&](int c) {
         must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
-                                  2 * P, true, stream, false, warps));
+                                  2 * P, true, stream, {.packed_warps = warps}));
       });
       rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
       us = time_graph_us(stream, kSteps, [&](int c) {
         must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
-                                  true, stream, false, warps));
+                                  true, stream, {.packed_warps = warps}));
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     }

@@ -193,6 +193,7 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.items13 = k.take<DeviceGemvItem>("moe scratch", 2 * item_pairs);
   w.items2 = k.take<DeviceGemvItem>("moe scratch", item_pairs);
   w.item_counts = k.take<int32_t>("moe scratch", 2);
+  w.item_work = k.take<unsigned>("moe scratch", 4);
   w.g = k.take<float>("moe scratch", item_pairs * inter);
   w.gu = k.take<float>("moe scratch", item_pairs * inter);
   w.routed = k.take<float>("moe scratch", item_pairs * d);

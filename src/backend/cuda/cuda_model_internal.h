@@ -72,6 +72,7 @@ struct CudaModel::Workspace {
   int64_t items_rows = 0;         // rows the item-table path (routed GEMVs) is sized for
   DeviceGemvItem *items13 = nullptr, *items2 = nullptr;
   int32_t* item_counts = nullptr;
+  unsigned* item_work = nullptr;  // 2 × GemvItemsOptions::work (w1/w3, w2): zero, re-armed by the kernels
   float *g = nullptr, *gu = nullptr, *routed = nullptr;  // item path: [items_rows·topk, inter] / [.., d]
   uint16_t* h_codes = nullptr;                           // [rows·topk, inter]
   float* h_scales = nullptr;

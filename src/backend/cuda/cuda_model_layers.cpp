@@ -937,7 +937,9 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
     shape13.data = shape2.data = nullptr;
     shape13.scales = shape2.scales = nullptr;
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), pdl()));
+    const bool packed = layout != Mxfp4Layout::Plain;
+    GemvItemsOptions o13{.programmatic_launch = pdl(), .work = packed ? w.item_work : nullptr};
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
     SwigluArgs sw;
     sw.rows = P;
     sw.inter = inter;
@@ -949,7 +951,8 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     sw.scales = w.h_scales;
     sw.programmatic_launch = pdl();
     CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs(), pdl()));
+    GemvItemsOptions o2{.programmatic_launch = pdl(), .work = packed ? w.item_work + 2 : nullptr};
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs(), o2));
     const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
     return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);
   };

@@ -150,12 +150,18 @@ enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
 // GEMVs of a device item table: item i computes y[y_row[j]] = W_i · act[act_row[j]] for its rows, as
 // gemv_quantized does (same arithmetic, bit-equal to it for Plain / Packed). `shape` gives out, in, the
 // format and the FP8 block; `layout` the MXFP4 layout (Plain for FP8). `capacity` bounds *count (the grid
-// is sized from it; blocks loop over the live items). No split-K. programmatic_launch: PDL (launch.h;
-// the kernels wait before reading the table). packed_warps (PackedBalanced only): 0 = the split chosen
-// per shape, 4..8 = forced (benchmark sweeps); other layouts take 0.
+// is sized from it; blocks loop over the live items). No split-K.
+struct GemvItemsOptions {
+  bool programmatic_launch = false;  // PDL (launch.h): the kernels wait before reading the table
+  // Packed layouts: 2 counters, zero before the first launch (the kernel re-arms them). Blocks then take
+  // the (item, row tile) units in order from an atomic counter instead of a fixed stride, so blocks that
+  // start late (SMs still held by a concurrent kernel) take fewer units. Same bits either way.
+  unsigned* work = nullptr;
+  int packed_warps = 0;  // PackedBalanced: 0 = the split chosen per shape, 4..8 = forced (benchmarks)
+};
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
-                            bool programmatic_launch = false, int packed_warps = 0);
+                            const GemvItemsOptions& options = {});
 
 // ---- SwiGLU (§3.8) ------------------------------------------------------------------------------------
 // h = bf16(w_row · silu(min(g, L)) · clamp(u, ±L)) per row (clamps only if limit > 0; NaN passes as in

@@ -560,11 +560,13 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
 
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
-                            bool programmatic_launch, int packed_warps) {
+                            const GemvItemsOptions& options) {
   if (layout != Mxfp4Layout::Plain)
     return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
-                                   layout == Mxfp4Layout::PackedBalanced, packed_warps, programmatic_launch);
-  if (packed_warps != 0) return make_error("cuda::gemv_quantized_items: packed_warps is for the packed layouts only");
+                                   layout == Mxfp4Layout::PackedBalanced, options);
+  if (options.packed_warps != 0 || options.work != nullptr)
+    return make_error("cuda::gemv_quantized_items: packed_warps and work counters are for the packed layouts only");
+  const bool programmatic_launch = options.programmatic_launch;
   QuantWeightView w = shape;
   w.data = w.scales = reinterpret_cast<const uint8_t*>(&shape);  // per-item pointers live on the device
   CEDAR_RETURN_IF_ERROR(check_weight(w));

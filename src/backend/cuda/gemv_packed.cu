@@ -42,6 +42,7 @@ struct PackedParams {
   bool bf16_output;
   bool balanced;  // false: the plain kernel's K schedule (8 warps)
   int warps;      // = blockDim.x / 32
+  unsigned* work;  // device-item mode, or null: [next unit, blocks done] (GemvItemsOptions::work)
 };
 
 // The operands of one (matrix, tile) unit.
@@ -187,7 +188,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
     matrices = matrices < 0 ? 0 : (matrices > p.capacity ? p.capacity : matrices);
   }
   const int64_t units = matrices * p.tiles;
-  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+  // With a work counter the units are taken in order by whichever block is free (thread 0 asks for the
+  // next one while the block computes this one); else block b takes b, b + grid, ...
+  __shared__ int64_t next_unit;
+  unsigned* const work = kDeviceItems ? p.work : nullptr;
+  if (work != nullptr) {
+    if (threadIdx.x == 0) next_unit = atomicAdd(work, 1u);
+    __syncthreads();
+  }
+  for (int64_t unit = work ? next_unit : blockIdx.x; unit < units; unit = work ? next_unit : unit + gridDim.x) {
+    unsigned claimed = 0;
+    if (work != nullptr && threadIdx.x == 0) claimed = atomicAdd(work, 1u);  // result needed after the math
     const int64_t m = unit / p.tiles;
     const int64_t row0 = (unit % p.tiles) * kPackedRows;
     UnitOperands op;
@@ -224,7 +235,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
       partial[warp][16 * rt + g + 8][tok0] = acc[rt][2];
       partial[warp][16 * rt + g + 8][tok1] = acc[rt][3];
     }
-    __syncthreads();
+    __syncthreads();  // every thread has read `unit`: next_unit may change
+    if (work != nullptr && threadIdx.x == 0) next_unit = claimed;
     for (int e = threadIdx.x; e < kPackedRows * kTokensPerTile; e += blockDim.x) {
       const int row = e / kTokensPerTile, tok = e % kTokensPerTile;
       float sum = 0.0f;
@@ -232,7 +244,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
       if (tok < op.n && row0 + row < p.out)
         op.y[row_of(op.y_row, tok) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
-    __syncthreads();  // `partial` is reused by the next unit
+    __syncthreads();  // `partial` is reused by the next unit; next_unit is visible
+  }
+  // Re-arm: a block counts itself done after its last claim, so the last one to count sees every claim
+  // made; the next launch starts after this grid completes (stream order; under PDL after its wait).
+  if (work != nullptr && threadIdx.x == 0 && atomicAdd(work + 1, 1u) == gridDim.x - 1) {
+    work[0] = 0;
+    work[1] = 0;
   }
 }
 
@@ -371,8 +389,9 @@ int packed_items_warps(int64_t in, int64_t units) {
 }
 
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced, int warps,
-                               bool programmatic_launch) {
+                               int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced,
+                               const GemvItemsOptions& options) {
+  const int warps = options.packed_warps;
   const char* who = "cuda::gemv_quantized_items(packed)";
   CEDAR_RETURN_IF_ERROR(check_packed_shape(shape, who));
   if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
@@ -390,6 +409,7 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   p.tiles = (shape.out + kPackedRows - 1) / kPackedRows;
   p.bf16_output = bf16_output;
   p.balanced = balanced;
+  p.work = options.work;
   p.warps = warps != 0 ? warps
             : balanced ? packed_items_warps(shape.in, capacity * p.tiles)
                        : packed_warps(shape.in, false);
@@ -397,8 +417,8 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   const int per_sm = std::max(packed_items_blocks_per_sm(p.warps), kMinBlocksPerSm<true>);
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  return launch_kernel(gemv_mxfp4_packed_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream, programmatic_launch,
-                       "gemv_mxfp4_packed_kernel<items>", p);
+  return launch_kernel(gemv_mxfp4_packed_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream,
+                       options.programmatic_launch, "gemv_mxfp4_packed_kernel<items>", p);
 }
 }  // namespace gemv_detail
 

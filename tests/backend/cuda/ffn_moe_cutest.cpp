@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -396,9 +397,31 @@ void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int
       P};
   ASSERT_TRUE(moe_build_items(a, nullptr).ok());
   const QuantWeightView shape = view_of(w[0], nullptr, nullptr);
-  const Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), P, true, nullptr, false, packed_warps);
+  // Packed layouts: units from work counters (twice: the kernel re-arms them) and by the fixed stride,
+  // the same bits every time.
+  auto work = alloc<unsigned>(2);
+  ASSERT_TRUE(work.zero().ok());
+  const GemvItemsOptions opt{.work = packed ? work.get() : nullptr, .packed_warps = packed_warps};
+  Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), P, true, nullptr, opt);
   ASSERT_TRUE(s.ok()) << s.error().message;
   const auto got = download(y);
+  if (packed) {
+    for (const bool counters : {true, false}) {
+      ASSERT_TRUE(y.zero().ok());
+      GemvItemsOptions again = opt;
+      again.work = counters ? work.get() : nullptr;
+      s = gemv_quantized_items(shape, layout, items.get(), count.get(), P, true, nullptr, again);
+      ASSERT_TRUE(s.ok()) << s.error().message;
+      const auto rerun = download(y);
+      ASSERT_EQ(rerun.size(), got.size());
+      EXPECT_EQ(std::memcmp(rerun.data(), got.data(), got.size() * sizeof(float)), 0)
+          << (counters ? "a second launch on the re-armed work counters" : "the fixed-stride schedule")
+          << " changed the result bits";
+    }
+    const auto w_after = download(work);
+    EXPECT_EQ(w_after[0], 0u) << "work counters not re-armed";
+    EXPECT_EQ(w_after[1], 0u) << "work counters not re-armed";
+  }
   // Reference 1: the plain GEMV per pair on the GPU (no split-K): the same arithmetic, bit-equal.
   auto yref = alloc<float>(out);
   std::vector<float> plain(P * out), want(P * out), bound(P * out);
@@ -474,7 +497,7 @@ TEST(CudaGemvItems, ForcedSplitIsRejectedOutsideTheBalancedLayout) {
   for (const auto& [layout, warps] : {std::pair{Mxfp4Layout::Plain, 4}, std::pair{Mxfp4Layout::Packed, 4},
                                       std::pair{Mxfp4Layout::PackedBalanced, 3},
                                       std::pair{Mxfp4Layout::PackedBalanced, 9}}) {
-    const Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), 1, true, nullptr, false, warps);
+    const Status s = gemv_quantized_items(shape, layout, items.get(), count.get(), 1, true, nullptr, {.packed_warps = warps});
     ASSERT_FALSE(s.ok()) << "warps=" << warps;
     EXPECT_NE(s.error().message.find("warps"), std::string::npos) << s.error().message;
   }

@@ -176,6 +176,8 @@ TEST(CudaPdl, RoutedExpertChainGivesTheSameBits) {
   auto out = alloc<float>(P * d);
   auto items13 = alloc<DeviceGemvItem>(2 * P), items2 = alloc<DeviceGemvItem>(P);
   auto counts = alloc<int32_t>(2);
+  auto work = alloc<unsigned>(4);  // with PDL the units also come from work counters (re-armed per launch)
+  ASSERT_TRUE(work.zero().ok());
   auto stream = Stream::create();
   ASSERT_TRUE(stream.ok()) << stream.error().message;
   const cudaStream_t s = stream->get();
@@ -210,11 +212,13 @@ TEST(CudaPdl, RoutedExpertChainGivesTheSameBits) {
     da.programmatic_launch = pdl;
     CEDAR_RETURN_IF_ERROR(moe_build_items(da, s));
     const Mxfp4Layout bal = Mxfp4Layout::PackedBalanced;
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, bal, items13.get(), counts.get(), 2 * P, true, s, pdl));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, bal, items13.get(), counts.get(), 2 * P, true, s,
+                                               {.programmatic_launch = pdl, .work = pdl ? work.get() : nullptr}));
     SwigluArgs sw{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()};
     sw.programmatic_launch = pdl;
     CEDAR_RETURN_IF_ERROR(swiglu(sw, s));
-    return gemv_quantized_items(shape2, bal, items2.get(), counts.get() + 1, P, true, s, pdl);
+    return gemv_quantized_items(shape2, bal, items2.get(), counts.get() + 1, P, true, s,
+                                {.programmatic_launch = pdl, .work = pdl ? work.get() + 2 : nullptr});
   };
   auto results = [&] {
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
