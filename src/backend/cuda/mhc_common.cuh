@@ -157,8 +157,7 @@ __device__ __forceinline__ void finish_mix(const float (&m)[kSlot], const MhcFus
     } else {
 #pragma unroll
       for (int k = 0; k < kHc; ++k) {
-        const float r =
-            __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps));
+        const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps));
 #pragma unroll
         for (int j = 0; j < kHc; ++j) c[j][k] = __fmul_rn(c[j][k], r);
       }

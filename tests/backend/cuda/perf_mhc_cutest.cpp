@@ -310,8 +310,8 @@ TEST(CudaMhcPaths, StreamC64MatchesTheC32KernelAndTheCpu) {
     const GpuRun c64 = gpu_site(s, c.expand, true, true, c.in_place, Ws::Sized, true);
     const GpuRun c32 = gpu_site(s, c.expand, true, true, c.in_place, Ws::Sized, true, 0, false, false,
                                 StreamKind{.c32 = true, .serial_finish = true});
-    const GpuRun c32_lanes = gpu_site(s, c.expand, true, true, c.in_place, Ws::Sized, true, 0, false, false,
-                                      StreamKind{.c32 = true});
+    const GpuRun c32_lanes =
+        gpu_site(s, c.expand, true, true, c.in_place, Ws::Sized, true, 0, false, false, StreamKind{.c32 = true});
     if (c.expand) {
       EXPECT_TRUE(parity("mhc stream c64 vs c32: X" + tag, c64.X_out, c32.X_out, kExact));
     }
