@@ -274,6 +274,8 @@ struct MhcMode {
   bool collapse = true;
   bool legacy = false;         // MhcFusedArgs::legacy_decode (the session-3 decode kernel)
   bool legacy_stream = false;  // MhcFusedArgs::legacy_stream (the session-4 streaming kernel: FMA dot products)
+  bool stream_c32 = false;     // MhcFusedArgs::stream_c32 (the s6 tensor-core kernel, 32-channel chunks)
+  bool serial_finish = false;  // MhcFusedArgs::stream_serial_finish (the s6 finish: one thread per token)
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   bool norm_counter = false;   // MhcWorkspace::norm_counter (fn = null + norm: one launch up to 4 rows)
   int64_t stream_blocks = 0;   // MhcFusedArgs::stream_blocks (0: the default plan)
@@ -333,6 +335,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.programmatic_launch = mode.pdl && !mode.cluster;
     a.legacy_decode = mode.legacy;
     a.legacy_stream = mode.legacy_stream;
+    a.stream_c32 = mode.stream_c32;
+    a.stream_serial_finish = mode.serial_finish;
     a.stream_blocks = mode.stream_blocks;
     if (mode.norm) {
       a.norm_weight = norm_w.get();
@@ -1095,7 +1099,7 @@ int run(int argc, char** argv) {
     st.name = "mhc_stream";
     for (int64_t n : {128, 1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
     // s6-mhc3: mhc_stream has its dot products on the tensor cores (3xTF32); _fma is the session-4 kernel.
-    // The channel split's block target (default 6 per SM = 792 from 64 token tiles on, else 528): rows
+    // The channel split's block target (c64 default: 6 per SM = 792 from 128 token tiles on, else 528): rows
     // mhc_stream_b<target>.
     static const int64_t kTargets[] = {264, 528, 1584};
     static std::string target_names[std::size(kTargets)];
@@ -1106,7 +1110,19 @@ int run(int argc, char** argv) {
       sb.name = target_names[i].c_str();
       for (int64_t n : {4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, sb);
     }
+    {  // s8-mhcstream: mhc_stream is the c64 kernel + the one-lane-per-token finish; _c32 is the s6 path
+       // (the 32-channel tensor-core kernel + the serial finish), _c64_serialfin isolates the finish.
+      MhcMode c32 = st;
+      c32.stream_c32 = c32.serial_finish = true;
+      c32.name = "mhc_stream_c32";
+      for (int64_t n : {1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, c32);
+      MhcMode sf = st;
+      sf.serial_finish = true;
+      sf.name = "mhc_stream_c64_serialfin";
+      for (int64_t n : {1024, 4096, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, sf);
+    }
     st.legacy_stream = true;
+    st.serial_finish = true;
     st.name = "mhc_stream_fma";
     for (int64_t n : {1024, 8192}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, st);
   }

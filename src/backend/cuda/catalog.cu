@@ -15,6 +15,8 @@ const void* gemv_mxfp4_kernel_ptr();
 const void* mhc_fused_kernel_ptr();
 const void* mhc_stream_kernel_ptr();
 const void* mhc_stream_finish_kernel_ptr();
+const void* mhc_stream_c64_kernel_ptr();
+const void* mhc_stream_finish_lanes_kernel_ptr();
 const void* mhc_elementwise_kernel_ptr();
 const void* mhc_expand_collapse_norm_kernel_ptr();
 const void* rms_norm_kernel_ptr();
@@ -36,6 +38,10 @@ const Entry kEntries[] = {
      mhc_stream_kernel_ptr},
     {"mhc_stream_finish", "fused mHC, prefill: split sums in order, coefficients + Sinkhorn per token",
      mhc_stream_finish_kernel_ptr},
+    {"mhc_stream_c64", "fused mHC, prefill: 32-token tiles x 64-channel chunks, 3xTF32 tensor-core dot products",
+     mhc_stream_c64_kernel_ptr},
+    {"mhc_stream_finish_lanes", "fused mHC, prefill: split sums in order, coefficients + Sinkhorn one lane per token",
+     mhc_stream_finish_lanes_kernel_ptr},
     {"mhc_expand_collapse", "mHC expand and/or collapse without coefficients", mhc_elementwise_kernel_ptr},
     {"mhc_expand_collapse_norm", "mHC expand + collapse + the input RMSNorm in one launch (split decode site)",
      mhc_expand_collapse_norm_kernel_ptr},

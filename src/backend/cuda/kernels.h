@@ -152,6 +152,13 @@ struct MhcFusedArgs {
   // The session-4 streaming kernel (the 24 dot products with CUDA-core FMAs instead of 3xTF32 MMAs):
   // for the parity test and the bench rows only.
   bool legacy_stream = false;
+  // The s6 streaming kernel (mhc_stream_tc_kernel: 64-token tiles, 32-channel chunks) instead of the
+  // s8 one (mhc_stream_c64_kernel: 32-token tiles, 64-channel chunks); the c64 kernel also needs d % 64
+  // == 0, fn 16-byte and X_out / collapsed 8-byte aligned, else the c32 kernel runs. A/B and parity only.
+  bool stream_c32 = false;
+  // The s6 finish kernel (one thread per token, a warp each, __frcp_rn) instead of one lane per token
+  // (the same bits). Today's (s6) streaming path is stream_c32 + stream_serial_finish. A/B only.
+  bool stream_serial_finish = false;
   // The streaming kernel's target block count (0: the default plan's, 4 or 6 per SM); bench sweeps only.
   int64_t stream_blocks = 0;
 };

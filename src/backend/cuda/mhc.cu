@@ -44,7 +44,6 @@ using namespace mhc_detail;
 
 constexpr int kDecThreads = 256;
 constexpr int kDecChannels = 64;                  // per block, of all 4 streams: thread = (stream warp/2, channel)
-constexpr int kCoef = 2 * kHc + kHc * kHc + kHc;  // per token in shared memory: post[4], comb[16], cw[4]
 
 struct MhcDecodeParams {
   MhcFusedArgs a;      // strides resolved
@@ -57,14 +56,6 @@ struct MhcDecodeParams {
 int64_t decode_blocks(int64_t d) { return (d + kDecChannels - 1) / kDecChannels; }
 
 // v[k] for a runtime k without a local-memory array.
-// Entry r of a token's mix row as the kernels stage it: post[4], comb[16], collapse_w[4] (kCoef
-// floats); absent inputs (no expand: no y; no collapse weights) are zeros.
-__device__ __forceinline__ float mix_coefficient(const MhcFusedArgs& a, int64_t tok, int r) {
-  if (r < kHc) return a.y ? a.post[tok * a.post_stride + r] : 0.0f;
-  if (r < kHc + kHc * kHc) return a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
-  return a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
-}
-
 __device__ __forceinline__ float pick(const float (&v)[kHc], int k) {
   return k == 0 ? v[0] : (k == 1 ? v[1] : (k == 2 ? v[2] : v[3]));
 }
@@ -732,7 +723,10 @@ StreamPlan stream_plan(int64_t n, int64_t d, int64_t target = 0) {
   s.splits = (chunks + s.chunks_per_split - 1) / s.chunks_per_split;  // no empty splits
   return s;
 }
-int64_t stream_floats(int64_t n, int64_t d) { return stream_plan(n, d).splits * n * kSlot; }
+// Room for either streaming kernel's default plan.
+int64_t stream_floats(int64_t n, int64_t d) {
+  return std::max(stream_plan(n, d).splits, stream64_plan(n, d, 0).splits) * n * kSlot;
+}
 int64_t decode_tile_floats(int64_t d) { return int64_t{kMaxTokens} * kSlot * decode_blocks(d); }
 
 Status check_args(const MhcFusedArgs& a, const char* who) {
@@ -789,6 +783,14 @@ int64_t mhc_workspace_counters(int64_t n) { return std::max<int64_t>(1, (n + kMa
 
 namespace {
 
+// The coefficients of the streaming path from its partials: one lane per token, or the s6 kernel.
+Status launch_stream_finish(const MhcFusedArgs& a, float* partials, int64_t splits, cudaStream_t stream) {
+  if (!a.stream_serial_finish) return launch_stream_finish_lanes(a, partials, splits, stream);
+  const auto grid = static_cast<unsigned>((a.n + 7) / 8);
+  mhc_stream_finish_kernel<<<grid, 256, 0, stream>>>(a, partials, static_cast<int>(splits));
+  return launch_status("mhc_stream_finish_kernel");
+}
+
 // The launches of mhc_fused except a separate RMSNorm; *norm_fused: the decode kernel wrote a.normed.
 Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream, bool* norm_fused) {
   const bool pdl = a.programmatic_launch;
@@ -806,9 +808,16 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
   if (!ws.partials || !ws.counter)
     return make_error("cuda::mhc_fused: the workspace (partials and counter) is required with fn");
   const bool aligned = (reinterpret_cast<uintptr_t>(a.X) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0;
+  const bool stream_fits = a.n >= kMhcStreamMinTokens && aligned && a.n * kHc * a.d < (int64_t{1} << 32);
+  if (stream_fits && !a.legacy_stream && !a.stream_c32 && stream64_supported(a)) {  // the s8 kernel (default)
+    const Stream64Plan sp = stream64_plan(a.n, a.d, a.stream_blocks);
+    if (ws.partial_floats >= sp.splits * a.n * kSlot) {
+      CEDAR_RETURN_IF_ERROR(launch_stream64(a, sp, ws.partials, stream));
+      return launch_stream_finish(a, ws.partials, sp.splits, stream);
+    }
+  }
   const StreamPlan sp = stream_plan(a.n, a.d, a.stream_blocks);
-  if (a.n >= kMhcStreamMinTokens && ws.partial_floats >= sp.splits * a.n * kSlot && aligned &&
-      a.n * kHc * a.d < (int64_t{1} << 32)) {  // the streaming kernel's 16-byte copies, 32-bit offsets
+  if (stream_fits && ws.partial_floats >= sp.splits * a.n * kSlot) {  // 16-byte copies, 32-bit offsets
     if (sp.tiles > 0x7FFFFFFF || sp.splits > 65535)
       return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large");
     const size_t smem = a.legacy_stream ? stream_smem_bytes() : stream_tc_smem_bytes();
@@ -821,9 +830,7 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
     CEDAR_RETURN_IF_ERROR(launch(kernel, dim3(static_cast<unsigned>(sp.tiles), static_cast<unsigned>(sp.splits)),
                                  kStThreads, smem, pdl, stream, p,
                                  a.legacy_stream ? "mhc_stream_kernel" : "mhc_stream_tc_kernel"));
-    const auto grid = static_cast<unsigned>((a.n + 7) / 8);
-    mhc_stream_finish_kernel<<<grid, 256, 0, stream>>>(a, ws.partials, static_cast<int>(sp.splits));
-    return launch_status("mhc_stream_finish_kernel");
+    return launch_stream_finish(a, ws.partials, sp.splits, stream);
   }
   const int64_t tiles = (a.n + kMaxTokens - 1) / kMaxTokens;
   const auto G = static_cast<unsigned>(decode_blocks(a.d));

@@ -29,6 +29,15 @@ inline MhcFusedArgs resolve_strides(const MhcFusedArgs& a) {
   return r;
 }
 
+// Entry r of a token's mix row as the streaming / decode kernels stage it: post[4], comb[16],
+// collapse_w[4] (kCoef floats); absent inputs (no expand: no y; no collapse weights) are zeros.
+constexpr int kCoef = 2 * kHc + kHc * kHc + kHc;
+__device__ __forceinline__ float mix_coefficient(const MhcFusedArgs& a, int64_t tok, int r) {
+  if (r < kHc) return a.y ? a.post[tok * a.post_stride + r] : 0.0f;
+  if (r < kHc + kHc * kHc) return a.y ? a.comb[tok * a.comb_stride + (r - kHc)] : 0.0f;
+  return a.collapse_w ? a.collapse_w[tok * a.collapse_w_stride + (r - kHc - kHc * kHc)] : 0.0f;
+}
+
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // X'_k = bf16(post_k·y + Σ_j comb[j,k]·X_j), the Σ in stream order, no contraction (hc_expand).
@@ -52,12 +61,41 @@ __device__ __forceinline__ float collapse_channel(const float (&v)[kHc], const f
   return detail::round_bf16(acc);
 }
 
+// __frcp_rn without its out-of-line slow path: MUFU.RCP + one FMA Newton step (the fast path of rcp.rn),
+// valid (correctly rounded) for normal |x| well inside the exponent range. __frcp_rn's range check and
+// call per reciprocal serialize the 4 independent reciprocals of a Sinkhorn half-step (~0.4 µs per
+// iteration measured); here one check covers all 4 and the rare out-of-range case takes __frcp_rn.
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ bool rcp_fast_range(float x) {
+  const float ax = fabsf(x);
+  return ax > 0x1p-100f && ax < 0x1p100f;
+}
+__device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[kHc]) {
+  if (rcp_fast_range(s[0]) && rcp_fast_range(s[1]) && rcp_fast_range(s[2]) && rcp_fast_range(s[3])) {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) {
+      const float r0 = rcp_approx_ftz(s[k]);
+      r[k] = __fmaf_rn(r0, __fmaf_rn(-s[k], r0, 1.0f), r0);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) r[k] = __frcp_rn(s[k]);
+  }
+}
+
 // The coefficients of one token by one thread, all in registers (hc_mix's op order, model/mhc.cpp):
 // m = dot·rstd, pre = sigmoid(m·s0 + b) + eps, post = 2·sigmoid(m·s1 + b), comb = row softmax + eps,
 // then the Sinkhorn (column first and last). The normalizations multiply by a correctly rounded
 // reciprocal of (Σ + eps) instead of dividing (<= 1 ulp from the CPU's quotient, contracted by the
 // next normalization): 4 reciprocals and 16 multiplications per half-step, the 20 iterations' serial
 // chain ~1 µs. out: the mix row (pre[4], post[4], comb[16]).
+// kFastRcp: the Sinkhorn's 4 reciprocals of a half-step by reciprocals4 (one range check for all 4; the
+// same bits as __frcp_rn, whose fast path is the same MUFU.RCP + FMA step): no call per reciprocal.
+template <bool kFastRcp = false>
 __device__ __forceinline__ void finish_mix(const float (&m)[kSlot], const MhcFusedArgs& a, float* out) {
   const float width = static_cast<float>(kHc * a.d);
   const float rstd = 1.0f / sqrtf(m[kMix] / width + a.norm_eps);
@@ -86,50 +124,49 @@ __device__ __forceinline__ void finish_mix(const float (&m)[kSlot], const MhcFus
 #pragma unroll 1
   for (int64_t it = 0; it < a.sinkhorn_iters; ++it) {
     if (it > 0) {  // rows (the first normalization is a column one)
+      if constexpr (kFastRcp) {
+        float sm[kHc], r[kHc];
 #pragma unroll
-      for (int j = 0; j < kHc; ++j) {
-        const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]), eps));
+        for (int j = 0; j < kHc; ++j)
+          sm[j] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]), eps);
+        reciprocals4(sm, r);
 #pragma unroll
-        for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r);
+        for (int j = 0; j < kHc; ++j)
+#pragma unroll
+          for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kHc; ++j) {
+          const float r =
+              __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[j][0], c[j][1]), c[j][2]), c[j][3]), eps));
+#pragma unroll
+          for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r);
+        }
       }
     }
+    if constexpr (kFastRcp) {
+      float sm[kHc], r[kHc];
 #pragma unroll
-    for (int k = 0; k < kHc; ++k) {
-      const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps));
+      for (int k = 0; k < kHc; ++k)
+        sm[k] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps);
+      reciprocals4(sm, r);
 #pragma unroll
-      for (int j = 0; j < kHc; ++j) c[j][k] = __fmul_rn(c[j][k], r);
+      for (int j = 0; j < kHc; ++j)
+#pragma unroll
+        for (int k = 0; k < kHc; ++k) c[j][k] = __fmul_rn(c[j][k], r[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kHc; ++k) {
+        const float r = __frcp_rn(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[0][k], c[1][k]), c[2][k]), c[3][k]), eps));
+#pragma unroll
+        for (int j = 0; j < kHc; ++j) c[j][k] = __fmul_rn(c[j][k], r);
+      }
     }
   }
 #pragma unroll
   for (int j = 0; j < kHc; ++j)
 #pragma unroll
     for (int k = 0; k < kHc; ++k) out[2 * kHc + j * kHc + k] = c[j][k];
-}
-
-// __frcp_rn without its out-of-line slow path: MUFU.RCP + one FMA Newton step (the fast path of rcp.rn),
-// valid (correctly rounded) for normal |x| well inside the exponent range. __frcp_rn's range check and
-// call per reciprocal serialize the 4 independent reciprocals of a Sinkhorn half-step (~0.4 µs per
-// iteration measured); here one check covers all 4 and the rare out-of-range case takes __frcp_rn.
-__device__ __forceinline__ float rcp_approx_ftz(float x) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ bool rcp_fast_range(float x) {
-  const float ax = fabsf(x);
-  return ax > 0x1p-100f && ax < 0x1p100f;
-}
-__device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[kHc]) {
-  if (rcp_fast_range(s[0]) && rcp_fast_range(s[1]) && rcp_fast_range(s[2]) && rcp_fast_range(s[3])) {
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) {
-      const float r0 = rcp_approx_ftz(s[k]);
-      r[k] = __fmaf_rn(r0, __fmaf_rn(-s[k], r0, 1.0f), r0);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kHc; ++k) r[k] = __frcp_rn(s[k]);
-  }
 }
 
 // The coefficients of one token by one warp (finish_mix's arithmetic, op for op): lane l < 24 maps
@@ -272,5 +309,23 @@ __device__ __forceinline__ void norm_row(const float* xr, const float* weight, i
 // normed = rms_norm(collapsed) for a.n <= kMhcNormFuseMaxTokens rows, fn unused. a: strides resolved,
 // a.normed and a.collapse_w set; counter: MhcWorkspace::norm_counter (zero; re-armed by the kernel).
 Status launch_expand_collapse_norm(const MhcFusedArgs& a, unsigned* counter, cudaStream_t stream);
+
+// ---- the streaming (prefill) path in 64-channel chunks (mhc_stream_c64.cu, s8-mhcstream) -----------
+
+constexpr int kC64Tokens = 32;    // tokens per tile
+constexpr int kC64Channels = 64;  // channels per chunk: 256-byte runs per (token, stream) row
+struct Stream64Plan {
+  int64_t tiles = 0, splits = 0, chunks_per_split = 0;
+};
+// d % 64 == 0, X / y / fn 16-byte and X_out / collapsed 8-byte aligned (the caller checks n, the
+// 32-bit offsets and the workspace).
+bool stream64_supported(const MhcFusedArgs& a);
+// Channel splits for about `target` blocks (<= 0: the default, 6 blocks per SM from 128 tiles on, else 4).
+Stream64Plan stream64_plan(int64_t n, int64_t d, int64_t target);
+// mhc_stream_c64_kernel: partials[split][n][kSlot] for the plan's splits (a: strides resolved).
+Status launch_stream64(const MhcFusedArgs& a, const Stream64Plan& plan, float* partials, cudaStream_t stream);
+// The splits' partials of every token summed (mhc_stream_finish_kernel's order) and the coefficients by
+// one lane per token (finish_mix<true>: the same bits as the serial finish kernel).
+Status launch_stream_finish_lanes(const MhcFusedArgs& a, const float* partials, int64_t splits, cudaStream_t stream);
 
 }  // namespace cedar::cuda::mhc_detail

@@ -107,8 +107,13 @@ struct GpuRun {
 
 // Runs one site on the GPU: mix rows in place (strided, mix_stride = 24) or copied to packed arrays;
 // mix_out written with stride `mix_stride` (the gaps must stay untouched).
+// Which streaming kernel and finish kernel run (MhcFusedArgs::legacy_stream / stream_c32 /
+// stream_serial_finish); the default is the s8 path (64-channel chunks, one lane per token's finish).
+struct StreamKind {
+  bool legacy = false, c32 = false, serial_finish = false;
+};
 GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bool in_place, Ws ws_kind, bool strided,
-                int64_t mix_stride = 0, bool pdl = false, bool legacy_stream = false) {
+                int64_t mix_stride = 0, bool pdl = false, bool legacy_stream = false, StreamKind kind = {}) {
   const int64_t n = s.n, d = s.d, ms = mix_stride ? mix_stride : kMix;
   std::vector<float> post(n * 4), comb(n * 16), cw(n * 4);
   for (int64_t t = 0; t < n; ++t) {
@@ -143,7 +148,9 @@ GpuRun gpu_site(const Site& s, bool expand, bool collapse, bool coefficients, bo
   if (strided) a.post_stride = a.comb_stride = a.collapse_w_stride = kMix;
   a.mix_stride = mix_stride;
   a.programmatic_launch = pdl;
-  a.legacy_stream = legacy_stream;
+  a.legacy_stream = legacy_stream || kind.legacy;
+  a.stream_c32 = kind.c32;
+  a.stream_serial_finish = kind.serial_finish;
   MhcWorkspace ws{dpart.get(), dcnt.get()};
   if (ws_kind == Ws::Sized) {
     ws.partial_floats = floats;
@@ -242,7 +249,8 @@ TEST(CudaMhcPaths, StreamTensorCoresMatchTheFmaKernelAndTheCpu) {
     }
     const std::string tag = " n=" + std::to_string(c.n) + " d=" + std::to_string(c.d) + (c.expand ? "" : " no-expand") +
                             (c.fp32_x ? " fp32 X" : "");
-    const GpuRun tc = gpu_site(s, c.expand, true, true, false, Ws::Sized, false);
+    const GpuRun tc = gpu_site(s, c.expand, true, true, false, Ws::Sized, false, 0, false, false,
+                               StreamKind{.c32 = true, .serial_finish = true});  // the s6 tensor-core path
     const GpuRun fma = gpu_site(s, c.expand, true, true, false, Ws::Sized, false, 0, false, true);
     if (c.expand) {
       EXPECT_TRUE(parity("mhc stream tensor vs fma kernel: X" + tag, tc.X_out, fma.X_out, kExact));
@@ -270,6 +278,67 @@ TEST(CudaMhcPaths, StreamTensorCoresMatchTheFmaKernelAndTheCpu) {
     EXPECT_TRUE(parity("mhc stream tensor vs fma kernel: mix" + tag, tc.mix, fma.mix, kCoeff));
     std::printf("mhc stream tensor vs fma kernel%s: %zu of %zu mix values differ in their bits\n", tag.c_str(),
                 bits_differ(tc.mix, fma.mix), tc.mix.size());
+  }
+}
+
+// The s8 streaming kernel (mhc_stream_c64_kernel: 32-token tiles, 64-channel chunks, in-place X_new, fn
+// fragments from L2) against today's s6 path (stream_c32 + stream_serial_finish): X_out / collapsed bit
+// for bit (the same expand / collapse arithmetic), the mix rows within kCoeff of the CPU oracle (another
+// blocked order of the sums). And the one-lane-per-token finish against the serial one behind the same
+// c32 kernel: the same bits (the same sums in the same order; reciprocals4 == __frcp_rn in range).
+// Cases as StreamTensorCoresMatchTheFmaKernelAndTheCpu plus ragged tails (n % 32 != 0 and n % 64 != 0)
+// and many splits of one chunk (d = 1024 at n = 130: 16 splits); parity prints the first mismatch.
+TEST(CudaMhcPaths, StreamC64MatchesTheC32KernelAndTheCpu) {
+  CEDAR_REQUIRE_GPU();
+  struct Case {
+    int64_t n, d;
+    bool expand, fp32_x, in_place;
+    int64_t sample;  // the CPU checks tokens t % sample == 0
+  };
+  for (const Case c : {Case{8192, 5120, true, false, false, 16}, Case{2048, 5120, true, false, true, 1},
+                       Case{333, 5120, true, false, false, 1}, Case{130, 1024, true, false, true, 1},
+                       Case{1000, 1024, false, true, false, 1}, Case{4096, 5120, false, true, false, 8},
+                       Case{161, 5120, false, false, false, 1}}) {
+    Site s = make_site(c.n, c.d, 171 + static_cast<uint32_t>(c.n));
+    if (c.fp32_x) {
+      std::mt19937 rng(9 + static_cast<uint32_t>(c.n));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (auto& v : s.X) v = nd(rng);
+    }
+    const std::string tag = " n=" + std::to_string(c.n) + " d=" + std::to_string(c.d) + (c.expand ? "" : " no-expand") +
+                            (c.fp32_x ? " fp32 X" : "") + (c.in_place ? " in place" : "");
+    const GpuRun c64 = gpu_site(s, c.expand, true, true, c.in_place, Ws::Sized, true);
+    const GpuRun c32 = gpu_site(s, c.expand, true, true, c.in_place, Ws::Sized, true, 0, false, false,
+                                StreamKind{.c32 = true, .serial_finish = true});
+    const GpuRun c32_lanes =
+        gpu_site(s, c.expand, true, true, c.in_place, Ws::Sized, true, 0, false, false, StreamKind{.c32 = true});
+    if (c.expand) {
+      EXPECT_TRUE(parity("mhc stream c64 vs c32: X" + tag, c64.X_out, c32.X_out, kExact));
+    }
+    EXPECT_TRUE(parity("mhc stream c64 vs c32: collapsed" + tag, c64.collapsed, c32.collapsed, kExact));
+    EXPECT_EQ(bits_differ(c32_lanes.mix, c32.mix), 0u) << "lane finish vs serial finish" << tag;
+    EXPECT_TRUE(parity("mhc stream lane vs serial finish: mix" + tag, c32_lanes.mix, c32.mix, kExact));
+    Site sub;
+    sub.d = s.d;
+    sub.fn = s.fn;
+    sub.base = s.base;
+    sub.scale = s.scale;
+    const int64_t width = kHc * s.d;
+    std::vector<float> c64_mix, c32_mix;
+    for (int64_t t = 0; t < s.n; t += c.sample) {
+      ++sub.n;
+      sub.X.insert(sub.X.end(), s.X.begin() + t * width, s.X.begin() + (t + 1) * width);
+      sub.y.insert(sub.y.end(), s.y.begin() + t * s.d, s.y.begin() + (t + 1) * s.d);
+      sub.prev_mix.insert(sub.prev_mix.end(), s.prev_mix.begin() + t * kMix, s.prev_mix.begin() + (t + 1) * kMix);
+      c64_mix.insert(c64_mix.end(), c64.mix.begin() + t * kMix, c64.mix.begin() + (t + 1) * kMix);
+      c32_mix.insert(c32_mix.end(), c32.mix.begin() + t * kMix, c32.mix.begin() + (t + 1) * kMix);
+    }
+    const Want w = cpu_site(sub, c.expand, true, true);
+    EXPECT_TRUE(parity("mhc stream c64 kernel vs cpu: mix" + tag, c64_mix, w.mix, kCoeff));
+    EXPECT_TRUE(parity("mhc stream c32 kernel vs cpu: mix" + tag, c32_mix, w.mix, kCoeff));
+    EXPECT_TRUE(parity("mhc stream c64 vs c32 kernel: mix" + tag, c64.mix, c32.mix, kCoeff));
+    std::printf("mhc stream c64 vs c32 kernel%s: %zu of %zu mix values differ in their bits\n", tag.c_str(),
+                bits_differ(c64.mix, c32.mix), c64.mix.size());
   }
 }
 
