@@ -135,7 +135,8 @@ TEST(CudaGemvGrouped, RowStridesEqualContiguousItems) {
   constexpr int64_t groups = 3, out = 64, in = 256, n = 5;
   const QuantWeightHost w = testing::random_fp8_weight(groups * out, in, 32, 71, 112);
   const auto x = testing::random_acts(static_cast<size_t>(n * groups * in), 72);
-  auto dw = upload(w.data), ds = upload(w.scales), dx = upload(x);
+  auto dw = upload(w.data), ds = upload(w.scales);
+  auto dx = upload(x);
   auto codes = alloc<uint16_t>(x.size());
   auto ascales = alloc<float>(x.size() / 32);
   ASSERT_TRUE(quantize_act_fp8(dx.get(), n, groups * in, codes.get(), ascales.get(), nullptr).ok());
@@ -217,7 +218,8 @@ void check(const Case& c) {
       if (b % 7 == 2) x[b * 32 + b % 32] = round_to_bf16(x[b * 32 + b % 32] * 0x1p40f);
     }
   }
-  auto dw = upload(w.data), ds = upload(w.scales), dx = upload(x);
+  auto dw = upload(w.data), ds = upload(w.scales);
+  auto dx = upload(x);
   const QuantWeightView view{QuantWeightFormat::FP8Block, rows, c.in, dw.get(), ds.get(), c.block, c.block};
   auto codes = alloc<uint16_t>(x.size());
   auto scales = alloc<float>(x.size() / 32);
