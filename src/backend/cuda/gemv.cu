@@ -721,6 +721,7 @@ Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, con
 
 // Exposed to catalog.cu for the loadability check.
 const void* quantize_act_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&quantize_act_fp8_kernel); }
+const void* stage_act_f16_kernel_ptr() { return reinterpret_cast<const void*>(&stage_act_f16_kernel); }
 const void* gemv_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<false>); }
 const void* gemv_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<true>); }
 const void* gemv_items_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_items_kernel<false>); }
