@@ -812,7 +812,8 @@ void bench_attn_input(double copy_gbps, cudaStream_t stream, std::vector<Row>& r
 
 // wo_a (8 groups of [1024, 4096] over o's slices): gemv_bf16 on the BF16 weight (67 MB, the reference's
 // dequantized values) next to the same GEMV reading the weight as stored (FP8 + UE8M0 32×32: 34 MB),
-// dequantized in registers — the same results bit for bit.
+// dequantized in registers — the same results bit for bit; at n <= 8 also the staged FP8 GEMV
+// (stage_act_f16 + gemv_fp8_staged: the same exact products, summed per 32-block).
 void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   constexpr int64_t groups = 8, out = 1024, in = 4096, total = groups * out;
   const size_t w8 = total * in, s8 = (total / 32) * (in / 32), w16 = 2 * w8;
@@ -862,6 +863,49 @@ void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
         rows.push_back(make_row(fast ? "gemv_fp8w_fast_pdl wo_a" : "gemv_fp8w_pdl wo_a", "8x1024x4096 fp8", n, us,
                                 w8 + s8 + act, copy_gbps));
     }
+    if (n > 8) continue;
+    // paths.wo_a_f16 (s8-woa16): o staged as exact f16 blocks (stage_act_f16) + the FP8 grouped GEMV
+    // (gemv_fp8_staged, two launches), and the GEMV alone on already staged codes — the model's decode
+    // path at n <= 8. Bytes as above (the staging's own codes round trip is not counted).
+    auto codes = must(DeviceBuffer<uint16_t>::allocate(n * groups * in));
+    auto cscales = must(DeviceBuffer<float>::allocate(n * groups * in / 32));
+    auto staged = [&](int c) {
+      StagedGemvArgs a;
+      a.w = QuantWeightView{QuantWeightFormat::FP8Block, total, in, wfp8.get() + c * w8, sfp8.get() + c * s8, 32, 32};
+      a.groups = groups;
+      a.x = x.get();
+      a.y = y.get();
+      a.n = n;
+      a.codes = codes.get();
+      a.scales = cscales.get();
+      a.capacity_values = n * groups * in;
+      a.programmatic_launch = true;
+      return a;
+    };
+    us = try_time_graph_us(stream, copies8, [&](int c) { return gemv_fp8_staged(staged(c), stream); });
+    if (us > 0)
+      rows.push_back(make_row("stage_f16+gemv_fp8_pdl wo_a", "8x1024x4096 fp8", n, us, w8 + s8 + act, copy_gbps));
+    must(stage_act_f16(x.get(), n, groups * in, codes.get(), cscales.get(), stream));
+    us = try_time_graph_us(stream, copies8, [&](int c) {
+      const StagedGemvArgs a = staged(c);
+      std::vector<GemvGroupItem> items(groups);
+      for (int64_t g = 0; g < groups; ++g)
+        items[g] = GemvGroupItem{a.w.data + g * out * in, a.w.scales + g * (out / 32) * (in / 32),
+                                 codes.get() + g * in,    cscales.get() + g * in / 32,
+                                 y.get() + g * out,       groups * in,
+                                 groups * in / 32,        groups * out};
+      const QuantWeightView shape{QuantWeightFormat::FP8Block, out, in, nullptr, nullptr, 32, 32};
+      return gemv_quantized_grouped(shape, items.data(), groups, n, true, stream, {}, true);
+    });
+    if (us > 0)
+      rows.push_back(make_row("gemv_fp8_f16act_pdl wo_a", "8x1024x4096 fp8 (staged)", n, us,
+                              w8 + s8 + n * groups * in * (2.0 + 4.0 / 32) + 4.0 * n * total, copy_gbps));
+    us = try_time_graph_us(stream, copies8, [&](int) {
+      return stage_act_f16(x.get(), n, groups * in, codes.get(), cscales.get(), stream, true);
+    });
+    if (us > 0)
+      rows.push_back(
+          make_row("stage_act_f16_pdl wo_a", "8x4096", n, us, n * groups * in * (4.0 + 2.0 + 4.0 / 32), copy_gbps));
   }
 }
 

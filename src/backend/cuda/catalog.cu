@@ -10,6 +10,7 @@ namespace cedar::cuda {
 
 // Defined next to each kernel (their symbols stay file-local there).
 const void* quantize_act_fp8_kernel_ptr();
+const void* stage_act_f16_kernel_ptr();
 const void* gemv_fp8_kernel_ptr();
 const void* gemv_mxfp4_kernel_ptr();
 const void* mhc_fused_kernel_ptr();
@@ -31,6 +32,8 @@ struct Entry {
 const Entry kEntries[] = {
     {"rms_norm", "RMSNorm, bf16 output", rms_norm_kernel_ptr},
     {"quantize_act_fp8", "FP8 e4m3 activation quantization, 32-blocks, UE8M0 scales", quantize_act_fp8_kernel_ptr},
+    {"stage_act_f16", "bf16 activations as exact f16 codes, power-of-two scale per 32-block (wo_a GEMV)",
+     stage_act_f16_kernel_ptr},
     {"gemv_fp8_block", "FP8 block-scaled GEMV, <=8 tokens/tile, exact f16 HMMA, split-K, grouped", gemv_fp8_kernel_ptr},
     {"gemv_mxfp4", "MXFP4 expert GEMV: e2m1 dequantized in registers (exact), f16 HMMA, grouped", gemv_mxfp4_kernel_ptr},
     {"mhc_fused", "fused single-pass mHC: expand + collapse + coefficients + Sinkhorn", mhc_fused_kernel_ptr},

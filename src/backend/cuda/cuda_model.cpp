@@ -136,7 +136,8 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.e0 = k.take<float>("activations", R * hc);
   w.final_pre = k.take<float>("activations", R * hc);
   const int64_t max_in = std::max({d, c.q_lora_rank, og * ol, inter, engram_in(c)});
-  w.act_capacity = R * max_in;
+  // paths.wo_a_f16 stages o [rows <= kGemvMaxRows, H·hd] in act_b (cuda_model_layers.cpp dense()).
+  w.act_capacity = std::max(R * max_in, std::min(R, kGemvMaxRows) * H * hd);
   w.act_a = k.take<uint16_t>("activations", w.act_capacity);
   w.act_a_scales = k.take<float>("activations", w.act_capacity / 32 + 1);
   w.act_b = k.take<uint16_t>("activations", w.act_capacity);
@@ -347,6 +348,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.mhc_split = false;
   p.mhc_split_norm = false;
   p.engram_ahead = false;
+  p.wo_a_f16 = false;
   return p;
 }
 
@@ -371,6 +373,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"mhc_split", &p.mhc_split, nullptr},
           {"mhc_split_norm", &p.mhc_split_norm, nullptr},
           {"engram_ahead", &p.engram_ahead, nullptr},
+          {"wo_a_f16", &p.wo_a_f16, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

@@ -97,6 +97,11 @@ struct CudaKernelPaths {
   // joined right before its engram_update — off the critical path between the layers. Same kernels and
   // inputs (own codes, kv and split-K buffers), so the same bits.
   bool engram_ahead = true;
+  // Decode (<= kGemvMaxRows rows) with wo_a as stored and fp8_fast: o staged as exact f16 blocks with
+  // power-of-two scales (stage_act_f16) + the FP8 grouped GEMV over the groups (gemv_fp8_staged) instead
+  // of gemv_bf16's in-register bf16 dequantization. Not bit-identical (the fp32 sums run per 32-block,
+  // then scaled); the products are the same exact values, so the CPU oracle's bounds apply.
+  bool wo_a_f16 = true;
   static CudaKernelPaths legacy();
 };
 
@@ -186,6 +191,9 @@ class CudaModel {
   // drops the captured decode graphs.
   void set_paths(const CudaKernelPaths& p);
   bool wo_a_fp8() const;  // wo_a is on the device as FP8
+  // Tests: calls of n rows run every layer's wo_a through gemv_fp8_staged (paths.wo_a_f16, the weight FP8
+  // and fp8_fast, whole scale blocks per group, n <= kGemvMaxRows, the workspace large enough).
+  bool wo_a_f16_active(int64_t n) const;
   const CudaModelOptions& options() const { return options_; }
   // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /
   // ffn_out / engram_out / out, final_norm is not produced) through `sink` (downloads: slow). Empty: off.
@@ -277,6 +285,8 @@ class CudaModel {
   // BF16 weights (groups of one shape as in gemv_bf16): gemv_bf16, or cuBLASLt for large calls.
   struct DenseCall;
   Status dense(const DenseCall& c);
+  // paths.wo_a_f16 takes this FP8 grouped weight for a call of n rows (gemv_fp8_staged's conditions).
+  bool staged_wo_a(const DeviceMatrix& w, int64_t n, int64_t groups, int64_t out, int64_t in) const;
   Status mhc(const void* args_ptr, const Rows& r);
   Status site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight);  // mhc + the site's input norm
   // paths.mhc_split: the coefficients of a site on the coefficient stream (after the critical kernels),

@@ -130,6 +130,21 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
   return st;
 }
 
+bool CudaModel::staged_wo_a(const DeviceMatrix& w, int64_t n, int64_t groups, int64_t out, int64_t in) const {
+  return options_.paths.wo_a_f16 && w.format == DeviceFormat::Fp8Block && w.fp8_fast && n >= 1 && n <= kGemvMaxRows &&
+         groups >= 1 && out >= 1 && w.out == groups * out && w.block_out > 0 && out % w.block_out == 0 && w.in == in &&
+         in % 32 == 0 && n * groups * in <= ws_->act_capacity;
+}
+
+bool CudaModel::wo_a_f16_active(int64_t n) const {
+  const ModelConfig& c = config();
+  const int64_t in = c.num_attention_heads * c.head_dim / std::max<int64_t>(c.o_groups, 1);
+  if (weights_.layers().empty()) return false;
+  for (const DeviceLayer& L : weights_.layers())
+    if (!staged_wo_a(L.wo_a, n, c.o_groups, c.o_lora_rank, in)) return false;
+  return true;
+}
+
 Status CudaModel::dense(const DenseCall& c) {
   const DeviceMatrix& w = *c.w;
   Workspace& ws = *ws_;
@@ -166,6 +181,22 @@ Status CudaModel::dense(const DenseCall& c) {
     return st;
   }
   if (f32) return make_error("dense: F32 weights need cuBLASLt (" + tables_->blas_error + ")");
+  if (fp8 && staged_wo_a(w, c.n, c.groups, c.out, c.in)) {
+    // paths.wo_a_f16: x staged as exact f16 blocks (act_b: qr's codes are dead once attention ran, and
+    // wo_b's input goes to act_a) + the FP8 grouped GEMV; the same exact products as gemv_bf16.
+    StagedGemvArgs a;
+    a.w = w.quant();
+    a.groups = c.groups;
+    a.x = c.x;
+    a.y = c.y;
+    a.n = c.n;
+    a.bf16_output = c.bf16_output;
+    a.codes = ws.act_b;
+    a.scales = ws.act_b_scales;
+    a.capacity_values = ws.act_capacity;
+    a.programmatic_launch = pdl();
+    return gemv_fp8_staged(a, cs(), splitk());
+  }
   Bf16GemvArgs a;
   if (fp8) {  // dequantized in registers: bit-identical to gemv_bf16 on the BF16 values
     a.w_fp8 = w.data;

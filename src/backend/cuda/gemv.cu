@@ -16,12 +16,16 @@
 // (dequant to bf16 and a bf16 MMA: 2× the conversion work and bf16 activations that lose the FP8
 // quantization the reference applies; or a CUDA-core FMA loop: compute-bound at ~1/3 of HBM speed)
 // are slower and no more exact. The even/odd nibble split is undone with two byte permutes.
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/f16_stage.h"
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -83,6 +87,26 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_x4_kernel(cons
       if ((threadIdx.x & 7) == 0) scales[q >> 3] = s;
     }
   }
+}
+
+// stage_act_f16 (kernels.h, f16_stage.h): one warp per 32-value block, as quantize_act_fp8_kernel.
+__global__ void __launch_bounds__(kQuantThreads) stage_act_f16_kernel(const float* x, int64_t n_blocks,
+                                                                      uint16_t* codes, float* scales) {
+  detail::pdl_launch_dependents();
+  detail::pdl_wait();
+  const int64_t blk = (static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (blk >= n_blocks) return;  // whole warps exit together
+  const float v = detail::round_bf16(x[blk * 32 + lane]);  // gemv_bf16's operand (pack_bf16x2: RNE)
+  const float a = fabsf(v);
+  const float amax = detail::warp_max(isfinite(a) ? a : 0.0f);  // the finite values' amax
+  const int j = f16_stage_exponent(__float_as_uint(amax));
+  const F16StageFactors f = f16_stage_factors(j);
+  // (v·2^a)·2^b = v·2^−J: exact in fp32 wherever the f16 result is (f16_stage_factors), then one RNE.
+  const float scaled =
+      __fmul_rn(__fmul_rn(v, __uint_as_float(f16_stage_pow2_bits(f.a))), __uint_as_float(f16_stage_pow2_bits(f.b)));
+  codes[blk * 32 + lane] = __half_as_ushort(__float2half_rn(scaled));
+  if (lane == 0) scales[blk] = __uint_as_float(f16_stage_pow2_bits(j));
 }
 
 struct GemvParams {
@@ -204,10 +228,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
   const uint8_t* s_lo = op.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
   const uint8_t* s_hi = kFp4 ? op.w_scales + r_hi * n_kb : s_lo;
-  const uint16_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * p.in + t * 8;  // B operand: token g
+  const uint16_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * op.act_stride + t * 8;  // B operand: token g
   const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
-  const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * n_kb;
-  const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * n_kb;
+  const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * op.scale_stride;
+  const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * op.scale_stride;
 
   detail::pdl_launch_dependents();
   {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
@@ -261,7 +285,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
       for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
     if (threadIdx.x == 0) split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
   }
-  if (writer) op.y[tok * out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
+  if (writer)
+    op.y[static_cast<int64_t>(tok) * op.y_stride + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
 }
 
 // gemv_quantized_kernel over a device item table (DeviceGemvItem): the same tile computation (same K
@@ -395,6 +420,41 @@ int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
   return choose_ksplit_tiles(w, (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count);
 }
 
+// An item's token row strides (GemvGroupItem: 0 = contiguous), checked: the codes' rows stay 16-byte
+// aligned (the kernel's uint4 loads) and no two tokens' rows overlap in y.
+Status check_item_strides(const GemvGroupItem& it, int64_t in, int64_t out, int64_t i, const char* who) {
+  auto fail = [&](const std::string& what) {
+    return make_error(std::string(who) + ": item " + std::to_string(i) + " " + what);
+  };
+  if (it.act_row_stride < 0 || it.act_scale_row_stride < 0 || it.y_row_stride < 0)
+    return fail("has a negative row stride");
+  if (it.act_row_stride != 0 && (it.act_row_stride < in || it.act_row_stride % 8 != 0))
+    return fail("act_row_stride=" + std::to_string(it.act_row_stride) + " (>= in=" + std::to_string(in) +
+                " and a multiple of 8 codes)");
+  if (it.act_scale_row_stride != 0 && it.act_scale_row_stride < in / 32)
+    return fail("act_scale_row_stride=" + std::to_string(it.act_scale_row_stride) +
+                " (>= in/32=" + std::to_string(in / 32) + ")");
+  if (it.y_row_stride != 0 && it.y_row_stride < out)
+    return fail("y_row_stride=" + std::to_string(it.y_row_stride) + " (>= out=" + std::to_string(out) + ")");
+  constexpr int64_t kMaxStride = 0x7FFFFFFF;  // the kernel keeps strides in 32 bits
+  if (it.act_row_stride > kMaxStride || it.act_scale_row_stride > kMaxStride || it.y_row_stride > kMaxStride ||
+      in > kMaxStride || out > kMaxStride)
+    return fail("row strides must be below 2^31 elements");
+  return Status::Ok();
+}
+
+// The kernel operands of item `it` for the token tile starting at t0 (strides resolved).
+GemvOperands tile_operands(const GemvGroupItem& it, int64_t in, int64_t out, int64_t t0, int64_t op_out) {
+  const int64_t as = it.act_row_stride ? it.act_row_stride : in;
+  const int64_t ss = it.act_scale_row_stride ? it.act_scale_row_stride : in / 32;
+  const int64_t ys = it.y_row_stride ? it.y_row_stride : out;
+  GemvOperands o{it.data, it.scales, it.act_codes + t0 * as, it.act_scales + t0 * ss, it.y + t0 * ys, op_out};
+  o.act_stride = static_cast<int32_t>(as);
+  o.scale_stride = static_cast<int32_t>(ss);
+  o.y_stride = static_cast<int32_t>(ys);
+  return o;
+}
+
 }  // namespace
 
 Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream,
@@ -415,6 +475,61 @@ Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, 
                        programmatic_launch, "quantize_act_fp8_kernel", x, n_blocks, codes, scales);
 }
 
+Status stage_act_f16(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream,
+                     bool programmatic_launch) {
+  if (n < 0 || in <= 0 || in % 32 != 0)
+    return make_error("cuda::stage_act_f16: n=" + std::to_string(n) + ", in=" + std::to_string(in) +
+                      " (in must be a positive multiple of 32)");
+  const int64_t n_blocks = n * in / 32;
+  if (n_blocks == 0) return Status::Ok();
+  if (x == nullptr || codes == nullptr || scales == nullptr)
+    return make_error("cuda::stage_act_f16: x, codes and scales are required");
+  const int64_t grid = (n_blocks * 32 + kQuantThreads - 1) / kQuantThreads;
+  if (grid > 0x7FFFFFFF) return make_error("cuda::stage_act_f16: n·in=" + std::to_string(n * in) + " is too large");
+  return launch_kernel(stage_act_f16_kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
+                       programmatic_launch, "stage_act_f16_kernel", x, n_blocks, codes, scales);
+}
+
+Status gemv_fp8_staged(const StagedGemvArgs& a, cudaStream_t stream, const SplitKWorkspace& splitk) {
+  const QuantWeightView& w = a.w;
+  const std::string shape =
+      "[" + std::to_string(w.out) + ", " + std::to_string(w.in) + "] in " + std::to_string(a.groups) + " groups";
+  auto fail = [&](const std::string& what) { return make_error("cuda::gemv_fp8_staged " + shape + ": " + what); };
+  if (w.format != QuantWeightFormat::FP8Block) return fail("the weight must be FP8Block");
+  if (a.groups < 1 || w.out % a.groups != 0) return fail("groups must divide out");
+  const int64_t out = w.out / a.groups, in = w.in;
+  if (w.block_out <= 0 || out % w.block_out != 0)
+    return fail("block_out=" + std::to_string(w.block_out) + " must divide the group's out=" + std::to_string(out));
+  CEDAR_RETURN_IF_ERROR(check_weight(w));
+  if (a.n < 0) return fail("n=" + std::to_string(a.n));
+  if (a.n == 0) return Status::Ok();
+  if (a.x == nullptr || a.y == nullptr) return fail("x and y are required");
+  const int64_t values = a.n * a.groups * in;
+  if (a.codes == nullptr || a.scales == nullptr || a.capacity_values < values)
+    return fail("workspace holds " + std::to_string(a.capacity_values) + " values, need " + std::to_string(values));
+  if (reinterpret_cast<uintptr_t>(a.codes) % 16 != 0 || reinterpret_cast<uintptr_t>(a.scales) % 4 != 0)
+    return fail("workspace codes must be 16-byte and scales 4-byte aligned");
+  CEDAR_RETURN_IF_ERROR(stage_act_f16(a.x, a.n, a.groups * in, a.codes, a.scales, stream, a.programmatic_launch));
+  // Group g: rows [g·out, (g+1)·out) and their scale rows; its column slices of the codes, scales and y.
+  const int64_t scale_cols = (in + w.block_in - 1) / w.block_in;
+  std::vector<GemvGroupItem> items(static_cast<size_t>(a.groups));
+  for (int64_t g = 0; g < a.groups; ++g) {
+    GemvGroupItem& it = items[static_cast<size_t>(g)];
+    it.data = w.data + g * out * in;
+    it.scales = w.scales + g * (out / w.block_out) * scale_cols;
+    it.act_codes = a.codes + g * in;
+    it.act_scales = a.scales + g * (in / 32);
+    it.y = a.y + g * out;
+    it.act_row_stride = a.groups * in;
+    it.act_scale_row_stride = a.groups * in / 32;
+    it.y_row_stride = a.groups * out;
+  }
+  QuantWeightView group_shape = w;
+  group_shape.out = out;
+  return gemv_quantized_grouped(group_shape, items.data(), a.groups, a.n, a.bf16_output, stream, splitk,
+                                a.programmatic_launch);
+}
+
 SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
   count = std::min<int64_t>(std::max<int64_t>(count, 1), kMaxGroup);
   const int64_t ksplit = choose_ksplit(w, count);
@@ -433,6 +548,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
     w.data = items[i].data;
     w.scales = items[i].scales;
     CEDAR_RETURN_IF_ERROR(check_weight(w));
+    CEDAR_RETURN_IF_ERROR(check_item_strides(items[i], shape.in, shape.out, i, "cuda::gemv_quantized_grouped"));
   }
   const int64_t n_kb = shape.in / 32;
   int kb_shift = 0;
@@ -449,11 +565,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
                     static_cast<unsigned>(ksplit), static_cast<unsigned>(group));
     for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
       GemvParams p{};
-      for (int64_t i = 0; i < group; ++i) {
-        const GemvGroupItem& it = items[g0 + i];
-        p.ops[i] = GemvOperands{it.data, it.scales, it.act_codes + t0 * shape.in, it.act_scales + t0 * n_kb,
-                                it.y + t0 * shape.out};
-      }
+      for (int64_t i = 0; i < group; ++i) p.ops[i] = tile_operands(items[g0 + i], shape.in, shape.out, t0, 0);
       p.out = shape.out;
       p.in = shape.in;
       p.block_out = shape.block_out;
@@ -507,6 +619,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     w.data = items[i].data;
     w.scales = items[i].scales;
     CEDAR_RETURN_IF_ERROR(check_weight(w));
+    CEDAR_RETURN_IF_ERROR(check_item_strides(items[i], w.in, w.out, i, "cuda::gemv_quantized_multi"));
     if (w.format != mats[0].format || w.in != mats[0].in ||
         (w.format == QuantWeightFormat::FP8Block &&
          (w.block_out != mats[0].block_out || w.block_in != mats[0].block_in)))
@@ -529,11 +642,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
                   static_cast<unsigned>(count));
   for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
     GemvParams p{};
-    for (int64_t i = 0; i < count; ++i) {
-      const GemvGroupItem& it = items[i];
-      p.ops[i] = GemvOperands{it.data, it.scales, it.act_codes + t0 * tallest.in, it.act_scales + t0 * n_kb,
-                              it.y + t0 * mats[i].out, mats[i].out};
-    }
+    for (int64_t i = 0; i < count; ++i) p.ops[i] = tile_operands(items[i], tallest.in, mats[i].out, t0, mats[i].out);
     p.out = out;
     p.in = tallest.in;
     p.block_out = tallest.block_out;
@@ -617,6 +726,7 @@ Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, con
 
 // Exposed to catalog.cu for the loadability check.
 const void* quantize_act_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&quantize_act_fp8_kernel); }
+const void* stage_act_f16_kernel_ptr() { return reinterpret_cast<const void*>(&stage_act_f16_kernel); }
 const void* gemv_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<false>); }
 const void* gemv_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<true>); }
 const void* gemv_items_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_items_kernel<false>); }

@@ -29,10 +29,12 @@ constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
 struct GemvOperands {
   const uint8_t* w;
   const uint8_t* w_scales;
-  const uint16_t* act;      // [n_tile, in] e4m3 codes as f16
-  const float* act_scales;  // [n_tile, in/32]
-  float* y;                 // [n_tile, out]
+  const uint16_t* act;      // [n_tile, in] e4m3 codes as f16 (rows act_stride apart)
+  const float* act_scales;  // [n_tile, in/32] (rows scale_stride apart)
+  float* y;                 // [n_tile, out] (rows y_stride apart)
   int64_t out = 0;          // rows of this matrix (gemv_quantized_multi); 0: the launch's out
+  // Token row strides in elements (GemvGroupItem's, resolved and checked below 2^31 on the host; never 0).
+  int32_t act_stride = 0, scale_stride = 0, y_stride = 0;
 };
 
 // d += A·B, m16n8k16, f16 × f16 → f32 (native HMMA on sm_80+; products of e4m3 values are exact).

@@ -328,6 +328,10 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
         misaligned(it.act_scales, 16))
       return make_error(std::string(who) + ": item " + std::to_string(i) +
                         " misaligned (weights and activations 16 bytes, scales 4 bytes)");
+    if (it.act_row_stride != 0 || it.act_scale_row_stride != 0 || it.y_row_stride != 0)
+      return make_error(std::string(who) + ": item " + std::to_string(i) +
+                        " has row strides (act_row_stride, act_scale_row_stride, y_row_stride): the packed layout "
+                        "takes contiguous rows only");
   }
   const int64_t tiles = (shape.out + kPackedRows - 1) / kPackedRows;
   for (int64_t g0 = 0; g0 < count; g0 += kMaxGroup) {

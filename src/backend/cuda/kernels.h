@@ -76,6 +76,11 @@ struct GemvGroupItem {
   const uint16_t* act_codes = nullptr;  // quantize_act_fp8 output (f16 values of e4m3 codes)
   const float* act_scales = nullptr;
   float* y = nullptr;
+  // Elements between consecutive tokens' rows (0: contiguous [n, in] codes, [n, in/32] scales, [n, out]
+  // y): an item may read a column slice of wider activation rows and write one of wider output rows
+  // (wo_a's group g: columns [g·in, (g+1)·in) of [n, groups·in]). act_row_stride must be a multiple of 8;
+  // none may be smaller than the row it spans. FP8 / plain MXFP4 only (not the packed layout).
+  int64_t act_row_stride = 0, act_scale_row_stride = 0, y_row_stride = 0;
 };
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
                               bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk = {},
@@ -101,6 +106,35 @@ struct ActWorkspace {
 // quantize_act_fp8 + gemv_quantized: the FP8 / MXFP4 `linear()` of the reference (cpu::linear).
 Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, const ActWorkspace& ws, float* y,
                         bool bf16_output, cudaStream_t stream, bool programmatic_launch = false);
+
+// ---- bf16 activations through the FP8 GEMV: exact f16 staging (wo_a at decode) ---------------
+// Per token, per block of 32 channels: v = bf16(x) (RNE, as gemv_bf16 rounds its input), amax = the
+// largest finite |v|, J = ⌊log2 amax⌋ − 15 (0 for a zero block), codes = f16(v·2^−J) (bits),
+// scales = 2^J (fp32) — the layout of quantize_act_fp8, so gemv_quantized takes it as is. Every
+// |v| >= 2^(⌊log2 amax⌋−32) is staged exactly (f16_stage.h has the rule and the argument); smaller
+// values round to the f16 subnormal grid; ±inf / NaN stay ±inf / NaN (as gemv_bf16 feeds them to its
+// MMAs). x [n, in] (in % 32 == 0) → codes [n, in], scales [n, in/32].
+Status stage_act_f16(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream,
+                     bool programmatic_launch = false);
+
+// y = W_g · x_g per group through stage_act_f16 + gemv_quantized_grouped: the reference's grouped bf16
+// projection (wo_a: its FP8 weight dequantized to bf16 at load, bf16 activations, no activation
+// quantization) up to the fp32 summation order — every product e4m3(w)·f16(v·2^−J) is exact, and the
+// power-of-two scales s_w·2^J multiply each 32-block's sum exactly. Two launches; reads the FP8 weight
+// as stored (half the bf16 bytes) with the FP8 GEMV's one-cvt-per-pair dequantization.
+struct StagedGemvArgs {
+  QuantWeightView w;  // FP8Block, the groups stacked: [groups·out, in]; (out = w.out / groups) % block_out == 0
+  int64_t groups = 1;
+  const float* x = nullptr;  // [n, groups·in]: group g reads columns [g·in, (g+1)·in)
+  float* y = nullptr;        // [n, groups·out]: group g writes columns [g·out, (g+1)·out)
+  int64_t n = 1;             // tokens (0: nothing to do; tiles of 8 re-read the weight)
+  bool bf16_output = true;
+  uint16_t* codes = nullptr;  // workspace: n·groups·in f16 codes
+  float* scales = nullptr;    // n·groups·in/32 floats
+  int64_t capacity_values = 0;
+  bool programmatic_launch = false;  // both launches
+};
+Status gemv_fp8_staged(const StagedGemvArgs& a, cudaStream_t stream, const SplitKWorkspace& splitk = {});
 
 // ---- fused single-pass mHC (§3.3) -------------------------------------------------------------
 // One kernel per mHC site and step, for n tokens with hc = 4 streams of width d (d % 32 == 0):

@@ -797,11 +797,37 @@ TEST_P(CudaModelParity, Fp8WoAEqualsBf16WoABitwise) {
   // same MMAs; above 64 rows dequant_weight_bf16 + the same cuBLASLt GEMM: identical on every path.
   CudaKernelPaths p;
   p.moe_items_max_rows = kGemvMaxRows;  // the variant's item tables are larger: keep its routing paths equal
+  // The staged FP8 GEMV (wo_a_f16) sums per 32-block, so it is not bitwise gemv_bf16: this test is about
+  // the weight as stored read by gemv_bf16 (StagedWoAIsTakenAndMatchesCpu covers the staged path).
+  p.wo_a_f16 = false;
   m->gpu->set_paths(p);
   bf16->set_paths(p);
   const std::vector<int64_t> ids = prompt(77, 32);
   expect_bitwise(GetParam() + " wo_a FP8 vs BF16", gpu_workload(*m->gpu, ids), gpu_workload(*bf16, ids),
                  m->gpu->config().vocab_size);
+}
+
+TEST_P(CudaModelParity, StagedWoAIsTakenAndMatchesCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  CudaModel& g = *m->gpu;
+  PathsGuard guard(g);
+  // The defaults run wo_a through gemv_fp8_staged (o staged as exact f16 blocks + the FP8 grouped GEMV)
+  // at every GEMV row count — so the default parity tests (chunks of <= 8 rows, decode) check it against
+  // the CPU; above kGemvMaxRows rows, and with wo_a_f16 = 0, gemv_bf16 (or cuBLASLt) as before.
+  ASSERT_TRUE(g.wo_a_fp8()) << GetParam() << ": wo_a is not FP8 on the device: the staged path cannot run";
+  for (int64_t n = 1; n <= kGemvMaxRows; ++n)
+    ASSERT_TRUE(g.wo_a_f16_active(n)) << GetParam() << ": " << n << " rows do not take the staged wo_a path "
+                                      << "(fp8_fast failed at upload, or the group height is not whole scale blocks)";
+  EXPECT_FALSE(g.wo_a_f16_active(kGemvMaxRows + 1));
+  g.set_paths(with(CudaKernelPaths(), "wo_a_f16=0"));
+  EXPECT_FALSE(g.wo_a_f16_active(1)) << "wo_a_f16=0 still takes the staged path";
+  // The switch's other side (gemv_bf16 over the FP8 weight) within the same CPU bounds, then the staged
+  // path on the same prompt: the two scenarios differ only in the switch.
+  const Scenario off = run_scenario(*m, prompt(77, 36), {}, 4, false);
+  check_scenario(GetParam() + " wo_a_f16=0 77", off);
+  g.set_paths(CudaKernelPaths());
+  const Scenario on = run_scenario(*m, prompt(77, 36), {}, 4, false);
+  check_scenario(GetParam() + " wo_a_f16=1 77", on);
 }
 
 TEST_P(CudaModelParity, CublasPrefillAndStreamingMhcMatchCpu) {
@@ -850,9 +876,14 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   EXPECT_EQ(o.paths.blas_min_rows, 64);
   EXPECT_FALSE(o.wo_a_fp8);
   EXPECT_TRUE(o.paths.router_splitk);
+  EXPECT_TRUE(o.paths.wo_a_f16);
+  ASSERT_TRUE(apply_cuda_options("wo_a_f16=0", o).ok());
+  EXPECT_FALSE(o.paths.wo_a_f16);
+  ASSERT_TRUE(apply_cuda_options("wo_a_f16=1", o).ok());
   ASSERT_TRUE(apply_cuda_options("legacy", o).ok());
   EXPECT_FALSE(o.paths.router_splitk);
   EXPECT_FALSE(o.paths.mhc_batched);
+  EXPECT_FALSE(o.paths.wo_a_f16);
   const Status bad = apply_cuda_options("router_split=1", o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("router_split"), std::string::npos) << bad.error().message;
