@@ -18,6 +18,8 @@ const void* mhc_stream_finish_kernel_ptr();
 const void* mhc_elementwise_kernel_ptr();
 const void* mhc_expand_collapse_norm_kernel_ptr();
 const void* rms_norm_kernel_ptr();
+const void* rms_norm_quant_kernel_ptr();
+const void* mhc_expand_collapse_norm_quant_kernel_ptr();
 const void* copy_kernel_ptr();
 
 namespace {
@@ -28,6 +30,8 @@ struct Entry {
 };
 const Entry kEntries[] = {
     {"rms_norm", "RMSNorm, bf16 output", rms_norm_kernel_ptr},
+    {"rms_norm_quant", "RMSNorm, bf16 output and its FP8 block-32 codes (quantize_act_fp8's bits)",
+     rms_norm_quant_kernel_ptr},
     {"quantize_act_fp8", "FP8 e4m3 activation quantization, 32-blocks, UE8M0 scales", quantize_act_fp8_kernel_ptr},
     {"gemv_fp8_block", "FP8 block-scaled GEMV, <=8 tokens/tile, exact f16 HMMA, split-K, grouped", gemv_fp8_kernel_ptr},
     {"gemv_mxfp4", "MXFP4 expert GEMV: e2m1 dequantized in registers (exact), f16 HMMA, grouped", gemv_mxfp4_kernel_ptr},
@@ -39,6 +43,8 @@ const Entry kEntries[] = {
     {"mhc_expand_collapse", "mHC expand and/or collapse without coefficients", mhc_elementwise_kernel_ptr},
     {"mhc_expand_collapse_norm", "mHC expand + collapse + the input RMSNorm in one launch (split decode site)",
      mhc_expand_collapse_norm_kernel_ptr},
+    {"mhc_expand_collapse_norm_quant", "the same, and the FP8 block-32 codes of the normed rows",
+     mhc_expand_collapse_norm_quant_kernel_ptr},
     {"copy", "vectorized device copy (bandwidth reference)", copy_kernel_ptr},
 };
 }  // namespace
