@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -204,6 +205,14 @@ class CudaModel {
   // Tests: Engram layers whose projection the last issued call (direct run or graph capture) put on the
   // Engram stream (paths.engram_ahead); 0 when they ran serially.
   int64_t engram_ahead_layers() const { return engram_ahead_layers_; }
+  // Tests: kernel (and copy) nodes of the captured decode graph of `batch` (the largest over context
+  // buckets; 0 without one): launches a path removes show here.
+  size_t decode_graph_nodes(int64_t batch) const {
+    size_t nodes = 0;
+    for (const auto& [key, graph] : decode_graphs_)
+      if (key.first == batch) nodes = std::max(nodes, graph.nodes());
+    return nodes;
+  }
   bool has_decode_graph(int64_t batch) const {
     for (const auto& [key, graph] : decode_graphs_)
       if (key.first == batch) return true;

@@ -170,7 +170,7 @@ struct MhcFusedArgs {
   // Optional with normed: its FP8 codes + scales for the next GEMVs, written by whichever kernel writes
   // normed (the decode kernel's last block, the expand + collapse + norm kernel, or rms_norm after) —
   // quantize_act_fp8(normed)'s bits. (Last: the other fields keep their parameter offsets.)
-  ActQuantOut normed_quant;
+  ActQuantOut normed_quant = {};
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).

@@ -269,7 +269,11 @@ __device__ __forceinline__ void norm_row(const float* xr, const float* weight, i
       if (c < dim) {
         const float out = detail::round_bf16(weight ? __fmul_rn(wv[q], x) : x);
         yr[c] = out;
-        if constexpr (kQuant) detail::quantize_act_warp(out, quant.codes + (c & ~int64_t{31}), quant.scales + (c >> 5), tid & 31);
+        if constexpr (kQuant) {  // quantize_act_warp with the block at c − lane
+          const float s = detail::act_block_scale(detail::warp_max(fabsf(out)));
+          quant.codes[c] = detail::act_code_f16(out, s);
+          if ((tid & 31) == 0) quant.scales[c >> 5] = s;
+        }
       }
     }
   }
