@@ -390,7 +390,8 @@ void bench_norm_quant(int64_t n, int64_t dim, double copy_gbps, cudaStream_t str
     for (const bool fused : {true, false}) {
       const double us = try_time_graph_us(stream, 8, [&](int) {
         if (fused)
-          return rms_norm(x.get(), n, dim, w.get(), 1e-6f, y.get(), stream, pdl, ActQuantOut{codes.get(), scales.get()});
+          return rms_norm(x.get(), n, dim, w.get(), 1e-6f, y.get(), stream, pdl,
+                          ActQuantOut{codes.get(), scales.get()});
         const Status st = rms_norm(x.get(), n, dim, w.get(), 1e-6f, y.get(), stream, pdl);
         return st.ok() ? quantize_act_fp8(y.get(), n, dim, codes.get(), scales.get(), stream, pdl) : st;
       });

@@ -561,6 +561,9 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     return compress ? compressor(l, r) : Status::Ok();
   }
 
+  // The staged records are rewritten below (swa_kv_encode): a previous layer's commit must have read them
+  // (joined at its ffn site already; this keeps the order if a layer ever returns before its ffn site).
+  CEDAR_RETURN_IF_ERROR(join_swa_commit());
   // x's FP8 codes serve wq_a and wkv (written by the site norm with paths.fused_act_quant), qr's wq_b
   // and the indexer's wq_b (written by q_norm).
   if (!fold_act_quant(n, d)) CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
@@ -661,7 +664,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   rc.tokens = tok;
   rc.rings = tables_->rings[static_cast<size_t>(l)].get();
   rc.slots = slots;
-  if (options_.paths.swa_commit_aside && branches(r) && !cur_ && !swa_commit_pending_) {
+  if (options_.paths.swa_commit_aside && branches(r) && !cur_) {
     const cudaStream_t s = stream_.get(), a = tables_->aux.get();
     CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->swa_fork_ev, s));
     CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->swa_fork_ev, 0));

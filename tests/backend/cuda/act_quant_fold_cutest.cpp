@@ -42,8 +42,8 @@ size_t expect_same_bits(const std::string& what, const std::vector<T>& got, cons
       g = static_cast<double>(got[first]);
       w = static_cast<double>(want[first]);
     }
-    ADD_FAILURE() << what << ": " << bad << " of " << got.size() << " elements differ; first at " << first << ": "
-                  << g << " vs " << w;
+    ADD_FAILURE() << what << ": " << bad << " of " << got.size() << " elements differ; first at " << first << ": " << g
+                  << " vs " << w;
   }
   return bad;
 }
@@ -56,7 +56,7 @@ struct HostCodes {
 uint16_t f16_bits_of(float v) {  // exact for e4m3 values (normal in f16, or zero)
   if (v == 0.0f) return std::signbit(v) ? 0x8000 : 0;
   int e = 0;
-  const float m = std::frexp(std::fabs(v), &e);  // v = m · 2^e, m in [0.5, 1)
+  const float m = std::frexp(std::fabs(v), &e);                          // v = m · 2^e, m in [0.5, 1)
   const uint32_t man = static_cast<uint32_t>(std::ldexp(m, 11)) - 1024;  // 10 fraction bits
   return static_cast<uint16_t>((std::signbit(v) ? 0x8000 : 0) | ((e - 1 + 15) << 10) | man);
 }
@@ -136,7 +136,8 @@ TEST(CudaActQuantFold, RmsNormCodesEqualQuantizeOfItsOutput) {
           auto fc = upload(std::vector<uint16_t>(x.size(), 0x7E00));  // f16 NaN: every code must be written
           auto fs = upload(std::vector<float>(x.size() / 32, -1.0f));
           float* out = in_place ? fx.get() : fy.get();
-          const Status st = rms_norm(fx.get(), rows, dim, wp, 1e-6f, out, nullptr, pdl, ActQuantOut{fc.get(), fs.get()});
+          const Status st =
+              rms_norm(fx.get(), rows, dim, wp, 1e-6f, out, nullptr, pdl, ActQuantOut{fc.get(), fs.get()});
           ASSERT_TRUE(st.ok()) << tag << ": " << st.error().message;
           expect_fused_equal(tag, download(in_place ? fx : fy), HostCodes{download(fc), download(fs)}, plain, rows,
                              dim);
@@ -268,7 +269,8 @@ SiteRun run_site(const Site& s, SiteKernel k, bool quant) {
 // 96 (one partial block), 6144 (norm_row's two-pass path).
 TEST(CudaActQuantFold, MhcSiteNormCodesEqualQuantizeOfNormed) {
   CEDAR_REQUIRE_GPU();
-  for (const SiteKernel k : {SiteKernel::SplitNorm, SiteKernel::SplitTwo, SiteKernel::Decode, SiteKernel::LegacyDecode}) {
+  for (const SiteKernel k :
+       {SiteKernel::SplitNorm, SiteKernel::SplitTwo, SiteKernel::Decode, SiteKernel::LegacyDecode}) {
     for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}}) {
       for (const int64_t d : {int64_t{5120}, int64_t{64}, int64_t{512}, int64_t{96}, int64_t{6144}}) {
         const Site s = make_site(n, d, 900 + static_cast<uint32_t>(n * 13 + d));

@@ -895,6 +895,17 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   ASSERT_FALSE(val.ok());
   EXPECT_NE(val.error().message.find("0 or 1"), std::string::npos) << val.error().message;
   EXPECT_NE(describe_cuda_options(CudaModelOptions()).find("router_splitk=1"), std::string::npos);
+  // s8-quantfold's switches: on by default, off in legacy, each by name.
+  CudaModelOptions q;
+  EXPECT_TRUE(q.paths.fused_act_quant && q.paths.swa_commit_aside);
+  EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside);
+  ASSERT_TRUE(apply_cuda_options("fused_act_quant=0", q).ok());
+  EXPECT_FALSE(q.paths.fused_act_quant);
+  EXPECT_TRUE(q.paths.swa_commit_aside);
+  ASSERT_TRUE(apply_cuda_options("swa_commit_aside=0", q).ok());
+  EXPECT_FALSE(q.paths.swa_commit_aside);
+  EXPECT_NE(describe_cuda_options(q).find("fused_act_quant=0,swa_commit_aside=0"), std::string::npos)
+      << describe_cuda_options(q);
 }
 
 INSTANTIATE_TEST_SUITE_P(Profiles, CudaModelParity, ::testing::Values(std::string("tiny"), std::string("small")),
