@@ -279,6 +279,9 @@ struct MhcMode {
   bool norm = false;           // + the RMSNorm of collapsed (normed): fused, or rms_norm after the legacy kernel
   bool norm_counter = false;   // MhcWorkspace::norm_counter (fn = null + norm: one launch up to 4 rows)
   int64_t stream_blocks = 0;   // MhcFusedArgs::stream_blocks (0: the default plan)
+  // With norm, the FP8 codes of normed: 1 = written by the kernel that writes normed (normed_quant),
+  // 2 = a quantize_act_fp8 launch after it (the path before s8-quantfold).
+  int quant = 0;
   const char* name = nullptr;  // row name override
 };
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
@@ -314,6 +317,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   must(counter.zero());
   auto norm_counter = must(DeviceBuffer<unsigned>::allocate(kMhcNormCounters));
   must(norm_counter.zero());
+  auto codes = must(DeviceBuffer<uint16_t>::allocate(n * d));
+  auto code_scales = must(DeviceBuffer<float>::allocate(n * d / 32));
   const bool two_x = x_bytes > (size_t{64} << 20);
   auto launch = [&](int i) {
     MhcFusedArgs a;
@@ -341,6 +346,7 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     if (mode.norm) {
       a.norm_weight = norm_w.get();
       a.normed = normed.get();
+      if (mode.quant == 1) a.normed_quant = ActQuantOut{codes.get(), code_scales.get()};
     }
     MhcWorkspace ws{part.get(), counter.get()};
     if (mode.sized_ws) {
@@ -348,7 +354,9 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
       ws.counter_count = ws_counters;
     }
     if (mode.norm_counter) ws.norm_counter = norm_counter.get();
-    return mode.cluster ? mhc_fused_cluster(a, stream, mode.pdl) : mhc_fused(a, ws, stream);
+    const Status st = mode.cluster ? mhc_fused_cluster(a, stream, mode.pdl) : mhc_fused(a, ws, stream);
+    if (!st.ok() || !mode.norm || mode.quant != 2) return st;
+    return quantize_act_fp8(normed.get(), n, d, codes.get(), code_scales.get(), stream, a.programmatic_launch);
   };
   // PDL may be unsupported inside graphs on some drivers: that row is skipped instead of ending the run.
   const int calls = two_x ? 2 : copies;
@@ -361,7 +369,8 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   // fn + X read + y read + X_out written + collapsed written (+ tiny coefficient traffic).
   const double bytes = 4.0 * ((mode.coefficients ? static_cast<double>(fn_count) : 0.0) + n * width +
                               (mode.expand ? n * d + n * width : 0.0) + (mode.collapse ? n * d : 0.0) +
-                              (mode.norm ? d + n * d : 0.0));
+                              (mode.norm ? d + n * d : 0.0)) +
+                       (mode.quant ? 2.0 * n * d + 4.0 * n * d / 32 : 0.0);
   std::string name = mode.name ? mode.name
                      : mode.cluster ? (mode.pdl ? "mhc_fused_cluster_pdl" : "mhc_fused_cluster")
                                     : "mhc_fused";
@@ -370,6 +379,37 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
   r.gbps = bytes / (us * 1e-6) / 1e9;
   r.pct_copy = 100.0 * r.gbps / copy_gbps;
   rows.push_back(r);
+}
+
+// s8-quantfold: rms_norm writing the FP8 codes of its output (rms_norm_q) vs rms_norm + quantize_act_fp8
+// (rms_norm+quant), each back to back with PDL (_pdl) and without.
+void bench_norm_quant(int64_t n, int64_t dim, double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  auto x = tiled_floats(n * dim, 21, 1.0f);
+  auto w = tiled_floats(dim, 22, 1.0f);
+  auto y = must(DeviceBuffer<float>::allocate(n * dim));
+  auto codes = must(DeviceBuffer<uint16_t>::allocate(n * dim));
+  auto scales = must(DeviceBuffer<float>::allocate(n * dim / 32));
+  const double bytes = 4.0 * (2.0 * n * dim + dim) + 2.0 * n * dim + 4.0 * n * dim / 32;
+  for (const bool pdl : {false, true}) {
+    for (const bool fused : {true, false}) {
+      const double us = try_time_graph_us(stream, 8, [&](int) {
+        if (fused)
+          return rms_norm(x.get(), n, dim, w.get(), 1e-6f, y.get(), stream, pdl,
+                          ActQuantOut{codes.get(), scales.get()});
+        const Status st = rms_norm(x.get(), n, dim, w.get(), 1e-6f, y.get(), stream, pdl);
+        return st.ok() ? quantize_act_fp8(y.get(), n, dim, codes.get(), scales.get(), stream, pdl) : st;
+      });
+      if (us < 0) {
+        std::printf("rms_norm rows with programmatic dependent launch: not supported here (skipped)\n");
+        continue;
+      }
+      Row r{std::string(fused ? "rms_norm_q" : "rms_norm+quant") + (pdl ? "_pdl" : ""), std::to_string(dim), n, us,
+            bytes};
+      r.gbps = bytes / (us * 1e-6) / 1e9;
+      r.pct_copy = 100.0 * r.gbps / copy_gbps;
+      rows.push_back(r);
+    }
+  }
 }
 
 // ---- cuda-ffn kernels -------------------------------------------------------------------------------
@@ -1203,6 +1243,33 @@ int run(int argc, char** argv) {
       m.name = one ? "mhc_expand_collapse_norm_pdl" : "mhc_expand_collapse_norm_2l_pdl";
       for (int64_t n : {1, 4}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
     }
+  }
+  {  // s8-quantfold: the site norm with the FP8 codes of normed — written by the kernel that writes
+     // normed (_q) vs a quantize_act_fp8 launch after it (+quant, the path before); the split site's
+     // critical kernel (one launch up to 4 rows, elementwise + rms_norm at 8) and the decode kernel's
+     // fused norm (the unsplit site); _pdl back to back as in the model.
+    static const char* kNames[2][2][2] = {
+        {{"mhc_expand_collapse_norm_q", "mhc_expand_collapse_norm+quant"},
+         {"mhc_expand_collapse_norm_q_pdl", "mhc_expand_collapse_norm+quant_pdl"}},
+        {{"mhc_norm_q", "mhc_norm+quant"}, {"mhc_norm_q_pdl", "mhc_norm+quant_pdl"}}};
+    for (const bool split : {true, false}) {
+      for (const int quant : {1, 2}) {
+        MhcMode m;
+        m.sized_ws = true;
+        m.coefficients = !split;
+        m.norm = true;
+        m.norm_counter = split;
+        m.quant = quant;
+        m.name = kNames[split ? 0 : 1][0][quant - 1];
+        for (int64_t n : {1, 4, 8}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+        m.pdl = true;
+        m.name = kNames[split ? 0 : 1][1][quant - 1];
+        for (int64_t n : {1, 4}) bench_mhc(n, 5120, 20, copy_gbps, stream->get(), rows, m);
+      }
+    }
+    // q_norm (q_lora_rank rows of 1280 at the perf profile, 1536 in V4.1-Flash) and a 5120-wide norm.
+    for (const int64_t dim : {int64_t{1280}, int64_t{1536}, int64_t{5120}})
+      for (const int64_t n : {int64_t{1}, int64_t{8}}) bench_norm_quant(n, dim, copy_gbps, stream->get(), rows);
   }
   // cuda-ffn: the cluster mHC, the packed MXFP4 expert layout, the device-routed experts and the rest.
   MhcMode cl;

@@ -21,6 +21,8 @@ const void* mhc_stream_finish_lanes_kernel_ptr();
 const void* mhc_elementwise_kernel_ptr();
 const void* mhc_expand_collapse_norm_kernel_ptr();
 const void* rms_norm_kernel_ptr();
+const void* rms_norm_quant_kernel_ptr();
+const void* mhc_expand_collapse_norm_quant_kernel_ptr();
 const void* copy_kernel_ptr();
 
 namespace {
@@ -31,6 +33,8 @@ struct Entry {
 };
 const Entry kEntries[] = {
     {"rms_norm", "RMSNorm, bf16 output", rms_norm_kernel_ptr},
+    {"rms_norm_quant", "RMSNorm, bf16 output and its FP8 block-32 codes (quantize_act_fp8's bits)",
+     rms_norm_quant_kernel_ptr},
     {"quantize_act_fp8", "FP8 e4m3 activation quantization, 32-blocks, UE8M0 scales", quantize_act_fp8_kernel_ptr},
     {"stage_act_f16", "bf16 activations as exact f16 codes, power-of-two scale per 32-block (wo_a GEMV)",
      stage_act_f16_kernel_ptr},
@@ -48,6 +52,8 @@ const Entry kEntries[] = {
     {"mhc_expand_collapse", "mHC expand and/or collapse without coefficients", mhc_elementwise_kernel_ptr},
     {"mhc_expand_collapse_norm", "mHC expand + collapse + the input RMSNorm in one launch (split decode site)",
      mhc_expand_collapse_norm_kernel_ptr},
+    {"mhc_expand_collapse_norm_quant", "the same, and the FP8 block-32 codes of the normed rows",
+     mhc_expand_collapse_norm_quant_kernel_ptr},
     {"copy", "vectorized device copy (bandwidth reference)", copy_kernel_ptr},
 };
 }  // namespace

@@ -349,6 +349,8 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.mhc_split_norm = false;
   p.engram_ahead = false;
   p.wo_a_f16 = false;
+  p.fused_act_quant = false;
+  p.swa_commit_aside = false;
   return p;
 }
 
@@ -374,6 +376,8 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"mhc_split_norm", &p.mhc_split_norm, nullptr},
           {"engram_ahead", &p.engram_ahead, nullptr},
           {"wo_a_f16", &p.wo_a_f16, nullptr},
+          {"fused_act_quant", &p.fused_act_quant, nullptr},
+          {"swa_commit_aside", &p.swa_commit_aside, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
@@ -496,6 +500,8 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
   CEDAR_ASSIGN_OR_RETURN(t.aux, Stream::create());
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.fork_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.join_ev, cudaEventDisableTiming));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.swa_fork_ev, cudaEventDisableTiming));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.swa_done_ev, cudaEventDisableTiming));
   CEDAR_ASSIGN_OR_RETURN(t.coef, Stream::create());
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.coef_fork_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.coef_done_ev, cudaEventDisableTiming));

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -40,6 +41,7 @@ namespace cedar::cuda {
 inline constexpr int64_t kGemvMaxRows = 8;
 
 struct MhcWorkspace;  // kernels.h
+struct ActQuantOut;   // kernels.h
 
 // The layer loop's kernel paths that have a faster variant (docs/cuda.md "Performance pass", "phase 3"):
 // the defaults are the fast paths; `legacy()` is the loop before them (tests compare the two,
@@ -102,6 +104,15 @@ struct CudaKernelPaths {
   // of gemv_bf16's in-register bf16 dequantization. Not bit-identical (the fp32 sums run per 32-block,
   // then scaled); the products are the same exact values, so the CPU oracle's bounds apply.
   bool wo_a_f16 = true;
+  // The producers of the activations the FP8 GEMVs read write their codes too (act_quant.cuh: the same
+  // bits as quantize_act_fp8): the mHC site norms (every kernel that writes normed: x's codes for wq_a +
+  // wkv and for the experts) and q_norm (qr's codes for wq_b and the indexer's wq_b). Three
+  // quantize_act_fp8 launches less per layer on the decode critical path; prefill too.
+  bool fused_act_quant = true;
+  // Decode with concurrent branches: the SWA ring commit after the sparse attention (nothing later in the
+  // layer reads the ring) on the aux stream, joined at the ffn site (before the next layer's
+  // swa_kv_encode rewrites the staged records). The same kernel on the same inputs.
+  bool swa_commit_aside = true;
   static CudaKernelPaths legacy();
 };
 
@@ -202,6 +213,14 @@ class CudaModel {
   // Tests: Engram layers whose projection the last issued call (direct run or graph capture) put on the
   // Engram stream (paths.engram_ahead); 0 when they ran serially.
   int64_t engram_ahead_layers() const { return engram_ahead_layers_; }
+  // Tests: kernel (and copy) nodes of the captured decode graph of `batch` (the largest over context
+  // buckets; 0 without one): launches a path removes show here.
+  size_t decode_graph_nodes(int64_t batch) const {
+    size_t nodes = 0;
+    for (const auto& [key, graph] : decode_graphs_)
+      if (key.first == batch) nodes = std::max(nodes, graph.nodes());
+    return nodes;
+  }
   bool has_decode_graph(int64_t batch) const {
     for (const auto& [key, graph] : decode_graphs_)
       if (key.first == batch) return true;
@@ -281,7 +300,14 @@ class CudaModel {
   Status qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
                  bool bf16_output = true);
   Status quantize(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales);
-  Status norm(const float* x, int64_t n, int64_t dim, const DeviceVector& weight, float* y);  // RMSNorm (model eps)
+  // RMSNorm (model eps); with quant (not null) also the FP8 codes of y.
+  Status norm(const float* x, int64_t n, int64_t dim, const DeviceVector& weight, float* y,
+              const ActQuantOut* quant = nullptr);
+  // paths.fused_act_quant for an activation [n, width] of the act_a / act_b buffers: its producer writes
+  // the codes (site_norm, q_norm) and the quantize launch is skipped. One predicate for both sides.
+  bool fold_act_quant(int64_t n, int64_t width) const;
+  // paths.swa_commit_aside: the ring commit on the aux stream and the wait for it (ffn_site, run_rows).
+  Status join_swa_commit();
   // BF16 weights (groups of one shape as in gemv_bf16): gemv_bf16, or cuBLASLt for large calls.
   struct DenseCall;
   Status dense(const DenseCall& c);
@@ -328,6 +354,7 @@ class CudaModel {
   bool pdl_rows_ = false;               // the rows of the call in flight may use PDL (decode)
   bool pdl_fresh_[2] = {false, false};  // main / aux stream: the next kernel must not use PDL
   bool coef_pending_ = false;           // a site's coefficients run on the coefficient stream, not joined yet
+  bool swa_commit_pending_ = false;     // a layer's ring commit runs on the aux stream, not joined yet
   std::vector<bool> engram_pending_;    // per Engram slot: its projection runs on the Engram stream, not joined
   int64_t engram_ahead_layers_ = 0;
   int64_t last_rows_ = 0;

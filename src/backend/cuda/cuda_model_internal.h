@@ -128,6 +128,8 @@ struct CudaModel::Tables {
   // Concurrent branches of a decode step.
   Stream aux;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  // The SWA ring commit beside wo_a / wo_b (paths.swa_commit_aside), on the aux stream.
+  cudaEvent_t swa_fork_ev = nullptr, swa_done_ev = nullptr;
   // The mHC coefficients beside the sublayer (paths.mhc_split).
   Stream coef;
   cudaEvent_t coef_fork_ev = nullptr, coef_done_ev = nullptr;
@@ -140,6 +142,8 @@ struct CudaModel::Tables {
     for (cudaEvent_t e : engram_done_ev)
       if (e) cudaEventDestroy(e);
     if (fork_ev) cudaEventDestroy(fork_ev);
+    if (swa_fork_ev) cudaEventDestroy(swa_fork_ev);
+    if (swa_done_ev) cudaEventDestroy(swa_done_ev);
     if (join_ev) cudaEventDestroy(join_ev);
     if (coef_fork_ev) cudaEventDestroy(coef_fork_ev);
     if (coef_done_ev) cudaEventDestroy(coef_done_ev);

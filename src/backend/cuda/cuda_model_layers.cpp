@@ -105,8 +105,14 @@ Status CudaModel::quantize(const float* x, int64_t n, int64_t in, uint16_t* code
   return quantize_act_fp8(x, n, in, codes, scales, cs(), pdl());
 }
 
-Status CudaModel::norm(const float* x, int64_t n, int64_t dim, const DeviceVector& weight, float* y) {
-  return rms_norm(x, n, dim, weight.data, static_cast<float>(config().rms_norm_eps), y, cs(), pdl());
+Status CudaModel::norm(const float* x, int64_t n, int64_t dim, const DeviceVector& weight, float* y,
+                       const ActQuantOut* quant) {
+  return rms_norm(x, n, dim, weight.data, static_cast<float>(config().rms_norm_eps), y, cs(), pdl(),
+                  quant ? *quant : ActQuantOut{});
+}
+
+bool CudaModel::fold_act_quant(int64_t n, int64_t width) const {
+  return options_.paths.fused_act_quant && n * width <= ws_->act_capacity;
 }
 
 Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
@@ -226,7 +232,8 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   // the sized decode kernel runs every tile in one launch and the streaming one covers prefill.
   if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched)) {
     CEDAR_RETURN_IF_ERROR(mhc_fused_cluster(a, cs(), false));  // cluster launches without PDL: not tested together yet
-    return a.normed ? rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, cs(), false)
+    return a.normed ? rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, cs(), false,
+                               a.normed_quant)
                     : Status::Ok();
   }
   MhcWorkspace ws = mhc_ws();
@@ -243,6 +250,7 @@ Status CudaModel::fork_coefficients(const void* args_ptr) {
   a.collapsed = nullptr;
   a.norm_weight = nullptr;
   a.normed = nullptr;
+  a.normed_quant = ActQuantOut{};
   a.programmatic_launch = false;  // its predecessor is an event, not a kernel of its stream
   const cudaStream_t s = stream_.get(), c = tables_->coef.get();
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->coef_fork_ev, s));
@@ -252,6 +260,13 @@ Status CudaModel::fork_coefficients(const void* args_ptr) {
   const cudaError_t e = cudaEventRecord(tables_->coef_done_ev, c);
   CEDAR_RETURN_IF_ERROR(st);
   return cuda_status(e, "cudaEventRecord(coefficients)");
+}
+
+Status CudaModel::join_swa_commit() {
+  if (!swa_commit_pending_) return Status::Ok();
+  swa_commit_pending_ = false;
+  pdl_fresh_[0] = true;  // the next kernel also depends on the aux stream
+  return cuda_status(cudaStreamWaitEvent(stream_.get(), tables_->swa_done_ev, 0), "cudaStreamWaitEvent(swa commit)");
 }
 
 Status CudaModel::join_coefficients() {
@@ -265,9 +280,12 @@ Status CudaModel::join_coefficients() {
 // kMhcNormFuseMaxTokens rows), or a separate rms_norm launch (paths.mhc_fused_norm = false). With
 // paths.mhc_split (decode branches), the critical kernel first (expand + collapse + the norm in one
 // launch up to kMhcNormFuseMaxTokens rows, paths.mhc_split_norm; else the elementwise kernel and
-// rms_norm), the coefficients on the coefficient stream.
+// rms_norm), the coefficients on the coefficient stream. With paths.fused_act_quant, whichever kernel
+// writes xn also writes its FP8 codes into act_a (the attention's wq_a + wkv, the experts read them).
 Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight) {
   MhcFusedArgs& a = *static_cast<MhcFusedArgs*>(args_ptr);
+  ActQuantOut quant;
+  if (fold_act_quant(r.n, config().hidden_size)) quant = ActQuantOut{ws_->act_a, ws_->act_a_scales};
   if (options_.paths.mhc_split && branches(r) && a.fn && a.mix_out && !cur_) {
     MhcFusedArgs crit = a;
     crit.fn = nullptr;
@@ -275,16 +293,18 @@ Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& w
     crit.norm_weight = weight.data;
     crit.normed = ws_->xn;
     crit.normed_eps = static_cast<float>(config().rms_norm_eps);
+    crit.normed_quant = quant;
     CEDAR_RETURN_IF_ERROR(mhc(&crit, r));
     return fork_coefficients(&a);
   }
   if (!options_.paths.mhc_fused_norm) {
     CEDAR_RETURN_IF_ERROR(mhc(&a, r));
-    return norm(a.collapsed, r.n, config().hidden_size, weight, ws_->xn);
+    return norm(a.collapsed, r.n, config().hidden_size, weight, ws_->xn, &quant);
   }
   a.norm_weight = weight.data;
   a.normed = ws_->xn;
   a.normed_eps = static_cast<float>(config().rms_norm_eps);
+  a.normed_quant = quant;
   return mhc(&a, r);
 }
 
@@ -333,13 +353,15 @@ MhcFusedArgs mhc_args(const ModelConfig& c, const DeviceHc& hc, int64_t n, float
 
 Status CudaModel::run_rows(const Rows& r) {
   const Status st = run_layers(r);
-  // Every fork of the coefficient and Engram streams is joined, after an error too: a capture in
-  // progress ends merged.
+  // Every fork of the coefficient, Engram and aux (ring commit) streams is joined, after an error too: a
+  // capture in progress ends merged.
   const Status joined = join_coefficients();
   const Status engram_joined = join_engram(-1);
+  const Status swa_joined = join_swa_commit();
   CEDAR_RETURN_IF_ERROR(st);
   CEDAR_RETURN_IF_ERROR(joined);
-  return engram_joined;
+  CEDAR_RETURN_IF_ERROR(engram_joined);
+  return swa_joined;
 }
 
 Status CudaModel::run_layers(const Rows& r) {
@@ -570,8 +592,14 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     return compress ? compressor(l, r) : Status::Ok();
   }
 
-  // x's FP8 codes serve wq_a and wkv, qr's wq_b and the indexer's wq_b.
-  CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
+  // The staged records are rewritten below (swa_kv_encode): a previous layer's commit must have read them
+  // (joined at its ffn site already; this keeps the order if a layer ever returns before its ffn site).
+  CEDAR_RETURN_IF_ERROR(join_swa_commit());
+  // x's FP8 codes serve wq_a and wkv (written by the site norm with paths.fused_act_quant), qr's wq_b
+  // and the indexer's wq_b (written by q_norm).
+  if (!fold_act_quant(n, d)) CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
+  const bool qr_codes_in_norm = fold_act_quant(n, c.q_lora_rank);
+  const ActQuantOut qr_codes{w.act_b, w.act_b_scales};
   // Decode: matrices that read the same codes share one launch (gemv_quantized_multi): wq_a + wkv
   // before the branches, wq_b + the indexer's wq_b on index-source layers.
   const bool multi = options_.paths.gemv_multi && n <= kGemvMaxRows;
@@ -586,8 +614,8 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
   auto query = [&]() -> Status {
     if (!multi) CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
-    CEDAR_RETURN_IF_ERROR(norm(w.qr, n, c.q_lora_rank, L.q_norm, w.qr));
-    CEDAR_RETURN_IF_ERROR(quantize(w.qr, n, c.q_lora_rank, w.act_b, w.act_b_scales));
+    CEDAR_RETURN_IF_ERROR(norm(w.qr, n, c.q_lora_rank, L.q_norm, w.qr, qr_codes_in_norm ? &qr_codes : nullptr));
+    if (!qr_codes_in_norm) CEDAR_RETURN_IF_ERROR(quantize(w.qr, n, c.q_lora_rank, w.act_b, w.act_b_scales));
     if (multi_qb) {
       const QuantWeightView mats[2] = {L.wq_b.quant(), L.wq_b_i.quant()};
       const GemvGroupItem items[2] = {{L.wq_b.data, L.wq_b.scales, w.act_b, w.act_b_scales, w.q},
@@ -656,7 +684,10 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.decode_head_split = options_.paths.attn_head_split;
   CEDAR_RETURN_IF_ERROR(sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
-  // The ring is written after attending (the chunk's own keys came from the staged records).
+  // The ring is written after attending (the chunk's own keys came from the staged records). Nothing
+  // later in the layer reads the ring or writes the staged records: with paths.swa_commit_aside the
+  // commit runs on the aux stream beside wo_a / wo_b, joined at the ffn site (before the next layer's
+  // swa_kv_encode rewrites chunk_records; the next step's attention comes later still).
   SwaRingCommitArgs rc;
   rc.records = w.chunk_records;
   rc.n = n;
@@ -664,7 +695,18 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   rc.tokens = tok;
   rc.rings = tables_->rings[static_cast<size_t>(l)].get();
   rc.slots = slots;
-  CEDAR_RETURN_IF_ERROR(swa_ring_commit(rc, cs()));
+  if (options_.paths.swa_commit_aside && branches(r) && !cur_) {
+    const cudaStream_t s = stream_.get(), a = tables_->aux.get();
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->swa_fork_ev, s));
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->swa_fork_ev, 0));
+    swa_commit_pending_ = true;  // joined even if the launch fails, so a capture in progress ends merged
+    const Status st = swa_ring_commit(rc, a);
+    const cudaError_t e = cudaEventRecord(tables_->swa_done_ev, a);
+    CEDAR_RETURN_IF_ERROR(st);
+    CEDAR_RETURN_IF_ERROR(cuda_status(e, "cudaEventRecord(swa commit)"));
+  } else {
+    CEDAR_RETURN_IF_ERROR(swa_ring_commit(rc, cs()));
+  }
 
   // out = wo_b · concat_g(wo_a[g] · o_g) (attention_output_projection).
   DenseCall oa;
@@ -823,6 +865,7 @@ Status CudaModel::indexer(int64_t l, const Rows& r, bool qi_ready) {
 // FFN site: expand the attention output, collapse with the attention site's pre, the ffn coefficients.
 Status CudaModel::ffn_site(int64_t l, const Rows& r) {
   CEDAR_RETURN_IF_ERROR(join_coefficients());
+  CEDAR_RETURN_IF_ERROR(join_swa_commit());  // the layer's ring commit (the same PDL break as the join above)
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
@@ -840,12 +883,14 @@ Status CudaModel::moe(int64_t l, const Rows& r) {
   Workspace& w = *ws_;
   // x's FP8 codes feed the shared and the routed experts. Item tables (GEMVs) up to moe_items_max_rows
   // rows: the router runs inside moe_gemv's routed branch, beside the shared expert. Else the grouped GEMMs.
+  // With paths.fused_act_quant the ffn site's norm wrote them.
+  const bool quantize_x = !fold_act_quant(r.n, c.hidden_size);
   if (r.n <= std::max(kGemvMaxRows, options_.paths.moe_items_max_rows)) {
-    CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
+    if (quantize_x) CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
     return moe_gemv(l, r);
   }
   CEDAR_RETURN_IF_ERROR(route(l, r));
-  CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
+  if (quantize_x) CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
   return moe_gemm(l, r);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/device_math.cuh"
 
 namespace cedar::cuda::detail {
@@ -28,15 +29,12 @@ __device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
   return __half2float(__half(h));
 }
 
-// The FP8 activation recipe (quantize_act_fp8, core/numeric.cpp quantize_act_block32) for one value
+// The FP8 activation recipe (act_quant.cuh: quantize_act_fp8, core/numeric.cpp quantize_act_block32) for one value
 // of a 32-block whose max |x| is `block_amax`: returns the code's f16 bits; *scale = the block scale.
 __device__ __forceinline__ uint16_t quantize_act_value(float v, float block_amax, float* scale) {
-  const float amax = fmaxf(block_amax, 1e-4f);
-  const float s = ue8m0_to_float(ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
-  const float q = fminf(fmaxf(v / s, -448.0f), 448.0f);
-  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+  const float s = act_block_scale(block_amax);
   *scale = s;
-  return __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
+  return act_code_f16(v, s);
 }
 
 // Max of |v| over the 4 lanes of an aligned quad (lanes 4i..4i+3), all 32 lanes participating.

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_kernels.h"
@@ -162,14 +163,9 @@ __global__ void __launch_bounds__(kThreads)
     h[q] = detail::round_bf16(hv);
     amax = fmaxf(amax, fabsf(h[q]));
   }
-  const float a = fmaxf(detail::warp_max(amax), 1e-4f);
-  const float s = detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(a * (1.0f / 448.0f)));
+  const float s = detail::act_block_scale(detail::warp_max(amax));
 #pragma unroll
-  for (int q = 0; q < kPer; ++q) {
-    const float qv = fminf(fmaxf(h[q] / s, -448.0f), 448.0f);
-    h_codes[blk * kBlock + 32 * q + lane] =
-        __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(qv, __NV_SATFINITE, __NV_E4M3), __NV_E4M3).x;
-  }
+  for (int q = 0; q < kPer; ++q) h_codes[blk * kBlock + 32 * q + lane] = detail::act_code_f16(h[q], s);
   if (lane == 0) h_scales[blk] = s;
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_internal.h"
@@ -39,15 +40,11 @@ __global__ void __launch_bounds__(kQuantThreads)
   if (blk >= n_blocks) return;  // whole warps exit together
   const float4 v = *reinterpret_cast<const float4*>(x + blk * 128 + 4 * lane);
   const float m4 = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-  const float amax = fmaxf(detail::warp_max(m4), 1e-4f);
-  const float s = detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
+  const float s = detail::act_block_scale(detail::warp_max(m4));
   const float vs[4] = {v.x, v.y, v.z, v.w};
   uint16_t c[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float q = fminf(fmaxf(vs[e] / s, -448.0f), 448.0f);
-    c[e] = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3), __NV_E4M3).x;
-  }
+  for (int e = 0; e < 4; ++e) c[e] = detail::act_code_f16(vs[e], s);
   *reinterpret_cast<uint2*>(codes + blk * 128 + 4 * lane) =
       make_uint2(c[0] | (static_cast<uint32_t>(c[1]) << 16), c[2] | (static_cast<uint32_t>(c[3]) << 16));
   if (lane == 0) scales[blk] = s;

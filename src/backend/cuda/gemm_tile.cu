@@ -27,6 +27,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_internal.h"
@@ -129,16 +130,10 @@ __device__ __forceinline__ float clamp_swiglu(float v, float limit, bool both_si
   return v;
 }
 
-// e4m3 code (RNE, saturating) of v / s as its f16 bits — quantize_act_fp8's recipe.
-__device__ __forceinline__ uint16_t fp8_code_f16(float v, float s) {
-  const float q = fminf(fmaxf(v / s, -448.0f), 448.0f);
-  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
-  return __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
-}
-__device__ __forceinline__ float act_scale_of(float amax_raw) {
-  const float amax = fmaxf(amax_raw, 1e-4f);
-  return detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
-}
+// e4m3 code (RNE, saturating) of v / s as its f16 bits, and the block scale — quantize_act_fp8's recipe
+// (act_quant.cuh).
+__device__ __forceinline__ uint16_t fp8_code_f16(float v, float s) { return detail::act_code_f16(v, s); }
+__device__ __forceinline__ float act_scale_of(float amax_raw) { return detail::act_block_scale(amax_raw); }
 
 // Loop-invariant tile facts kept in shared memory (read by the loaders) rather than in registers.
 struct TileInfo {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/f16_stage.h"
@@ -39,7 +40,8 @@ using namespace gemv_detail;
 
 constexpr int kQuantThreads = 256;
 // One warp per 32-value block: warp max of |x|, UE8M0 scale, e4m3 codes (cvt.rn.satfinite), stored
-// as their exact f16 values (the GEMV's MMA operand).
+// as their exact f16 values (the GEMV's MMA operand) — act_quant.cuh, which the producers that write
+// the codes of their own output share.
 __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const float* x, int64_t n_blocks,
                                                                          uint16_t* codes, float* scales) {
   detail::pdl_launch_dependents();
@@ -47,13 +49,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_kernel(const f
   const int64_t blk = (static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (blk >= n_blocks) return;  // whole warps exit together
-  const float v = x[blk * 32 + lane];
-  const float amax = fmaxf(detail::warp_max(fabsf(v)), 1e-4f);
-  const float s = detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
-  const float q = fminf(fmaxf(v / s, -448.0f), 448.0f);
-  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
-  codes[blk * 32 + lane] = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
-  if (lane == 0) scales[blk] = s;
+  detail::quantize_act_warp(x[blk * 32 + lane], codes + blk * 32, scales + blk, lane);
 }
 
 // The same recipe with 4 consecutive values per thread (one float4): a 32-block is an aligned group
@@ -73,15 +69,11 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_act_fp8_x4_kernel(cons
     m = fmaxf(m, __shfl_xor_sync(detail::kFullMask, m, 1));
     m = fmaxf(m, __shfl_xor_sync(detail::kFullMask, m, 2));
     m = fmaxf(m, __shfl_xor_sync(detail::kFullMask, m, 4));
-    const float amax = fmaxf(m, 1e-4f);
-    const float s = detail::ue8m0_to_float(detail::ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
+    const float s = detail::act_block_scale(m);
     const float vs[4] = {v.x, v.y, v.z, v.w};
     uint32_t c[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float qv = fminf(fmaxf(vs[i] / s, -448.0f), 448.0f);
-      c[i] = __nv_cvt_fp8_to_halfraw(__nv_cvt_float_to_fp8(qv, __NV_SATFINITE, __NV_E4M3), __NV_E4M3).x;
-    }
+    for (int i = 0; i < 4; ++i) c[i] = detail::act_code_f16(vs[i], s);
     if (live) {
       reinterpret_cast<uint2*>(codes)[q] = make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
       if ((threadIdx.x & 7) == 0) scales[q >> 3] = s;

@@ -25,6 +25,19 @@ namespace cedar::cuda {
 Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* y,
                 cudaStream_t stream, bool programmatic_launch = false);
 
+// The FP8 block-32 codes of an activation [rows, width] as quantize_act_fp8 writes them (below): codes
+// [rows, width], scales [rows, width / 32]. Kernels that produce an activation write them for the next
+// GEMV with quantize_act_fp8's arithmetic (act_quant.cuh), so the bits are the same as that launch's.
+struct ActQuantOut {
+  uint16_t* codes = nullptr;
+  float* scales = nullptr;
+  bool on() const { return codes != nullptr; }
+};
+// rms_norm that also writes the codes + scales of y (the same y; dim % 32 == 0; codes and scales both
+// set, or neither: plain rms_norm). One launch instead of rms_norm + quantize_act_fp8.
+Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* y,
+                cudaStream_t stream, bool programmatic_launch, const ActQuantOut& quant);
+
 // ---- FP8 activation quantization (§3.1) --------------------------------------------------------
 // Per token, per block of 32 channels: amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)) (UE8M0),
 // codes = e4m3_RNE(clamp(x/s, ±448)). x [n, in] (in % 32 == 0) → codes [n, in], each e4m3 code stored
@@ -195,6 +208,10 @@ struct MhcFusedArgs {
   bool stream_serial_finish = false;
   // The streaming kernel's target block count (0: the default plan's, 4 or 6 per SM); bench sweeps only.
   int64_t stream_blocks = 0;
+  // Optional with normed: its FP8 codes + scales for the next GEMVs, written by whichever kernel writes
+  // normed (the decode kernel's last block, the expand + collapse + norm kernel, or rms_norm after) —
+  // quantize_act_fp8(normed)'s bits. (Last: the other fields keep their parameter offsets.)
+  ActQuantOut normed_quant = {};
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).

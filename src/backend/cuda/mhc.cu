@@ -23,6 +23,7 @@
 // * fn == null: expand and/or collapse only (elementwise, any n); with normed, up to
 //   kMhcNormFuseMaxTokens rows and the workspace's norm_counter, expand + collapse + norm in one
 //   launch (mhc_norm.cu).
+// normed_quant: every kernel that writes normed also writes its FP8 codes (act_quant.cuh).
 //
 // Expand and collapse are bit-exact with model/mhc.h in every path (mhc_common.cuh); the coefficients
 // are summed in fixed blocked orders (deterministic, ~1e-6 relative from the CPU's sequential sums).
@@ -75,7 +76,8 @@ static_assert(kDecThreads == kNormThreads, "the fused norm (norm_row) runs on th
 // fused norm), kept for the parity test and the bench rows. The current one: the last block runs the
 // coefficients with one warp per token (finish_mix_warp) and, when p.fuse_norm, the RMSNorm of
 // collapsed (stored before the ticket so that the last block can read every channel).
-template <bool kLegacy>
+// kQuant (with p.fuse_norm): the norm also writes normed's FP8 codes (a.normed_quant).
+template <bool kLegacy, bool kQuant = false>
 __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams p) {
   const MhcFusedArgs& a = p.a;
   __shared__ float coef[kMaxTokens][kCoef];
@@ -221,9 +223,13 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   } else {
     // The norm first (all threads, its stores in flight), then one warp per token's coefficients.
     if (p.fuse_norm) {
-      for (int t = 0; t < nt; ++t)
-        norm_row<false>(a.collapsed + (t0 + t) * d, a.norm_weight, d, a.normed_eps, a.normed + (t0 + t) * d, warp_sums,
-                        tid);
+      for (int t = 0; t < nt; ++t) {
+        ActQuantOut q;
+        if constexpr (kQuant)
+          q = ActQuantOut{a.normed_quant.codes + (t0 + t) * d, a.normed_quant.scales + (t0 + t) * (d / 32)};
+        norm_row<false, kQuant>(a.collapsed + (t0 + t) * d, a.norm_weight, d, a.normed_eps, a.normed + (t0 + t) * d,
+                                warp_sums, tid, q);
+      }
     }
     if (warp < nt) finish_mix_warp(m_all[warp], a, a.mix_out + (t0 + warp) * a.mix_stride, lane);
   }
@@ -740,6 +746,8 @@ Status check_args(const MhcFusedArgs& a, const char* who) {
   if (a.y && (!a.post || !a.comb || !a.X_out)) return make_error(w + ": expand (y given) needs post, comb and X_out");
   if (a.collapse_w && !a.collapsed) return make_error(w + ": collapse_w given without collapsed");
   if (a.normed && !a.collapse_w) return make_error(w + ": normed (the RMSNorm of collapsed) needs collapse_w");
+  if (a.normed_quant.on() != (a.normed_quant.scales != nullptr) || (a.normed_quant.on() && !a.normed))
+    return make_error(w + ": normed_quant (the FP8 codes of normed) needs codes, scales and normed");
   if (a.fn && (!a.base || !a.scale || !a.mix_out))
     return make_error(w + ": coefficients (fn given) need base, scale and mix_out");
   if (a.post_stride < 0 || a.comb_stride < 0 || a.collapse_w_stride < 0 || a.mix_stride < 0)
@@ -837,9 +845,11 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
   const bool together =
       tiles == 1 || (ws.partial_floats >= tiles * decode_tile_floats(a.d) && ws.counter_count >= tiles);
   if (tiles > 65535) return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large for the decode path");
-  auto kernel = a.legacy_decode ? mhc_decode_kernel<true> : mhc_decode_kernel<false>;
   // The last block normalizes its tile's rows one after another: worth it for a few rows only.
   const bool fuse = a.normed && !a.legacy_decode && a.n <= kMhcNormFuseMaxTokens;
+  auto kernel = a.legacy_decode                     ? mhc_decode_kernel<true>
+                : fuse && a.normed_quant.on()       ? mhc_decode_kernel<false, true>
+                                                    : mhc_decode_kernel<false>;
   if (together) {
     MhcDecodeParams p{a, ws.partials, ws.counter, 0, fuse};
     *norm_fused = fuse;
@@ -862,7 +872,8 @@ Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t 
   bool norm_fused = false;
   CEDAR_RETURN_IF_ERROR(mhc_launch(a, ws, stream, &norm_fused));
   if (!a.normed || norm_fused) return Status::Ok();
-  return rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, stream, a.programmatic_launch);
+  return rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, stream, a.programmatic_launch,
+                  a.normed_quant);
 }
 
 const void* mhc_fused_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_decode_kernel<false>); }

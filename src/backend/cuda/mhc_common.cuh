@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -263,9 +264,12 @@ constexpr int kNormBatch = 20;     // loads in flight per thread and batch: d = 
 // warp_sum, the warps in order; the same rstd in every thread), so the row has rms_norm's bits. x is
 // read through L2 (__ldcg: other blocks wrote it). Every thread of the block calls it (barriers).
 // kOnePass and dim <= 256 · kNormBatch: x and the weight loaded once (one round trip instead of two).
-template <bool kOnePass>
+// kQuant: also the FP8 codes of the row (quant: codes / scales of this row) — warp tid / 32 stores
+// channels c0 + 256·q + 32·(tid / 32) + lane, one aligned 32-block per warp and q (dim % 32 == 0: the
+// warp's lanes agree on c < dim), quantized as quantize_act_fp8 does (act_quant.cuh).
+template <bool kOnePass, bool kQuant = false>
 __device__ __forceinline__ void norm_row(const float* xr, const float* weight, int64_t dim, float eps, float* yr,
-                                         float* warp_sums, int tid) {
+                                         float* warp_sums, int tid, ActQuantOut quant = {}) {
   const bool one = kOnePass && dim <= int64_t{kNormThreads} * kNormBatch;
   float v[kNormBatch], wv[kNormBatch];
   float ss = 0.0f;
@@ -299,7 +303,15 @@ __device__ __forceinline__ void norm_row(const float* xr, const float* weight, i
     for (int q = 0; q < kNormBatch; ++q) {
       const int64_t c = c0 + int64_t{kNormThreads} * q;
       const float x = __fmul_rn(v[q], r);
-      if (c < dim) yr[c] = detail::round_bf16(weight ? __fmul_rn(wv[q], x) : x);
+      if (c < dim) {
+        const float out = detail::round_bf16(weight ? __fmul_rn(wv[q], x) : x);
+        yr[c] = out;
+        if constexpr (kQuant) {  // quantize_act_warp with the block at c − lane
+          const float s = detail::act_block_scale(detail::warp_max(fabsf(out)));
+          quant.codes[c] = detail::act_code_f16(out, s);
+          if ((tid & 31) == 0) quant.scales[c >> 5] = s;
+        }
+      }
     }
   }
   __syncthreads();  // warp_sums is reused by the next row

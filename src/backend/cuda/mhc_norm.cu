@@ -10,6 +10,8 @@
 // in use on the coefficient stream at the same time); X_out is stored after the ticket, off the fence.
 // The last block normalizes row t with its threads 256·t .. 256·t + 255 (norm_row: rms_norm_kernel's
 // arithmetic op for op, x and the weight in one round trip), all rows at once, and re-arms the counter.
+// With a.normed_quant (s8-quantfold) it also writes normed's FP8 codes + scales (quantize_act_fp8's
+// recipe, act_quant.cuh): the quantize launch before the next GEMVs is gone.
 #include <string>
 
 #include "backend/cuda/device_math.cuh"
@@ -27,6 +29,9 @@ constexpr int kMaxRows = static_cast<int>(kMhcNormFuseMaxTokens);
 constexpr int kMaxThreads = kMaxRows * kNormThreads;
 static_assert(kMaxThreads <= 1024, "one row per 256 threads of one block");
 
+// kQuant: the last block also writes the FP8 codes of normed (a.normed_quant), so the next GEMVs need
+// no quantize_act_fp8 launch.
+template <bool kQuant>
 __global__ void __launch_bounds__(kMaxThreads) mhc_expand_collapse_norm_kernel(MhcFusedArgs a, unsigned* counter) {
   __shared__ float warp_sums[kMaxRows][kNormThreads / 32];
   __shared__ bool is_last;
@@ -60,7 +65,10 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_expand_collapse_norm_kernel(M
   }
   if (!is_last) return;
   __threadfence();
-  norm_row<true>(a.collapsed + tok * d, a.norm_weight, d, a.normed_eps, a.normed + tok * d, warp_sums[tok], tid);
+  ActQuantOut q;
+  if constexpr (kQuant) q = ActQuantOut{a.normed_quant.codes + tok * d, a.normed_quant.scales + tok * (d / 32)};
+  norm_row<true, kQuant>(a.collapsed + tok * d, a.norm_weight, d, a.normed_eps, a.normed + tok * d, warp_sums[tok],
+                         tid, q);
   if (threadIdx.x == 0) *counter = 0;  // re-armed for the next launch / graph replay
 }
 
@@ -75,14 +83,20 @@ Status launch_expand_collapse_norm(const MhcFusedArgs& a, unsigned* counter, cud
                       "), normed, collapse_w and the workspace's norm_counter");
   const auto grid = static_cast<unsigned>((a.d + kNormThreads - 1) / kNormThreads);
   const auto threads = static_cast<unsigned>(a.n * kNormThreads);
-  return launch_kernel(mhc_expand_collapse_norm_kernel, dim3(grid), dim3(threads), 0, stream, a.programmatic_launch,
-                       "mhc_expand_collapse_norm_kernel", a, counter);
+  if (a.normed_quant.on())
+    return launch_kernel(mhc_expand_collapse_norm_kernel<true>, dim3(grid), dim3(threads), 0, stream,
+                         a.programmatic_launch, "mhc_expand_collapse_norm_kernel<quant>", a, counter);
+  return launch_kernel(mhc_expand_collapse_norm_kernel<false>, dim3(grid), dim3(threads), 0, stream,
+                       a.programmatic_launch, "mhc_expand_collapse_norm_kernel", a, counter);
 }
 
 }  // namespace mhc_detail
 
 const void* mhc_expand_collapse_norm_kernel_ptr() {
-  return reinterpret_cast<const void*>(&mhc_expand_collapse_norm_kernel);
+  return reinterpret_cast<const void*>(&mhc_expand_collapse_norm_kernel<false>);
+}
+const void* mhc_expand_collapse_norm_quant_kernel_ptr() {
+  return reinterpret_cast<const void*>(&mhc_expand_collapse_norm_kernel<true>);
 }
 
 }  // namespace cedar::cuda

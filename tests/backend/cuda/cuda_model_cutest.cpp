@@ -747,7 +747,13 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
   struct Case {
     std::string name;
     CudaKernelPaths a, b;
+    // Decode-graph nodes b has more than a at batch 1 (launches removed by a), or -1: not checked.
+    int64_t fewer_nodes = -1;
   };
+  // fused_act_quant removes 3 quantize launches per layer (the attention site's x, qr, the ffn site's x);
+  // swa_commit_aside moves a launch to another stream (events add no nodes).
+  const int64_t L = g.plan().num_layers(), quant_nodes = 3 * L;
+  const CudaKernelPaths legacy_cluster = CudaKernelPaths::legacy();  // the cluster kernel + rms_norm at 5..127 rows
   const Case cases[] = {
       {"defaults: programmatic_launch 1 vs 0", fast, with(fast, "programmatic_launch=0")},
       {"legacy: programmatic_launch 1 vs 0", with(old, "programmatic_launch=1"), old},
@@ -763,6 +769,21 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // layers, on the GEMV path with concurrent branches).
       {"defaults: engram_ahead 1 vs 0", fast, with(fast, "engram_ahead=0")},
       {"legacy: engram_ahead 1 vs 0", with(old, "engram_ahead=1"), old},
+      // The FP8 codes of xn / qr written by the kernels that write xn / qr (act_quant.cuh: quantize_act_fp8's
+      // operations), on each kernel path that writes the site norm: the split site (one launch / two at
+      // batch > 4), the decode kernel's fused norm (mhc_split=0, and the serial run below), rms_norm after
+      // the mHC (mhc_fused_norm=0 in prefill, legacy), the cluster kernel + rms_norm (legacy).
+      {"defaults: fused_act_quant 1 vs 0", fast, with(fast, "fused_act_quant=0"), quant_nodes},
+      {"mhc_split=0: fused_act_quant 1 vs 0", with(fast, "mhc_split=0"), with(fast, "mhc_split=0,fused_act_quant=0"),
+       quant_nodes},
+      {"mhc_fused_norm=0: fused_act_quant 1 vs 0", with(fast, "mhc_fused_norm=0"),
+       with(fast, "mhc_fused_norm=0,fused_act_quant=0"), quant_nodes},
+      {"legacy: fused_act_quant 1 vs 0", with(old, "fused_act_quant=1"), old, quant_nodes},
+      {"legacy + mhc_cluster: fused_act_quant 1 vs 0", with(legacy_cluster, "fused_act_quant=1"), legacy_cluster,
+       quant_nodes},
+      // The ring commit on the aux stream after the attention, joined at the ffn site.
+      {"defaults: swa_commit_aside 1 vs 0", fast, with(fast, "swa_commit_aside=0"), 0},
+      {"legacy: swa_commit_aside 1 vs 0", with(old, "swa_commit_aside=1"), old, 0},
   };
   const int64_t engram_layers = static_cast<int64_t>(g.config().engram_layer_ids.size());
   ASSERT_GT(engram_layers, 0) << GetParam() << ": no Engram layers, engram_ahead is not exercised";
@@ -770,9 +791,18 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
     g.set_paths(c.a);
     const std::vector<float> a = gpu_workload(g, ids);
     const int64_t ahead_a = g.engram_ahead_layers();
+    const size_t nodes_a = g.decode_graph_nodes(1);
     g.set_paths(c.b);
     const std::vector<float> b = gpu_workload(g, ids);
     expect_bitwise(GetParam() + " " + c.name, a, b, V);
+    if (c.fewer_nodes >= 0) {
+      const size_t nodes_b = g.decode_graph_nodes(1);
+      std::printf("MODEL %-60s decode graph (batch 1): %zu vs %zu nodes\n", (GetParam() + " " + c.name).c_str(),
+                  nodes_a, nodes_b);
+      ASSERT_GT(nodes_a, 0u) << GetParam() << " " << c.name << ": no decode graph at batch 1";
+      EXPECT_EQ(static_cast<int64_t>(nodes_b) - static_cast<int64_t>(nodes_a), c.fewer_nodes)
+          << GetParam() << " " << c.name << ": decode graph nodes " << nodes_a << " vs " << nodes_b;
+    }
     // The last call of the workload is a decode step (batch 1, captured): every Engram layer ahead or none.
     EXPECT_EQ(ahead_a, c.a.engram_ahead ? engram_layers : 0) << GetParam() << " " << c.name << " (a)";
     EXPECT_EQ(g.engram_ahead_layers(), c.b.engram_ahead ? engram_layers : 0) << GetParam() << " " << c.name << " (b)";
@@ -896,6 +926,17 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   ASSERT_FALSE(val.ok());
   EXPECT_NE(val.error().message.find("0 or 1"), std::string::npos) << val.error().message;
   EXPECT_NE(describe_cuda_options(CudaModelOptions()).find("router_splitk=1"), std::string::npos);
+  // s8-quantfold's switches: on by default, off in legacy, each by name.
+  CudaModelOptions q;
+  EXPECT_TRUE(q.paths.fused_act_quant && q.paths.swa_commit_aside);
+  EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside);
+  ASSERT_TRUE(apply_cuda_options("fused_act_quant=0", q).ok());
+  EXPECT_FALSE(q.paths.fused_act_quant);
+  EXPECT_TRUE(q.paths.swa_commit_aside);
+  ASSERT_TRUE(apply_cuda_options("swa_commit_aside=0", q).ok());
+  EXPECT_FALSE(q.paths.swa_commit_aside);
+  EXPECT_NE(describe_cuda_options(q).find("fused_act_quant=0,swa_commit_aside=0"), std::string::npos)
+      << describe_cuda_options(q);
 }
 
 INSTANTIATE_TEST_SUITE_P(Profiles, CudaModelParity, ::testing::Values(std::string("tiny"), std::string("small")),

@@ -1,0 +1,40 @@
+// The FP8 block-32 activation recipe (kernels.h quantize_act_fp8, core/numeric.cpp quantize_act_block32)
+// as device pieces, so that every kernel that writes activation codes — quantize_act_fp8 itself, and the
+// producers that write the codes of their own output (rms_norm, the mHC site norms, SwiGLU, the Engram
+// gather) — computes them with the same operations and so the same bits by construction:
+//   s = UE8M0 ceil pow2 of max(amax, 1e-4) / 448 (as fp32), code = e4m3_RNE_satfinite(clamp(v / s, ±448)),
+//   stored as the exact f16 value of the code (the GEMV's MMA operand).
+#pragma once
+
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_math.cuh"
+
+namespace cedar::cuda::detail {
+
+// The scale of a block whose max |x| is `block_amax` (any order of the max: fmaxf ignores NaN).
+__device__ __forceinline__ float act_block_scale(float block_amax) {
+  const float amax = fmaxf(block_amax, 1e-4f);
+  return ue8m0_to_float(ue8m0_ceil_pow2(amax * (1.0f / 448.0f)));
+}
+
+// The code of v in a block of scale s, as its f16 bits (s is a power of two: v / s is exact or rounds
+// once, as the CPU's division).
+__device__ __forceinline__ uint16_t act_code_f16(float v, float s) {
+  const float q = fminf(fmaxf(v / s, -448.0f), 448.0f);
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+  return __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
+}
+
+// One 32-value block held one value per lane (lane i: value i of the block): all 32 lanes call it (a
+// warp_max); the lane's code goes to codes[lane], the block's scale (lane 0) to *scale.
+__device__ __forceinline__ void quantize_act_warp(float v, uint16_t* codes, float* scale, int lane) {
+  const float s = act_block_scale(warp_max(fabsf(v)));
+  codes[lane] = act_code_f16(v, s);
+  if (lane == 0) *scale = s;
+}
+
+}  // namespace cedar::cuda::detail
