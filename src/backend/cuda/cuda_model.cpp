@@ -350,6 +350,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.engram_ahead = false;
   p.wo_a_f16 = false;
   p.fused_act_quant = false;
+  p.site_act_quant = false;
   p.swa_commit_aside = false;
   return p;
 }
@@ -377,6 +378,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"engram_ahead", &p.engram_ahead, nullptr},
           {"wo_a_f16", &p.wo_a_f16, nullptr},
           {"fused_act_quant", &p.fused_act_quant, nullptr},
+          {"site_act_quant", &p.site_act_quant, nullptr},
           {"swa_commit_aside", &p.swa_commit_aside, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},

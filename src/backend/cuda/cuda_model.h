@@ -105,10 +105,13 @@ struct CudaKernelPaths {
   // then scaled); the products are the same exact values, so the CPU oracle's bounds apply.
   bool wo_a_f16 = true;
   // The producers of the activations the FP8 GEMVs read write their codes too (act_quant.cuh: the same
-  // bits as quantize_act_fp8): the mHC site norms (every kernel that writes normed: x's codes for wq_a +
-  // wkv and for the experts) and q_norm (qr's codes for wq_b and the indexer's wq_b). Three
-  // quantize_act_fp8 launches less per layer on the decode critical path; prefill too.
+  // bits as quantize_act_fp8), one quantize_act_fp8 launch less each: fused_act_quant = q_norm (qr's
+  // codes for wq_b and the indexer's wq_b); site_act_quant = the mHC site norms (every kernel that writes
+  // normed: x's codes for wq_a + wkv and for the experts). site_act_quant is off: on the H200 (s8 run 5)
+  // the site kernels with codes were slower than site kernel + quantize (10.4 vs 6.9 µs at batch 1) and
+  // the step 0.27 ms slower with both switches on than with both off.
   bool fused_act_quant = true;
+  bool site_act_quant = false;
   // Decode with concurrent branches: the SWA ring commit after the sparse attention (nothing later in the
   // layer reads the ring) on the aux stream, joined at the ffn site (before the next layer's
   // swa_kv_encode rewrites the staged records). The same kernel on the same inputs.
@@ -303,9 +306,10 @@ class CudaModel {
   // RMSNorm (model eps); with quant (not null) also the FP8 codes of y.
   Status norm(const float* x, int64_t n, int64_t dim, const DeviceVector& weight, float* y,
               const ActQuantOut* quant = nullptr);
-  // paths.fused_act_quant for an activation [n, width] of the act_a / act_b buffers: its producer writes
-  // the codes (site_norm, q_norm) and the quantize launch is skipped. One predicate for both sides.
-  bool fold_act_quant(int64_t n, int64_t width) const;
+  // paths.site_act_quant (site: the mHC site norms) / paths.fused_act_quant (q_norm) for an activation
+  // [n, width] of the act_a / act_b buffers: its producer writes the codes and the quantize launch is
+  // skipped. One predicate for both sides.
+  bool fold_act_quant(int64_t n, int64_t width, bool site) const;
   // paths.swa_commit_aside: the ring commit on the aux stream and the wait for it (ffn_site, run_rows).
   Status join_swa_commit();
   // BF16 weights (groups of one shape as in gemv_bf16): gemv_bf16, or cuBLASLt for large calls.

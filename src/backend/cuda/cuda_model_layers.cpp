@@ -111,8 +111,8 @@ Status CudaModel::norm(const float* x, int64_t n, int64_t dim, const DeviceVecto
                   quant ? *quant : ActQuantOut{});
 }
 
-bool CudaModel::fold_act_quant(int64_t n, int64_t width) const {
-  return options_.paths.fused_act_quant && n * width <= ws_->act_capacity;
+bool CudaModel::fold_act_quant(int64_t n, int64_t width, bool site) const {
+  return (site ? options_.paths.site_act_quant : options_.paths.fused_act_quant) && n * width <= ws_->act_capacity;
 }
 
 Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
@@ -280,12 +280,12 @@ Status CudaModel::join_coefficients() {
 // kMhcNormFuseMaxTokens rows), or a separate rms_norm launch (paths.mhc_fused_norm = false). With
 // paths.mhc_split (decode branches), the critical kernel first (expand + collapse + the norm in one
 // launch up to kMhcNormFuseMaxTokens rows, paths.mhc_split_norm; else the elementwise kernel and
-// rms_norm), the coefficients on the coefficient stream. With paths.fused_act_quant, whichever kernel
+// rms_norm), the coefficients on the coefficient stream. With paths.site_act_quant, whichever kernel
 // writes xn also writes its FP8 codes into act_a (the attention's wq_a + wkv, the experts read them).
 Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& weight) {
   MhcFusedArgs& a = *static_cast<MhcFusedArgs*>(args_ptr);
   ActQuantOut quant;
-  if (fold_act_quant(r.n, config().hidden_size)) quant = ActQuantOut{ws_->act_a, ws_->act_a_scales};
+  if (fold_act_quant(r.n, config().hidden_size, true)) quant = ActQuantOut{ws_->act_a, ws_->act_a_scales};
   if (options_.paths.mhc_split && branches(r) && a.fn && a.mix_out && !cur_) {
     MhcFusedArgs crit = a;
     crit.fn = nullptr;
@@ -595,10 +595,10 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   // The staged records are rewritten below (swa_kv_encode): a previous layer's commit must have read them
   // (joined at its ffn site already; this keeps the order if a layer ever returns before its ffn site).
   CEDAR_RETURN_IF_ERROR(join_swa_commit());
-  // x's FP8 codes serve wq_a and wkv (written by the site norm with paths.fused_act_quant), qr's wq_b
-  // and the indexer's wq_b (written by q_norm).
-  if (!fold_act_quant(n, d)) CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
-  const bool qr_codes_in_norm = fold_act_quant(n, c.q_lora_rank);
+  // x's FP8 codes serve wq_a and wkv (written by the site norm with paths.site_act_quant), qr's wq_b
+  // and the indexer's wq_b (written by q_norm with paths.fused_act_quant).
+  if (!fold_act_quant(n, d, true)) CEDAR_RETURN_IF_ERROR(quantize(w.xn, n, d, w.act_a, w.act_a_scales));
+  const bool qr_codes_in_norm = fold_act_quant(n, c.q_lora_rank, false);
   const ActQuantOut qr_codes{w.act_b, w.act_b_scales};
   // Decode: matrices that read the same codes share one launch (gemv_quantized_multi): wq_a + wkv
   // before the branches, wq_b + the indexer's wq_b on index-source layers.
@@ -883,8 +883,8 @@ Status CudaModel::moe(int64_t l, const Rows& r) {
   Workspace& w = *ws_;
   // x's FP8 codes feed the shared and the routed experts. Item tables (GEMVs) up to moe_items_max_rows
   // rows: the router runs inside moe_gemv's routed branch, beside the shared expert. Else the grouped GEMMs.
-  // With paths.fused_act_quant the ffn site's norm wrote them.
-  const bool quantize_x = !fold_act_quant(r.n, c.hidden_size);
+  // With paths.site_act_quant the ffn site's norm wrote them.
+  const bool quantize_x = !fold_act_quant(r.n, c.hidden_size, true);
   if (r.n <= std::max(kGemvMaxRows, options_.paths.moe_items_max_rows)) {
     if (quantize_x) CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
     return moe_gemv(l, r);

@@ -750,9 +750,9 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
     // Decode-graph nodes b has more than a at batch 1 (launches removed by a), or -1: not checked.
     int64_t fewer_nodes = -1;
   };
-  // fused_act_quant removes 3 quantize launches per layer (the attention site's x, qr, the ffn site's x);
-  // swa_commit_aside moves a launch to another stream (events add no nodes).
-  const int64_t L = g.plan().num_layers(), quant_nodes = 3 * L;
+  // fused_act_quant removes a quantize launch per layer (qr), site_act_quant two (the attention and the
+  // ffn site's x); swa_commit_aside moves a launch to another stream (events add no nodes).
+  const int64_t L = g.plan().num_layers(), site_nodes = 2 * L;
   const CudaKernelPaths legacy_cluster = CudaKernelPaths::legacy();  // the cluster kernel + rms_norm at 5..127 rows
   const Case cases[] = {
       {"defaults: programmatic_launch 1 vs 0", fast, with(fast, "programmatic_launch=0")},
@@ -773,14 +773,15 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // operations), on each kernel path that writes the site norm: the split site (one launch / two at
       // batch > 4), the decode kernel's fused norm (mhc_split=0, and the serial run below), rms_norm after
       // the mHC (mhc_fused_norm=0 in prefill, legacy), the cluster kernel + rms_norm (legacy).
-      {"defaults: fused_act_quant 1 vs 0", fast, with(fast, "fused_act_quant=0"), quant_nodes},
-      {"mhc_split=0: fused_act_quant 1 vs 0", with(fast, "mhc_split=0"), with(fast, "mhc_split=0,fused_act_quant=0"),
-       quant_nodes},
-      {"mhc_fused_norm=0: fused_act_quant 1 vs 0", with(fast, "mhc_fused_norm=0"),
-       with(fast, "mhc_fused_norm=0,fused_act_quant=0"), quant_nodes},
-      {"legacy: fused_act_quant 1 vs 0", with(old, "fused_act_quant=1"), old, quant_nodes},
-      {"legacy + mhc_cluster: fused_act_quant 1 vs 0", with(legacy_cluster, "fused_act_quant=1"), legacy_cluster,
-       quant_nodes},
+      {"defaults: fused_act_quant 1 vs 0", fast, with(fast, "fused_act_quant=0"), L},
+      {"defaults: site_act_quant 1 vs 0", with(fast, "site_act_quant=1"), fast, site_nodes},
+      {"mhc_split=0: site_act_quant 1 vs 0", with(fast, "mhc_split=0,site_act_quant=1"), with(fast, "mhc_split=0"),
+       site_nodes},
+      {"mhc_fused_norm=0: site_act_quant 1 vs 0", with(fast, "mhc_fused_norm=0,site_act_quant=1"),
+       with(fast, "mhc_fused_norm=0"), site_nodes},
+      {"legacy: fused + site act quant 1 vs 0", with(old, "fused_act_quant=1,site_act_quant=1"), old, L + site_nodes},
+      {"legacy + mhc_cluster: fused + site act quant 1 vs 0",
+       with(legacy_cluster, "fused_act_quant=1,site_act_quant=1"), legacy_cluster, L + site_nodes},
       // The ring commit on the aux stream after the attention, joined at the ffn site.
       {"defaults: swa_commit_aside 1 vs 0", fast, with(fast, "swa_commit_aside=0"), 0},
       {"legacy: swa_commit_aside 1 vs 0", with(old, "swa_commit_aside=1"), old, 0},
@@ -929,13 +930,18 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   // s8-quantfold's switches: on by default, off in legacy, each by name.
   CudaModelOptions q;
   EXPECT_TRUE(q.paths.fused_act_quant && q.paths.swa_commit_aside);
-  EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside);
+  EXPECT_FALSE(q.paths.site_act_quant) << "measured slower on the H200 (s8 run 5): off by default";
+  EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside ||
+               CudaKernelPaths::legacy().site_act_quant);
+  ASSERT_TRUE(apply_cuda_options("site_act_quant=1", q).ok());
+  EXPECT_TRUE(q.paths.site_act_quant);
+  ASSERT_TRUE(apply_cuda_options("site_act_quant=0", q).ok());
   ASSERT_TRUE(apply_cuda_options("fused_act_quant=0", q).ok());
   EXPECT_FALSE(q.paths.fused_act_quant);
   EXPECT_TRUE(q.paths.swa_commit_aside);
   ASSERT_TRUE(apply_cuda_options("swa_commit_aside=0", q).ok());
   EXPECT_FALSE(q.paths.swa_commit_aside);
-  EXPECT_NE(describe_cuda_options(q).find("fused_act_quant=0,swa_commit_aside=0"), std::string::npos)
+  EXPECT_NE(describe_cuda_options(q).find("fused_act_quant=0,site_act_quant=0,swa_commit_aside=0"), std::string::npos)
       << describe_cuda_options(q);
 }
 
