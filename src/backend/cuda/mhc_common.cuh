@@ -88,6 +88,24 @@ __device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[k
   }
 }
 
+// One token's kSlot sums over the stream splits, in split order: lane l takes splits l, l + 32, ...,
+// then a fixed butterfly (every lane ends with the totals). partials: [split][n][kSlot].
+__device__ __forceinline__ void sum_token_splits(const float* partials, int64_t n, int64_t tok, int splits, int lane,
+                                                 float (&m)[kSlot]) {
+#pragma unroll
+  for (int i = 0; i < kSlot; ++i) m[i] = 0.0f;
+  for (int s = lane; s < splits; s += 32) {
+    const float* row = partials + (static_cast<int64_t>(s) * n + tok) * kSlot;
+    float v[kSlot];
+#pragma unroll
+    for (int i = 0; i < kSlot; ++i) v[i] = __ldcg(row + i);
+#pragma unroll
+    for (int i = 0; i < kSlot; ++i) m[i] += v[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kSlot; ++i) m[i] = detail::warp_sum(m[i]);
+}
+
 // The coefficients of one token by one thread, all in registers (hc_mix's op order, model/mhc.cpp):
 // m = dot·rstd, pre = sigmoid(m·s0 + b) + eps, post = 2·sigmoid(m·s1 + b), comb = row softmax + eps,
 // then the Sinkhorn (column first and last). The normalizations multiply by a correctly rounded

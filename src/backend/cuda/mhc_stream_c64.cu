@@ -320,18 +320,7 @@ __global__ void __launch_bounds__(32 * kFinTokens)
   const int64_t tok = t0 + warp;
   if (tok < a.n) {  // whole warps
     float m[kSlot];
-#pragma unroll
-    for (int i = 0; i < kSlot; ++i) m[i] = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-      const float* row = partials + (static_cast<int64_t>(s) * a.n + tok) * kSlot;
-      float v[kSlot];
-#pragma unroll
-      for (int i = 0; i < kSlot; ++i) v[i] = __ldcg(row + i);
-#pragma unroll
-      for (int i = 0; i < kSlot; ++i) m[i] += v[i];
-    }
-#pragma unroll
-    for (int i = 0; i < kSlot; ++i) m[i] = detail::warp_sum(m[i]);
+    sum_token_splits(partials, a.n, tok, splits, lane, m);
     if (lane == 0) {
 #pragma unroll
       for (int i = 0; i < kSlot; ++i) ms[warp][i] = m[i];

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,29 @@ namespace {
 using testing::alloc;
 using testing::download;
 using testing::upload;
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// `chain` (with PDL) captured into a graph (programmatic edges) and replayed twice: each replay must give
+// `plain`, the bits of the chain without PDL.
+void expect_graph_replays_equal(cudaStream_t s, const std::function<Status()>& chain,
+                                const std::function<std::vector<float>()>& results, const std::vector<float>& plain) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const Status st = chain();
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) {
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    EXPECT_TRUE(bit_equal(results(), plain)) << "graph replay " << rep << " with programmatic edges changed the results";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
 
 TEST(CudaPdl, DependentChainGivesTheSameBits) {
   CEDAR_REQUIRE_GPU();
@@ -99,30 +123,14 @@ TEST(CudaPdl, DependentChainGivesTheSameBits) {
     }
     return r;
   };
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
 
   ASSERT_TRUE(chain(false).ok());
   const auto plain = results();
   Status st = chain(true);
   ASSERT_TRUE(st.ok()) << st.error().message;
-  EXPECT_TRUE(same(results(), plain)) << "PDL launches changed the results";
+  EXPECT_TRUE(bit_equal(results(), plain)) << "PDL launches changed the results";
 
-  // The same chain captured into a graph (programmatic edges) and replayed twice.
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  st = chain(true);
-  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-  ASSERT_TRUE(st.ok()) << st.error().message;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int rep = 0; rep < 2; ++rep) {
-    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-    EXPECT_TRUE(same(results(), plain)) << "graph replay " << rep << " with programmatic edges changed the results";
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  expect_graph_replays_equal(s, [&] { return chain(true); }, results, plain);
   std::printf("PARITY %-40s %zu values bit-equal with and without PDL (direct and graph)\n", "PDL chain", plain.size());
 }
 
@@ -228,9 +236,6 @@ TEST(CudaPdl, RoutedExpertChainGivesTheSameBits) {
     for (int32_t e : download(experts)) r.push_back(static_cast<float>(e));
     return r;
   };
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   ASSERT_TRUE(chain(false).ok());
   const auto plain = results();
   // Not a vacuous comparison: the experts' outputs are not all zero.
@@ -239,22 +244,10 @@ TEST(CudaPdl, RoutedExpertChainGivesTheSameBits) {
   ASSERT_GT(mass, 0.0) << "the routed outputs are all zero";
   Status st = chain(true);
   ASSERT_TRUE(st.ok()) << st.error().message;
-  EXPECT_TRUE(same(results(), plain)) << "PDL launches changed the routed outputs";
+  EXPECT_TRUE(bit_equal(results(), plain)) << "PDL launches changed the routed outputs";
 
   ASSERT_TRUE(out.zero().ok());
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  st = chain(true);
-  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-  ASSERT_TRUE(st.ok()) << st.error().message;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int rep = 0; rep < 2; ++rep) {
-    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-    EXPECT_TRUE(same(results(), plain)) << "graph replay " << rep << " with programmatic edges changed the results";
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  expect_graph_replays_equal(s, [&] { return chain(true); }, results, plain);
   std::printf("PARITY %-40s %zu values bit-equal with and without PDL (direct and graph)\n", "PDL routed chain",
               plain.size());
 }
