@@ -31,9 +31,15 @@
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_internal.h"
+#include "backend/cuda/gemv_common.cuh"
 
 namespace cedar::cuda::gemm_detail {
 namespace {
+
+// The f16 HMMA and the exact e4m3 / e2m1 conversions of the decode GEMVs.
+using gemv_detail::e2m1x4_to_e4m3x4;
+using gemv_detail::e4m3x2_to_f16x2;
+using gemv_detail::mma_f16;
 
 template <bool kFp4_, int kWarpsM_, int kJ_>
 struct Cfg {
@@ -90,24 +96,7 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// d = A·B + d, m16n8k16, f16 × f16 → f32.
-__device__ __forceinline__ void mma_f16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
-// Two e4m3 bytes (low 16 bits) → f16x2 (low byte → low half), exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-// 4 e2m1 codes (one per byte, low nibble) → 4 e4m3 bytes of value e2m1 · 2^-6 (gemv.cu).
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
-  return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);
-}
 
 // Shared-memory swizzles (16-byte chunk index XOR a function of the row):
 //  * activations, rows of 128 B (8 chunks): a 16-byte read of 8 lanes covers tokens 2q, 2q+1 × the 4
