@@ -53,9 +53,11 @@ struct CuptiProcess {
   KernelTimeline::Collector* active = nullptr;
 };
 
+// Never destroyed: CUPTI may deliver a last buffer from its own thread or an exit handler after static
+// destructors ran.
 CuptiProcess& cupti_process() {
-  static CuptiProcess p;
-  return p;
+  static CuptiProcess* p = new CuptiProcess;
+  return *p;
 }
 
 std::string cupti_error(const CuptiApi& api, CUptiResult r, const char* call) {

@@ -111,7 +111,9 @@ TEST(KernelTimeline, RecordsKernelsOfTwoStreamsAndOfAGraphReplay) {
     EXPECT_LE(r.end_ns, *t1);
     EXPECT_EQ(r.graph_id, 0u);
     (is_rms_norm(r) ? norm_streams : quant_streams).insert(r.stream_id);
-    if (is_rms_norm(r)) EXPECT_EQ(r.grid[0], kRows);
+    if (is_rms_norm(r)) {
+      EXPECT_EQ(r.grid[0], kRows);  // one block per row
+    }
   }
   EXPECT_EQ(norm_streams.size(), 1u);
   EXPECT_EQ(quant_streams.size(), 1u);
