@@ -75,6 +75,10 @@ CommandSpec bench_spec() {
          "--device cuda: 1 = A/B of each fast kernel path against its old path (decode at batch 1, the "
          "first prefill length), 0 = skip",
          true, "1", "N"},
+        {"timeline",
+         "--device cuda: decode steps recorded as a CUPTI kernel timeline at each batch <= 8 (0 = off, at most 32; "
+         "$CEDAR_CUPTI: the libcupti to load)",
+         true, "0", "STEPS"},
     }};
   for (auto& o : prefix_cache_option_specs()) spec.options.push_back(o);
   return spec;

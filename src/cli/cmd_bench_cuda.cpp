@@ -23,6 +23,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/peaks.h"
 #include "backend/cuda/stream.h"
+#include "cli/bench_cuda_timeline.h"
 #include "io/atomic_file.h"
 #include "model/default_model.h"
 #include "model/roofline.h"
@@ -53,10 +54,13 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+constexpr int64_t kMaxTimelineSteps = 32;
+
 struct BenchOptions {
   std::filesystem::path model;
   std::vector<int64_t> batches, prefill_lens;
   int64_t context = 4096, gemm_size = 8192, bandwidth_mib = 1024, ced_tail = 0, threads = 0;
+  int64_t timeline = 0;  // decode steps recorded as a CUPTI kernel timeline per batch <= kGemvMaxRows
   bool profile = true, ab = true;
   std::string json_path;
   std::string cuda_options;  // apply_cuda_options spec
@@ -67,7 +71,8 @@ Result<BenchOptions> parse(const ParsedArgs& a) {
   if (auto m = a.positional(0)) o.model = *m;
   CEDAR_ASSIGN_OR_RETURN(o.batches, parse_positive_list(a.get("batches"), "batches"));
   CEDAR_ASSIGN_OR_RETURN(o.prefill_lens, parse_positive_list(a.get("prefill-lens"), "prefill-lens"));
-  for (const char* name : {"context", "gemm-size", "bandwidth-mib", "ced-tail", "threads", "decode-profile", "ab"}) {
+  for (const char* name : {"context", "gemm-size", "bandwidth-mib", "ced-tail", "threads", "decode-profile", "ab",
+                           "timeline"}) {
     auto v = a.get_int(name);
     if (!v.ok() || *v < 0) return make_error(std::string("--") + name + " expects a non-negative integer");
   }
@@ -78,6 +83,10 @@ Result<BenchOptions> parse(const ParsedArgs& a) {
   o.threads = *a.get_int("threads");
   o.profile = *a.get_int("decode-profile") != 0;
   o.ab = *a.get_int("ab") != 0;
+  o.timeline = *a.get_int("timeline");
+  // The recorded steps decode past the context into the sequences' 64 spare positions (kv.max_context).
+  if (o.timeline > kMaxTimelineSteps)
+    return make_error("--timeline expects at most " + std::to_string(kMaxTimelineSteps) + " steps");
   o.cuda_options = a.get("cuda-options");
   cuda::CudaModelOptions check;
   if (Status st = cuda::apply_cuda_options(o.cuda_options, check); !st.ok())
@@ -468,6 +477,19 @@ int run(const BenchOptions& o) {
   }
   if (!profiles.empty()) result["decode_profiles"] = profiles;
   result["decode"] = decode;
+  if (base && o.timeline > 0) {
+    // The real, concurrent step: CUPTI's kernel records of graph replays (docs/cuda.md "Kernel timeline").
+    json timelines = json::array();
+    for (size_t i = 0; i < o.batches.size(); ++i) {
+      if (o.batches[i] > cuda::kGemvMaxRows) continue;
+      DecodeTimelineOptions to;
+      to.batch = o.batches[i];
+      to.steps = o.timeline;
+      to.untraced_step_s = decode[i].contains("step_s") ? decode[i]["step_s"].get<double>() : 0;
+      timelines.push_back(bench_decode_timeline(*model, *base, to));
+    }
+    result["decode_timeline"] = timelines;
+  }
   for (const auto& row : decode)
     if (row.contains("error")) {
       std::fprintf(stderr, "decode: %s\n", row["error"].get<std::string>().c_str());
