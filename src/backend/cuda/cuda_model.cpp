@@ -352,6 +352,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.fused_act_quant = false;
   p.site_act_quant = false;
   p.swa_commit_aside = false;
+  p.router_ahead = false;
   return p;
 }
 
@@ -380,6 +381,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"fused_act_quant", &p.fused_act_quant, nullptr},
           {"site_act_quant", &p.site_act_quant, nullptr},
           {"swa_commit_aside", &p.swa_commit_aside, nullptr},
+          {"router_ahead", &p.router_ahead, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

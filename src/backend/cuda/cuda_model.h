@@ -116,6 +116,9 @@ struct CudaKernelPaths {
   // layer reads the ring) on the aux stream, joined at the ffn site (before the next layer's
   // swa_kv_encode rewrites the staged records). The same kernel on the same inputs.
   bool swa_commit_aside = true;
+  // Decode with concurrent branches: the router (split-K, one launch) and the expert dispatch on the main
+  // stream before the routed / shared fork instead of at the head of the routed branch.
+  bool router_ahead = true;
   static CudaKernelPaths legacy();
 };
 
@@ -294,7 +297,9 @@ class CudaModel {
   Status indexer(int64_t layer, const Rows& r, bool qi_ready);  // qi_ready: wq_b_i ran with wq_b
   Status ffn_site(int64_t layer, const Rows& r);
   Status moe(int64_t layer, const Rows& r);
-  Status route(int64_t layer, const Rows& r);  // router logits + top-k into the layer's expert ids
+  // Router logits + top-k into the layer's expert ids; beside_shared: in the routed branch next to the
+  // shared expert (the unsplit logits).
+  Status route(int64_t layer, const Rows& r, bool beside_shared);
   Status moe_gemv(int64_t layer, const Rows& r);
   Status moe_gemm(int64_t layer, const Rows& r);
   Status shared_expert_gemm(int64_t layer, const Rows& r);  // fused SwiGLU GEMM + W2 (shared → w.shared)

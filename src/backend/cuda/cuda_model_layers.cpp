@@ -889,12 +889,12 @@ Status CudaModel::moe(int64_t l, const Rows& r) {
     if (quantize_x) CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
     return moe_gemv(l, r);
   }
-  CEDAR_RETURN_IF_ERROR(route(l, r));
+  CEDAR_RETURN_IF_ERROR(route(l, r, false));
   if (quantize_x) CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
   return moe_gemm(l, r);
 }
 
-Status CudaModel::route(int64_t l, const Rows& r) {
+Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared) {
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
@@ -914,9 +914,10 @@ Status CudaModel::route(int64_t l, const Rows& r) {
   ra.experts = w.experts[static_cast<size_t>(l)] + r.first * c.num_experts_per_tok;
   ra.weights = w.route_w;
   // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM. Not
-  // beside the shared expert (decode branches): there its ~120 blocks compete with the shared expert's
-  // GEMVs, and the unsplit kernel was faster at batch 1 in every A/B of s5 / s6 (−0.08 to −0.09 ms).
-  if (options_.paths.router_splitk && !branches(r)) {
+  // beside the shared expert (decode branches, router_ahead = 0): there its ~120 blocks compete with the
+  // shared expert's GEMVs, and the unsplit kernel was faster at batch 1 in every A/B of s5 / s6 (−0.08 to
+  // −0.09 ms).
+  if (options_.paths.router_splitk && !beside_shared) {
     ra.splitk = w.router_ws;
     if (tables_->blas && r.n * c.hidden_size <= w.dense_x_elems) {
       ra.blas = tables_->blas.get();
@@ -1002,13 +1003,20 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                               w.item_counts + 1,
                               P};
   const Mxfp4Layout layout = X.repacked ? Mxfp4Layout::PackedBalanced : Mxfp4Layout::Plain;
-  // The router is latency-bound (≈ 11 µs for 4 MB at batch 1): in the routed branch it runs while the
-  // shared expert's GEMVs stream on the other stream.
-  auto routed = [&]() -> Status {
-    CEDAR_RETURN_IF_ERROR(route(l, r));
+  // The router and the dispatch are latency-bound (4 MB and a few item rows at batch 1). paths.router_ahead:
+  // both on the main stream before the fork (the split-K router's one fused launch, then the dispatch,
+  // under PDL), so the routed branch starts with its first GEMV. Else in the routed branch, beside the
+  // shared expert's GEMVs (the s8 kernel timeline: router + select + dispatch + the fork's first launch
+  // put ~31 µs before w1/w3 there at batch 1).
+  auto dispatch = [&]() -> Status {
+    CEDAR_RETURN_IF_ERROR(route(l, r, /*beside_shared=*/!options_.paths.router_ahead && branches(r)));
     // The chain after the router runs under PDL: each kernel waits for its predecessor before reading.
     da.programmatic_launch = pdl();
-    CEDAR_RETURN_IF_ERROR(moe_build_items(da, cs()));
+    return moe_build_items(da, cs());
+  };
+  if (options_.paths.router_ahead) CEDAR_RETURN_IF_ERROR(dispatch());
+  auto routed = [&]() -> Status {
+    if (!options_.paths.router_ahead) CEDAR_RETURN_IF_ERROR(dispatch());
     QuantWeightView shape13 = X.first[DeviceExperts::kW1].quant();
     QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
     shape13.data = shape2.data = nullptr;
