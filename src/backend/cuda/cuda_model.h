@@ -117,8 +117,9 @@ struct CudaKernelPaths {
   // swa_kv_encode rewrites the staged records). The same kernel on the same inputs.
   bool swa_commit_aside = true;
   // Decode with concurrent branches: the router (split-K, one launch) and the expert dispatch on the main
-  // stream before the routed / shared fork instead of at the head of the routed branch.
-  bool router_ahead = true;
+  // stream before the routed / shared fork instead of at the head of the routed branch. Off until measured:
+  // built after the session's last device run (s8), A/B with --cuda-options router_ahead=1.
+  bool router_ahead = false;
   static CudaKernelPaths legacy();
 };
 

@@ -1003,11 +1003,11 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                               w.item_counts + 1,
                               P};
   const Mxfp4Layout layout = X.repacked ? Mxfp4Layout::PackedBalanced : Mxfp4Layout::Plain;
-  // The router and the dispatch are latency-bound (4 MB and a few item rows at batch 1). paths.router_ahead:
-  // both on the main stream before the fork (the split-K router's one fused launch, then the dispatch,
-  // under PDL), so the routed branch starts with its first GEMV. Else in the routed branch, beside the
-  // shared expert's GEMVs (the s8 kernel timeline: router + select + dispatch + the fork's first launch
-  // put ~31 µs before w1/w3 there at batch 1).
+  // The router and the dispatch are latency-bound (4 MB and a few item rows at batch 1). In the routed
+  // branch, beside the shared expert's GEMVs, the s8 kernel timeline shows router + select + dispatch + the
+  // fork's first launch put ~31 µs before w1/w3 at batch 1. paths.router_ahead (off until measured): both
+  // on the main stream before the fork (the split-K router's one fused launch, then the dispatch, under
+  // PDL), so the routed branch starts with its first GEMV.
   auto dispatch = [&]() -> Status {
     CEDAR_RETURN_IF_ERROR(route(l, r, /*beside_shared=*/!options_.paths.router_ahead && branches(r)));
     // The chain after the router runs under PDL: each kernel waits for its predecessor before reading.
