@@ -1,4 +1,4 @@
-// Internals shared by cuda_model.cpp (load, sequences, steps) and cuda_model_layers.cpp (the layer
+// Internals shared by cuda_model.cpp (load, sequences, steps) and cuda_model_layers.cpp / _moe.cpp (the layer
 // loop): the activation workspace, the step inputs and the per-layer descriptor tables. Host-side C++20.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/attention_kernels.h"
+#include "backend/cuda/cuda_status.h"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/ffn_kernels.h"
@@ -181,5 +182,41 @@ class Carver {
   DeviceMemoryPlan* plan_;
   uint64_t offset_ = 0;
 };
+
+// Small helpers of the layer loop's files (cuda_model_layers.cpp, cuda_model_moe.cpp).
+namespace model_detail {
+inline std::string str(int64_t v) { return std::to_string(v); }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline const uint16_t* bf16_bits(const DeviceMatrix& m) { return reinterpret_cast<const uint16_t*>(m.data); }
+inline QuantWeightFormat quant_format(const DeviceMatrix& m) {
+  return m.format == DeviceFormat::Mxfp4 ? QuantWeightFormat::MXFP4 : QuantWeightFormat::FP8Block;
+}
+}  // namespace model_detail
+
+template <typename Main, typename Aux>
+Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
+  if (!on) {
+    CEDAR_RETURN_IF_ERROR(aux());
+    return main();
+  }
+  const cudaStream_t s = stream_.get(), a = tables_->aux.get();
+  // The first kernel of each stream after the fork and after the join depends on the other stream too:
+  // launched without PDL (a programmatic edge expresses a dependency on one same-stream predecessor).
+  pdl_fresh_[0] = pdl_fresh_[1] = true;
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->fork_ev, s));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->fork_ev, 0));
+  cur_ = a;
+  const Status sa = aux();
+  cur_ = nullptr;
+  const Status sm = sa.ok() ? main() : Status::Ok();
+  // Join even after an error, so that a capture in progress ends with every branch merged.
+  const cudaError_t e1 = cudaEventRecord(tables_->join_ev, a);
+  const cudaError_t e2 = cudaStreamWaitEvent(s, tables_->join_ev, 0);
+  pdl_fresh_[0] = pdl_fresh_[1] = true;
+  CEDAR_RETURN_IF_ERROR(sa);
+  CEDAR_RETURN_IF_ERROR(sm);
+  CEDAR_CUDA_RETURN_IF_ERROR(e1);
+  return cuda_status(e2, "cudaStreamWaitEvent(join)");
+}
 
 }  // namespace cedar::cuda
