@@ -189,13 +189,16 @@ Result<uint32_t> cupti_version() {
 Result<KernelTimeline> KernelTimeline::start() {
   CEDAR_ASSIGN_OR_RETURN(const CuptiApi* api, load_cupti());
   CuptiProcess& p = cupti_process();
-  KernelTimeline t;
-  t.collector_ = std::make_unique<Collector>();
+  // The collector joins `t` only once it is the active one: a refused start must not hold one, or its
+  // destructor would stop the recording that is active (the s8 run 7 failure of the two-stream test).
+  auto collector = std::make_unique<Collector>();
   {
     std::lock_guard<std::mutex> lock(p.sink_mu);
     if (p.active != nullptr) return make_error("KernelTimeline::start: another kernel timeline is recording");
-    p.active = t.collector_.get();
+    p.active = collector.get();
   }
+  KernelTimeline t;
+  t.collector_ = std::move(collector);
   auto detach = [&](std::string message) -> Error {
     std::lock_guard<std::mutex> lock(p.sink_mu);
     p.active = nullptr;
