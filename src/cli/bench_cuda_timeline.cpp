@@ -31,12 +31,26 @@ json lanes_json(const MeanTimelineStats& m) {
   return j;
 }
 
+// The busiest lanes first, at most kShownLanes of them: CUPTI gives every graph-branch segment of a decode
+// step its own stream id (s8 run 7: hundreds), so the rest is summed into one entry (all are in the JSON).
+constexpr size_t kShownLanes = 8;
 std::string lanes_text(const char* what, const MeanTimelineStats& m) {
+  std::vector<MeanStreamBusy> lanes = m.streams;
+  std::stable_sort(lanes.begin(), lanes.end(),
+                   [](const MeanStreamBusy& a, const MeanStreamBusy& b) { return a.busy_ns > b.busy_ns; });
   std::string text;
-  for (const MeanStreamBusy& s : m.streams) {
+  for (size_t i = 0; i < lanes.size() && i < kShownLanes; ++i) {
     char buf[128];
-    std::snprintf(buf, sizeof buf, "%s%s %u busy %.1f us (%.1f kernels)", text.empty() ? "" : ", ", what, s.stream_id,
-                  us(s.busy_ns), s.kernels);
+    std::snprintf(buf, sizeof buf, "%s%s %u busy %.1f us (%.1f kernels)", text.empty() ? "" : ", ", what,
+                  lanes[i].stream_id, us(lanes[i].busy_ns), lanes[i].kernels);
+    text += buf;
+  }
+  if (lanes.size() > kShownLanes) {
+    double busy = 0, kernels = 0;
+    for (size_t i = kShownLanes; i < lanes.size(); ++i) busy += lanes[i].busy_ns, kernels += lanes[i].kernels;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, ", %zu more %ss busy %.1f us (%.1f kernels) together", lanes.size() - kShownLanes,
+                  what, us(busy), kernels);
     text += buf;
   }
   return text;
