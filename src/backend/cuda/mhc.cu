@@ -66,7 +66,6 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
                "l"(src)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // The last block's partial loads in flight per lane and slot: G <= 128.
 constexpr int kTailBlocksPerLane = 4;
@@ -460,23 +459,6 @@ __global__ void __launch_bounds__(kStThreads, 2) mhc_stream_kernel(MhcStreamPara
 // so each chunk's 8–12 MMAs start from zero and their result is added (RN) into the per-thread sums:
 // no long truncating chains. Σ X_new² (slot 24) is summed from the A fragments with FMAs. At the end the
 // 4 stream warps' sums are added in stream order into partials[split][token][25].
-
-__device__ __forceinline__ uint32_t tf32_rna(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
-  big = tf32_rna(x);
-  small = tf32_rna(x - __uint_as_float(big));
-}
-// D += A·B, m16n8k8, TF32 in, fp32 accumulate (fragments as in the PTX ISA: a = rows g, g+8 × cols t,
-// t+4; b = rows t, t+4 × col g; d = rows g, g+8 × cols 2t, 2t+1).
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 constexpr int kTcMTiles = 2;              // m16 tiles per warp (32 tokens)
 constexpr int kTcNTiles = kMix / 8;       // 3

@@ -88,6 +88,26 @@ __device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[k
   }
 }
 
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// The streaming kernels' 3xTF32 pieces (mhc.cu, mhc_stream_c64.cu): x = big + small with
+// |x − big − small| <= 2^-24·|x|, and D += A·B on m16n8k8 (TF32 in, fp32 accumulate; fragments as in the
+// PTX ISA: a = rows g, g+8 × cols t, t+4; b = rows t, t+4 × col g; d = rows g, g+8 × cols 2t, 2t+1).
+__device__ __forceinline__ uint32_t tf32_rna(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  big = tf32_rna(x);
+  small = tf32_rna(x - __uint_as_float(big));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // One token's kSlot sums over the stream splits, in split order: lane l takes splits l, l + 32, ...,
 // then a fixed butterfly (every lane ends with the totals). partials: [split][n][kSlot].
 __device__ __forceinline__ void sum_token_splits(const float* partials, int64_t n, int64_t tok, int splits, int lane,
