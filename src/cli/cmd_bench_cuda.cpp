@@ -178,7 +178,8 @@ struct AbRow {
   std::string error;
 };
 
-// The switches an A/B run flips, each alone against the defaults, then all of them together (legacy);
+// The switches an A/B run flips, each alone (or in the combinations listed) against the defaults, then all
+// of them together (legacy);
 // "defaults" first: the defaults timed the way every A/B row is (a fresh fork, its own graphs).
 const std::vector<std::string>& ab_specs() {
   static const std::vector<std::string> specs = {
@@ -186,7 +187,8 @@ const std::vector<std::string>& ab_specs() {
       "mhc_cluster=1",         "fused_q_rope=0",  "mhc_fused_norm=0", "attn_head_split=0",
       "mhc_split=0",           "mhc_split_norm=0",      "engram_ahead=0",  "wo_a_f16=0",
       "fused_act_quant=0",     "site_act_quant=1",      "swa_commit_aside=0", "router_ahead=1",
-      "legacy"};
+      "fork_pdl=1",            "router_ahead=1,dispatch_in_router=1",
+      "router_ahead=1,dispatch_in_router=1,fork_pdl=1",   "legacy"};
   return specs;
 }
 

@@ -353,6 +353,8 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.site_act_quant = false;
   p.swa_commit_aside = false;
   p.router_ahead = false;
+  p.dispatch_in_router = false;
+  p.fork_pdl = false;
   return p;
 }
 
@@ -382,6 +384,8 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"site_act_quant", &p.site_act_quant, nullptr},
           {"swa_commit_aside", &p.swa_commit_aside, nullptr},
           {"router_ahead", &p.router_ahead, nullptr},
+          {"dispatch_in_router", &p.dispatch_in_router, nullptr},
+          {"fork_pdl", &p.fork_pdl, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

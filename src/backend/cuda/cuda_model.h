@@ -42,6 +42,7 @@ inline constexpr int64_t kGemvMaxRows = 8;
 
 struct MhcWorkspace;  // kernels.h
 struct ActQuantOut;   // kernels.h
+struct MoeDispatchArgs;  // ffn_kernels.h
 
 // The layer loop's kernel paths that have a faster variant (docs/cuda.md "Performance pass", "phase 3"):
 // the defaults are the fast paths; `legacy()` is the loop before them (tests compare the two,
@@ -120,6 +121,16 @@ struct CudaKernelPaths {
   // stream before the routed / shared fork instead of at the head of the routed branch. Off until measured:
   // built after the session's last device run (s8), A/B with --cuda-options router_ahead=1.
   bool router_ahead = false;
+  // The expert dispatch (moe_build_items) built by the last block of the fused split-K router launch
+  // (moe_route with a dispatch) instead of a one-block kernel after it: one launch and one PDL hand-off
+  // less before w1 / w3 (the s8 timeline: ~7.5 µs from the selection's end to the items' at batch 1). The
+  // same device function on the same ids: the same items. Off until measured on the H200 (s9).
+  bool dispatch_in_router = false;
+  // Decode with concurrent branches: the main stream's first kernel after a fork keeps its PDL edge (it
+  // depends only on its own stream's last kernel; the aux stream's first kernel and the kernel after the
+  // join wait on the other stream and stay full edges). The s8 timeline shows the routed branch's first
+  // kernel starting 5.6 µs after the kernel before the fork ended. Off until measured on the H200 (s9).
+  bool fork_pdl = false;
   static CudaKernelPaths legacy();
 };
 
@@ -300,7 +311,9 @@ class CudaModel {
   Status moe(int64_t layer, const Rows& r);
   // Router logits + top-k into the layer's expert ids; beside_shared: in the routed branch next to the
   // shared expert (the unsplit logits).
-  Status route(int64_t layer, const Rows& r, bool beside_shared);
+  // The router; with `dispatch` also the expert items (moe_build_items, or inside the fused router's launch
+  // with paths.dispatch_in_router).
+  Status route(int64_t layer, const Rows& r, bool beside_shared, MoeDispatchArgs* dispatch = nullptr);
   Status moe_gemv(int64_t layer, const Rows& r);
   Status moe_gemm(int64_t layer, const Rows& r);
   Status shared_expert_gemm(int64_t layer, const Rows& r);  // fused SwiGLU GEMM + W2 (shared → w.shared)

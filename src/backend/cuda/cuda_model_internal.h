@@ -200,9 +200,12 @@ Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
     return main();
   }
   const cudaStream_t s = stream_.get(), a = tables_->aux.get();
-  // The first kernel of each stream after the fork and after the join depends on the other stream too:
-  // launched without PDL (a programmatic edge expresses a dependency on one same-stream predecessor).
-  pdl_fresh_[0] = pdl_fresh_[1] = true;
+  // The aux stream's first kernel after the fork and the main stream's after the join depend on the other
+  // stream too: launched without PDL (a programmatic edge expresses a dependency on one same-stream
+  // predecessor). The main stream's first kernel after the fork depends on its own stream only
+  // (paths.fork_pdl keeps its edge programmatic).
+  pdl_fresh_[1] = true;
+  if (!options_.paths.fork_pdl) pdl_fresh_[0] = true;
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->fork_ev, s));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->fork_ev, 0));
   cur_ = a;

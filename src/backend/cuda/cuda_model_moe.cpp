@@ -27,7 +27,7 @@ Status CudaModel::moe(int64_t l, const Rows& r) {
   return moe_gemm(l, r);
 }
 
-Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared) {
+Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatchArgs* dispatch) {
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
@@ -63,10 +63,17 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared) {
     CEDAR_RETURN_IF_ERROR(router_logits(ra, cs()));
     ra.programmatic_launch = pdl();
     CEDAR_RETURN_IF_ERROR(router_select(ra, cs()));
+  } else if (dispatch && options_.paths.dispatch_in_router) {
+    CEDAR_RETURN_IF_ERROR(moe_route(ra, cs(), dispatch));
+    dispatch = nullptr;
   } else {
     CEDAR_RETURN_IF_ERROR(moe_route(ra, cs()));
   }
   if (ra.blas && r.n > kRouterBlasMinTokens) pdl_barrier();
+  if (dispatch) {  // the chain after the router runs under PDL: each kernel waits before reading
+    dispatch->programmatic_launch = pdl();
+    CEDAR_RETURN_IF_ERROR(moe_build_items(*dispatch, cs()));
+  }
   return mark("moe.route", L.gate.bytes());
 }
 
@@ -140,12 +147,10 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   // branch, beside the shared expert's GEMVs, the s8 kernel timeline shows router + select + dispatch + the
   // fork's first launch put ~31 µs before w1/w3 at batch 1. paths.router_ahead (off until measured): both
   // on the main stream before the fork (the split-K router's one fused launch, then the dispatch, under
-  // PDL), so the routed branch starts with its first GEMV.
+  // PDL), so the routed branch starts with its first GEMV. paths.dispatch_in_router: the dispatch inside
+  // that fused launch.
   auto dispatch = [&]() -> Status {
-    CEDAR_RETURN_IF_ERROR(route(l, r, /*beside_shared=*/!options_.paths.router_ahead && branches(r)));
-    // The chain after the router runs under PDL: each kernel waits for its predecessor before reading.
-    da.programmatic_launch = pdl();
-    return moe_build_items(da, cs());
+    return route(l, r, /*beside_shared=*/!options_.paths.router_ahead && branches(r), &da);
   };
   if (options_.paths.router_ahead) CEDAR_RETURN_IF_ERROR(dispatch());
   auto routed = [&]() -> Status {

@@ -89,8 +89,12 @@ struct RouterArgs {
 SplitKSize router_workspace_size(int64_t n_experts, int64_t d);
 Status router_logits(const RouterArgs& a, cudaStream_t stream);
 Status router_select(const RouterArgs& a, cudaStream_t stream);
-// router_logits + router_select (one fused launch for n <= 8 with a workspace and n·E <= 5120).
-Status moe_route(const RouterArgs& a, cudaStream_t stream);
+// router_logits + router_select (one fused launch for n <= 8 with a workspace and n·E <= 5120). With
+// `dispatch` (its experts, n, topk and n_experts those of `a`) also moe_build_items: inside the fused
+// launch (its last block builds the items right after the selection, n_experts <= 1024), else as the
+// kernel after the selection.
+struct MoeDispatchArgs;
+Status moe_route(const RouterArgs& a, cudaStream_t stream, const MoeDispatchArgs* dispatch = nullptr);
 
 // ---- MoE dispatch: device-side grouped-GEMV items ---------------------------------------------------
 // One item = one weight matrix applied to up to 8 activation rows (gathered) writing up to 8 output
@@ -138,6 +142,7 @@ struct MoeDispatchArgs {
 constexpr int64_t kMoeMaxPairs = 8192;  // n·topk per dispatch (one block)
 constexpr int64_t kMoeMaxExperts = 4096;
 Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream);
+Status check_moe_dispatch(const MoeDispatchArgs& a);  // moe_build_items' argument checks
 
 // Device layout of MXFP4 weights for the item / packed GEMVs (see "MXFP4 packed expert layout").
 // Packed: the plain kernel's K schedule (runs of 8 K blocks strided over 8 warps): bit-equal to the

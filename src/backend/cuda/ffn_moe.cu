@@ -8,115 +8,24 @@
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/moe_items_build.cuh"
 
 namespace cedar::cuda {
 namespace {
 
 constexpr int kDispatchThreads = 1024;
+static_assert(4 * kDispatchThreads >= kMoeMaxExperts, "build_moe_items scans n_experts <= 4 x threads");
 constexpr int kSwigluThreads = 256;  // 8 warps = 8 blocks of 32 values
 constexpr int kCombineThreads = 256;
 constexpr int kMaxCombineTopk = 64;
 
-// Exclusive scan of v[0..count) in place (count <= 4 * blockDim.x), fixed order; returns the total.
-// All threads call it.
-__device__ int32_t block_exclusive_scan(int32_t* v, int64_t count, int32_t* warp_tot) {
-  constexpr int kPer = 4;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int32_t local[kPer];
-  int32_t sum = 0;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t at = static_cast<int64_t>(tid) * kPer + i;
-    local[i] = at < count ? v[at] : 0;
-    sum += local[i];
-  }
-  // Inclusive warp scan of the per-thread sums, then the warp totals.
-  int32_t incl = sum;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int32_t up = __shfl_up_sync(detail::kFullMask, incl, o);
-    if (lane >= o) incl += up;
-  }
-  __syncthreads();
-  if (lane == 31) warp_tot[warp] = incl;
-  __syncthreads();
-  int32_t warp_base = 0, total = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
-    if (w < warp) warp_base += warp_tot[w];
-    total += warp_tot[w];
-  }
-  int32_t run = warp_base + incl - sum;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t at = static_cast<int64_t>(tid) * kPer + i;
-    if (at < count) v[at] = run;
-    run += local[i];
-  }
-  __syncthreads();
-  return total;
-}
-
-// One block: pairs p = t·K + k grouped by expert (counts → offsets → each expert's thread lists its
-// pairs in order), then items of <= 8 pairs per expert, n_mats items per group, for each table.
+// One block: build_moe_items (moe_items_build.cuh) once the router's expert ids are written.
 __global__ void __launch_bounds__(kDispatchThreads) moe_build_items_kernel(MoeDispatchArgs a) {
   extern __shared__ int32_t sm[];
-  const int64_t P = a.n * a.topk, E = a.n_experts;
-  int32_t* pair_expert = sm;       // [P]
-  int32_t* num = pair_expert + P;  // [E] pairs per expert
-  int32_t* offset = num + E;       // [E] first position of expert e in `order`
-  int32_t* group = offset + E;     // [E] first item group of expert e
-  int32_t* order = group + E;      // [P] pairs sorted by (expert, pair)
   __shared__ int32_t warp_tot[32];
   detail::pdl_launch_dependents();
   detail::pdl_wait();  // the router's experts
-  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) pair_expert[p] = a.experts[p];
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) num[e] = 0;
-  __syncthreads();
-  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
-    const int32_t e = pair_expert[p];
-    if (e >= 0 && e < E) atomicAdd(num + e, 1);  // integer counts: order-independent
-  }
-  __syncthreads();
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    offset[e] = num[e];
-    group[e] = (num[e] + kGemvItemRows - 1) / kGemvItemRows;
-  }
-  __syncthreads();
-  block_exclusive_scan(offset, E, warp_tot);
-  const int32_t n_groups = block_exclusive_scan(group, E, warp_tot);
-  // Stable lists: the thread of expert e appends its pairs in pair order.
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    if (num[e] == 0) continue;
-    int32_t at = offset[e];
-    for (int64_t p = 0; p < P; ++p)
-      if (pair_expert[p] == e) order[at++] = static_cast<int32_t>(p);
-  }
-  __syncthreads();
-  for (int ti = 0; ti < a.n_tables; ++ti) {
-    const MoeItemTable& tb = a.tables[ti];
-    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-      const int32_t pairs = num[e];
-      for (int32_t g = 0; g * kGemvItemRows < pairs; ++g) {
-        const int32_t off = offset[e] + g * kGemvItemRows;
-        const int32_t rows = pairs - g * kGemvItemRows < kGemvItemRows ? pairs - g * kGemvItemRows : kGemvItemRows;
-        for (int m = 0; m < tb.n_mats; ++m) {
-          DeviceGemvItem it;
-          it.data = tb.mats[m].data[e];
-          it.scales = tb.mats[m].scales[e];
-          it.act_codes = tb.act_codes;
-          it.act_scales = tb.act_scales;
-          it.y = tb.y[m];
-          it.n = rows;
-          for (int j = 0; j < kGemvItemRows; ++j) {  // rows past `rows` repeat the first (never written)
-            const int32_t p = order[off + (j < rows ? j : 0)];
-            it.act_row[j] = tb.act_by_pair ? p : static_cast<int32_t>(p / a.topk);
-            it.y_row[j] = p;
-          }
-          tb.items[static_cast<int64_t>(group[e] + g) * tb.n_mats + m] = it;
-        }
-      }
-    }
-    if (threadIdx.x == 0) *tb.count = n_groups * tb.n_mats;
-  }
+  detail::build_moe_items(a, sm, warp_tot);
 }
 
 // One warp per 32-value block of h: SwiGLU with the CPU's rounding steps, then (optionally) the FP8
@@ -196,13 +105,13 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(MoeCombine
 
 }  // namespace
 
-Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream) {
+Status check_moe_dispatch(const MoeDispatchArgs& a) {
   auto fail = [](const std::string& m) { return make_error("cuda::moe_build_items: " + m); };
   const int64_t P = a.n * a.topk;
   if (a.n < 0 || a.topk <= 0 || P > kMoeMaxPairs)
     return fail("n=" + std::to_string(a.n) + ", topk=" + std::to_string(a.topk) +
                 " (n·topk <= " + std::to_string(kMoeMaxPairs) + " per dispatch)");
-  if (a.n_experts <= 0 || a.n_experts > kMoeMaxExperts || a.n_experts > 4 * kDispatchThreads)
+  if (a.n_experts <= 0 || a.n_experts > kMoeMaxExperts)
     return fail("n_experts=" + std::to_string(a.n_experts) + " (1.." + std::to_string(kMoeMaxExperts) + ")");
   if (!a.experts) return fail("experts is required");
   if (a.n_tables < 1 || a.n_tables > 2) return fail("n_tables=" + std::to_string(a.n_tables) + " (1 or 2)");
@@ -219,7 +128,13 @@ Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream) {
       return fail(which + "capacity " + std::to_string(t.capacity) +
                   " < n·topk·n_mats = " + std::to_string(P * t.n_mats));
   }
-  const size_t smem = static_cast<size_t>(2 * P + 3 * a.n_experts) * sizeof(int32_t);
+  return Status::Ok();
+}
+
+Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream) {
+  CEDAR_RETURN_IF_ERROR(check_moe_dispatch(a));
+  const int64_t P = a.n * a.topk;
+  const size_t smem = static_cast<size_t>(detail::moe_items_smem_ints(P, a.n_experts)) * sizeof(int32_t);
   if (smem > 48 * 1024) {
     CEDAR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(moe_build_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     static_cast<int>(smem)));

@@ -22,6 +22,7 @@
 #include "backend/cuda/gemm_kernels.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/moe_items_build.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -197,14 +198,17 @@ template <int kTiles>
 constexpr int kRlUnroll = kTiles == 1 ? 4 : 2;
 
 // Block (x, y): experts [16x, 16x+16), K chunks of split y. kFuse: the last block of the grid adds the
-// partials of every (token, expert) and selects (dynamic shared memory: score and biased rows).
+// partials of every (token, expert) and selects (dynamic shared memory: score and biased rows), then with
+// `dispatch` builds the expert items from the ids it selected (the same shared memory, reused).
 template <int kTiles, bool kFuse>
-__global__ void __launch_bounds__(kRlThreads) router_logits_kernel(RouterLogitsParams p, RouterArgs a) {
+__global__ void __launch_bounds__(kRlThreads)
+    router_logits_kernel(RouterLogitsParams p, RouterArgs a, MoeDispatchArgs d, bool dispatch) {
   constexpr int kTok = kTiles * kRlTile;
   constexpr int kU = kRlUnroll<kTiles>;
   __shared__ float partial[kRlWarps][kRlRows][kTok];
   __shared__ int32_t sel[kFuse ? kFuseMaxTokens : 1][kMaxTopk];
   __shared__ bool is_last;
+  __shared__ int32_t warp_tot[kFuse ? 32 : 1];
   detail::pdl_launch_dependents();
   detail::pdl_wait();  // under PDL: x comes from the previous kernel
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -370,6 +374,10 @@ __global__ void __launch_bounds__(kRlThreads) router_logits_kernel(RouterLogitsP
   __syncthreads();
   if (warp < p.n) select_warp(a, warp, score + warp * E, biased + warp * E, lane, sel[warp]);
   if (threadIdx.x == 0) p.counters[gridDim.x] = 0;
+  if (!dispatch) return;
+  // The ids this block wrote are visible to it after the barrier, and the score rows are free.
+  __syncthreads();
+  detail::build_moe_items(d, reinterpret_cast<int32_t*>(rows_smem), warp_tot);
 }
 
 // One warp per token (warps_per_block tokens per block): scores of all experts into shared memory,
@@ -433,10 +441,12 @@ Status check_router(const RouterArgs& a, bool logits_stage) {
 }
 
 template <int kTiles, bool kFuse>
-Status launch_logits(const RouterLogitsParams& p, const RouterArgs& a, size_t smem, cudaStream_t stream) {
+Status launch_logits(const RouterLogitsParams& p, const RouterArgs& a, size_t smem, cudaStream_t stream,
+                     const MoeDispatchArgs* dispatch = nullptr) {
   const dim3 grid(static_cast<unsigned>(router_row_tiles(p.E)), static_cast<unsigned>(p.ksplit));
   return launch_kernel(router_logits_kernel<kTiles, kFuse>, grid, dim3(kRlThreads), smem, stream,
-                       a.programmatic_launch, "router_logits_kernel", p, a);
+                       a.programmatic_launch, "router_logits_kernel", p, a,
+                       dispatch ? *dispatch : MoeDispatchArgs{}, dispatch != nullptr);
 }
 
 RouterLogitsParams logits_params(const RouterArgs& a) {
@@ -521,16 +531,31 @@ bool moe_route_fused(const RouterArgs& a) {
   return a.n >= 1 && a.n <= kFuseMaxTokens && a.n * a.n_experts <= kFuseMaxValues && router_workspace_ok(a);
 }
 
-Status moe_route(const RouterArgs& a, cudaStream_t stream) {
+Status moe_route(const RouterArgs& a, cudaStream_t stream, const MoeDispatchArgs* dispatch) {
   CEDAR_RETURN_IF_ERROR(check_router(a, true));
   CEDAR_RETURN_IF_ERROR(check_router(a, false));
-  if (moe_route_fused(a)) {
+  if (dispatch) {
+    CEDAR_RETURN_IF_ERROR(check_moe_dispatch(*dispatch));
+    if (dispatch->experts != a.experts || dispatch->n != a.n || dispatch->topk != a.topk ||
+        dispatch->n_experts != a.n_experts)
+      return make_error("cuda::moe_route: the dispatch must read the router's experts (same pointer, n, topk, "
+                        "n_experts)");
+  }
+  if (moe_route_fused(a) && (!dispatch || a.n_experts <= 4 * kRlThreads)) {
     RouterLogitsParams p = logits_params(a);
     p.n = static_cast<int>(a.n);
-    return launch_logits<1, true>(p, a, static_cast<size_t>(2 * a.n * a.n_experts) * sizeof(float), stream);
+    const int64_t floats = 2 * a.n * a.n_experts;
+    const int64_t ints = dispatch ? detail::moe_items_smem_ints(a.n * a.topk, a.n_experts) : 0;
+    // <= 40 KB: n·E <= kFuseMaxValues, and the items' 2·n·topk + 3·E ints <= 16 KB (n <= 8, topk <= 64).
+    const size_t smem = static_cast<size_t>(std::max(floats, ints)) * 4;
+    return launch_logits<1, true>(p, a, smem, stream, dispatch);
   }
   CEDAR_RETURN_IF_ERROR(router_logits(a, stream));
-  return router_select(a, stream);
+  CEDAR_RETURN_IF_ERROR(router_select(a, stream));
+  if (!dispatch) return Status::Ok();
+  MoeDispatchArgs d = *dispatch;
+  d.programmatic_launch = a.programmatic_launch;
+  return moe_build_items(d, stream);
 }
 
 const void* embed_gather_kernel_ptr() { return reinterpret_cast<const void*>(&embed_gather_kernel); }

@@ -350,6 +350,97 @@ TEST(CudaMoeDispatch, ItemsGroupPairsByExpertInOrder) {
   }
 }
 
+// The fused router's last block builds the items of the ids it selected (moe_route with a dispatch):
+// the same bytes as moe_route, then moe_build_items. Cases: fused at 1 and 8 tokens; past the fused
+// shape (n·E > 5120, and E > 1024 experts for the block's scans) moe_route runs the two kernels itself.
+TEST(CudaMoeDispatch, RouterLaunchBuildsTheItemsOfItsSelection) {
+  CEDAR_REQUIRE_GPU();
+  for (const auto& [n, E] : {std::pair<int64_t, int64_t>{1, 384}, {8, 384}, {3, 16}, {8, 700}, {1, 1100}}) {
+    const int64_t K = 6, P = n * K, d = 512;
+    const std::string what = "n=" + std::to_string(n) + " E=" + std::to_string(E);
+    const RouterCase c = make_router_case(n, d, E, K, 40 + static_cast<uint32_t>(n + E));
+    RouterDevice dv = upload_router(c, /*with_splitk=*/true);
+    std::vector<const uint8_t*> w1(E), s1(E), w2(E), s2(E);  // fake pointers naming the expert
+    for (int64_t e = 0; e < E; ++e) {
+      w1[e] = reinterpret_cast<const uint8_t*>(0x100000 + 16 * e);
+      s1[e] = reinterpret_cast<const uint8_t*>(0x200000 + 16 * e);
+      w2[e] = reinterpret_cast<const uint8_t*>(0x300000 + 16 * e);
+      s2[e] = reinterpret_cast<const uint8_t*>(0x400000 + 16 * e);
+    }
+    auto dw1 = upload(w1), ds1 = upload(s1), dw2 = upload(w2), ds2 = upload(s2);
+    auto items13 = alloc<DeviceGemvItem>(2 * P), items2 = alloc<DeviceGemvItem>(P);
+    auto count = alloc<int32_t>(2);
+    MoeDispatchArgs da;
+    da.experts = dv.experts.get();
+    da.n = n;
+    da.topk = K;
+    da.n_experts = E;
+    da.n_tables = 2;
+    const auto* codes = reinterpret_cast<const uint16_t*>(0x8000);
+    const auto* scales = reinterpret_cast<const float*>(0x9000);
+    da.tables[0] = MoeItemTable{2,
+                                {{dw1.get(), ds1.get()}, {dw2.get(), ds2.get()}},
+                                {reinterpret_cast<float*>(0x5000), reinterpret_cast<float*>(0x6000)},
+                                codes,
+                                scales,
+                                false,
+                                items13.get(),
+                                count.get(),
+                                2 * P};
+    da.tables[1] = MoeItemTable{
+        1, {{dw2.get(), ds2.get()}, {}}, {reinterpret_cast<float*>(0x7000), nullptr}, codes, scales, true,
+        items2.get(), count.get() + 1, P};
+    auto run = [&](bool fused) {
+      EXPECT_TRUE(items13.zero().ok() && items2.zero().ok() && count.zero().ok());
+      const Status st = fused ? moe_route(dv.args, nullptr, &da) : moe_route(dv.args, nullptr);
+      EXPECT_TRUE(st.ok()) << what << ": " << st.error().message;
+      if (!fused) EXPECT_TRUE(moe_build_items(da, nullptr).ok());
+      return std::make_tuple(download(dv.experts), download(items13), download(items2), download(count));
+    };
+    const auto [e_a, i13_a, i2_a, n_a] = run(true);
+    const auto [e_b, i13_b, i2_b, n_b] = run(false);
+    ASSERT_EQ(e_a, e_b) << what << ": the selection changed";
+    std::map<int32_t, int32_t> pairs_of;
+    for (const int32_t e : e_a) ++pairs_of[e];
+    int32_t groups = 0;
+    for (const auto& [e, m] : pairs_of) groups += (m + kGemvItemRows - 1) / kGemvItemRows;
+    EXPECT_EQ(n_a, (std::vector<int32_t>{2 * groups, groups})) << what << ": item counts";
+    EXPECT_EQ(n_a, n_b) << what;
+    EXPECT_EQ(std::memcmp(i13_a.data(), i13_b.data(), i13_a.size() * sizeof(DeviceGemvItem)), 0)
+        << what << ": w1/w3 items differ from moe_build_items'";
+    EXPECT_EQ(std::memcmp(i2_a.data(), i2_b.data(), i2_a.size() * sizeof(DeviceGemvItem)), 0)
+        << what << ": w2 items differ from moe_build_items'";
+  }
+}
+
+TEST(CudaMoeDispatch, RouterRejectsADispatchOfOtherIds) {
+  CEDAR_REQUIRE_GPU();
+  const RouterCase c = make_router_case(1, 512, 16, 6, 5);
+  RouterDevice dv = upload_router(c, true);
+  auto other = alloc<int32_t>(6);
+  auto items = alloc<DeviceGemvItem>(6);
+  auto count = alloc<int32_t>(1);
+  auto table = upload(std::vector<const uint8_t*>(16, reinterpret_cast<const uint8_t*>(0x1000)));
+  MoeDispatchArgs da;
+  da.experts = other.get();
+  da.n = 1;
+  da.topk = 6;
+  da.n_experts = 16;
+  da.tables[0] = MoeItemTable{1,
+                              {{table.get(), table.get()}, {}},
+                              {reinterpret_cast<float*>(0x5000), nullptr},
+                              reinterpret_cast<const uint16_t*>(0x8000),
+                              reinterpret_cast<const float*>(0x9000),
+                              false,
+                              items.get(),
+                              count.get(),
+                              6};
+  const Status s = moe_route(dv.args, nullptr, &da);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("the dispatch must read the router's experts"), std::string::npos)
+      << s.error().message;
+}
+
 // ---- GEMVs over device items and the packed layout -----------------------------------------------
 
 // Items built from random routing over E experts: every pair's output against gemv_quantized of that

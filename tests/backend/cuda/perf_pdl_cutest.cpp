@@ -192,7 +192,23 @@ TEST(CudaPdl, RoutedExpertChainGivesTheSameBits) {
   const QuantWeightView shape13{QuantWeightFormat::MXFP4, inter, d, nullptr, nullptr, 32, 32};
   const QuantWeightView shape2{QuantWeightFormat::MXFP4, d, inter, nullptr, nullptr, 32, 32};
 
-  auto chain = [&](bool pdl) -> Status {
+  const SplitKSize router_ws = router_workspace_size(E, d);
+  auto partials = alloc<float>(router_ws.partial_floats);
+  auto tickets = alloc<unsigned>(router_ws.counters);
+  ASSERT_TRUE(tickets.zero().ok());
+  // split: the split-K router's one fused launch (router_ahead); in_router: the items built by its last
+  // block (dispatch_in_router) instead of moe_build_items.
+  auto chain = [&](bool pdl, bool split = false, bool in_router = false) -> Status {
+    MoeDispatchArgs da;
+    da.experts = experts.get();
+    da.n = n;
+    da.topk = K;
+    da.n_experts = E;
+    da.n_tables = 2;
+    da.tables[0] = MoeItemTable{2, {{dp1.get(), ds1.get()}, {dp3.get(), ds3.get()}}, {g.get(), u.get()}, codes.get(),
+                                ascales.get(), false, items13.get(), counts.get(), 2 * P};
+    da.tables[1] = MoeItemTable{1, {{dp2.get(), ds2.get()}, {}}, {out.get(), nullptr}, hcodes.get(), hscales.get(), true,
+                                items2.get(), counts.get() + 1, P};
     RouterArgs ra;
     ra.n = n;
     ra.d = d;
@@ -204,21 +220,18 @@ TEST(CudaPdl, RoutedExpertChainGivesTheSameBits) {
     ra.logits = logits.get();
     ra.experts = experts.get();
     ra.weights = weights.get();
-    CEDAR_RETURN_IF_ERROR(router_logits(ra, s));  // first of the branch: no PDL, as in the model
-    ra.programmatic_launch = pdl;
-    CEDAR_RETURN_IF_ERROR(router_select(ra, s));
-    MoeDispatchArgs da;
-    da.experts = experts.get();
-    da.n = n;
-    da.topk = K;
-    da.n_experts = E;
-    da.n_tables = 2;
-    da.tables[0] = MoeItemTable{2, {{dp1.get(), ds1.get()}, {dp3.get(), ds3.get()}}, {g.get(), u.get()}, codes.get(),
-                                ascales.get(), false, items13.get(), counts.get(), 2 * P};
-    da.tables[1] = MoeItemTable{1, {{dp2.get(), ds2.get()}, {}}, {out.get(), nullptr}, hcodes.get(), hscales.get(), true,
-                                items2.get(), counts.get() + 1, P};
-    da.programmatic_launch = pdl;
-    CEDAR_RETURN_IF_ERROR(moe_build_items(da, s));
+    if (split) {
+      ra.splitk = SplitKWorkspace{partials.get(), tickets.get(), router_ws.partial_floats, router_ws.counters};
+      CEDAR_RETURN_IF_ERROR(moe_route(ra, s, in_router ? &da : nullptr));  // first of the chain: no PDL
+    } else {
+      CEDAR_RETURN_IF_ERROR(router_logits(ra, s));  // first of the branch: no PDL, as in the model
+      ra.programmatic_launch = pdl;
+      CEDAR_RETURN_IF_ERROR(router_select(ra, s));
+    }
+    if (!in_router) {
+      da.programmatic_launch = pdl;
+      CEDAR_RETURN_IF_ERROR(moe_build_items(da, s));
+    }
     const Mxfp4Layout bal = Mxfp4Layout::PackedBalanced;
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, bal, items13.get(), counts.get(), 2 * P, true, s,
                                                {.programmatic_launch = pdl, .work = pdl ? work.get() : nullptr}));
@@ -250,6 +263,19 @@ TEST(CudaPdl, RoutedExpertChainGivesTheSameBits) {
   expect_graph_replays_equal(s, [&] { return chain(true); }, results, plain);
   std::printf("PARITY %-40s %zu values bit-equal with and without PDL (direct and graph)\n", "PDL routed chain",
               plain.size());
+
+  // The split-K router with the items from its last block, under PDL: the bits of the split-K router +
+  // moe_build_items without PDL (the split sums differ from the unsplit ones, so not `plain`'s).
+  ASSERT_TRUE(chain(false, true, false).ok());
+  const auto split_plain = results();
+  ASSERT_TRUE(out.zero().ok());
+  st = chain(true, true, true);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_TRUE(bit_equal(results(), split_plain)) << "the items built in the router's launch changed the outputs";
+  ASSERT_TRUE(out.zero().ok());
+  expect_graph_replays_equal(s, [&] { return chain(true, true, true); }, results, split_plain);
+  std::printf("PARITY %-40s %zu values bit-equal (direct and graph)\n", "PDL routed chain, items in the router",
+              split_plain.size());
 }
 
 }  // namespace
