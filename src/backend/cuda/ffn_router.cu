@@ -199,10 +199,10 @@ constexpr int kRlUnroll = kTiles == 1 ? 4 : 2;
 
 // Block (x, y): experts [16x, 16x+16), K chunks of split y. kFuse: the last block of the grid adds the
 // partials of every (token, expert) and selects (dynamic shared memory: score and biased rows), then with
-// `dispatch` builds the expert items from the ids it selected (the same shared memory, reused).
+// `dispatch` builds the expert items (`items`) from the ids it selected (the same shared memory, reused).
 template <int kTiles, bool kFuse>
 __global__ void __launch_bounds__(kRlThreads)
-    router_logits_kernel(RouterLogitsParams p, RouterArgs a, MoeDispatchArgs d, bool dispatch) {
+    router_logits_kernel(RouterLogitsParams p, RouterArgs a, MoeDispatchArgs items, bool dispatch) {
   constexpr int kTok = kTiles * kRlTile;
   constexpr int kU = kRlUnroll<kTiles>;
   __shared__ float partial[kRlWarps][kRlRows][kTok];
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(kRlThreads)
   if (!dispatch) return;
   // The ids this block wrote are visible to it after the barrier, and the score rows are free.
   __syncthreads();
-  detail::build_moe_items(d, reinterpret_cast<int32_t*>(rows_smem), warp_tot);
+  detail::build_moe_items(items, reinterpret_cast<int32_t*>(rows_smem), warp_tot);
 }
 
 // One warp per token (warps_per_block tokens per block): scores of all experts into shared memory,

@@ -394,7 +394,9 @@ TEST(CudaMoeDispatch, RouterLaunchBuildsTheItemsOfItsSelection) {
       EXPECT_TRUE(items13.zero().ok() && items2.zero().ok() && count.zero().ok());
       const Status st = fused ? moe_route(dv.args, nullptr, &da) : moe_route(dv.args, nullptr);
       EXPECT_TRUE(st.ok()) << what << ": " << st.error().message;
-      if (!fused) EXPECT_TRUE(moe_build_items(da, nullptr).ok());
+      if (!fused) {
+        EXPECT_TRUE(moe_build_items(da, nullptr).ok());
+      }
       return std::make_tuple(download(dv.experts), download(items13), download(items2), download(count));
     };
     const auto [e_a, i13_a, i2_a, n_a] = run(true);
