@@ -187,12 +187,18 @@ json bench_decode_timeline(cuda::CudaModel& m, const cuda::CudaSequence& base, c
   j["channels"] = lanes_json(channels);
   j["kernels"] = names;
 
-  // One middle layer of the middle step: the chain and its gaps.
+  // Two middle layers of the middle step (layer kinds alternate: e.g. an indexer layer and an SWA-only one):
+  // the chain and its gaps.
   const size_t mid = steps->size() / 2;
   const std::vector<KernelRecord>& step = (*steps)[mid];
-  const int64_t layers = m.config().num_hidden_layers, layer = layers / 2;
-  auto cut = cut_layer(step, layers, layer);
-  if (cut.ok() && !cut->records.empty()) {
+  const int64_t layers = m.config().num_hidden_layers;
+  auto layer_json = [&](int64_t layer) -> json {
+    auto cut = cut_layer(step, layers, layer);
+    if (!cut.ok() || cut->records.empty()) {
+      const std::string why = cut.ok() ? "the layer has no kernels" : cut.error().message;
+      std::fprintf(stderr, "\n  layer sequence: %s\n", why.c_str());
+      return {{"error", why}};
+    }
     const uint64_t origin = cut->records.front().start_ns;
     const TimelineStats ls = analyze_timeline(cut->records);
     std::fprintf(stderr,
@@ -202,18 +208,16 @@ json bench_decode_timeline(cuda::CudaModel& m, const cuda::CudaSequence& base, c
                  cut->anchor.c_str(), cut->records.size(), us(static_cast<double>(ls.wall_ns)),
                  us(static_cast<double>(ls.busy_ns)), us(static_cast<double>(ls.idle_ns)),
                  us(static_cast<double>(ls.overlap_ns)));
-    j["layer"] = {{"layer", layer},
-                  {"layers", layers},
-                  {"step", mid},
-                  {"anchor", cut->anchor},
-                  {"busy_us", us(static_cast<double>(ls.busy_ns))},
-                  {"overlap_us", us(static_cast<double>(ls.overlap_ns))},
-                  {"kernels", sequence_json(cut->records, origin, true)}};
-  } else {
-    const std::string why = cut.ok() ? "the layer has no kernels" : cut.error().message;
-    std::fprintf(stderr, "\n  layer sequence: %s\n", why.c_str());
-    j["layer"] = {{"error", why}};
-  }
+    return {{"layer", layer},
+            {"layers", layers},
+            {"step", mid},
+            {"anchor", cut->anchor},
+            {"busy_us", us(static_cast<double>(ls.busy_ns))},
+            {"overlap_us", us(static_cast<double>(ls.overlap_ns))},
+            {"kernels", sequence_json(cut->records, origin, true)}};
+  };
+  j["layer"] = layer_json(layers / 2);
+  if (layers / 2 + 1 < layers) j["next_layer"] = layer_json(layers / 2 + 1);
   j["step_records"] = sequence_json(step, step.front().start_ns, false);
   return j;
 }

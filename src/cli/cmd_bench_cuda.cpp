@@ -188,7 +188,9 @@ const std::vector<std::string>& ab_specs() {
       "mhc_split=0",           "mhc_split_norm=0",      "engram_ahead=0",  "wo_a_f16=0",
       "fused_act_quant=0",     "site_act_quant=1",      "swa_commit_aside=0", "router_ahead=1",
       "fork_pdl=1",            "router_ahead=1,dispatch_in_router=1",
-      "router_ahead=1,dispatch_in_router=1,fork_pdl=1",   "legacy"};
+      "router_ahead=1,dispatch_in_router=1,fork_pdl=1",   "router_splitk_beside=1",
+      "router_splitk_beside=1,dispatch_in_router=1",      "router_splitk_beside=1,dispatch_in_router=1,fork_pdl=1",
+      "legacy"};
   return specs;
 }
 
@@ -454,13 +456,15 @@ int run(const BenchOptions& o) {
     std::fprintf(stderr, "\n");
     if (!timing.ab.empty()) {
       json ab = json::array();
+      int width = 0;  // the longest spec (combinations are long)
+      for (const AbRow& a : timing.ab) width = std::max(width, static_cast<int>(a.spec.size()));
       for (const AbRow& a : timing.ab) {
         if (!a.error.empty()) {
-          std::fprintf(stderr, "         A/B %-22s error: %s\n", a.spec.c_str(), a.error.c_str());
+          std::fprintf(stderr, "         A/B %-*s error: %s\n", width, a.spec.c_str(), a.error.c_str());
           ab.push_back({{"options", a.spec}, {"error", a.error}});
           continue;
         }
-        std::fprintf(stderr, "         A/B %-22s tpot %8.3f ms (%+.3f ms vs the defaults)\n", a.spec.c_str(),
+        std::fprintf(stderr, "         A/B %-*s tpot %8.3f ms (%+.3f ms vs the defaults)\n", width, a.spec.c_str(),
                      1e3 * a.step_s, 1e3 * (a.step_s - timing.step_s));
         ab.push_back({{"options", a.spec}, {"step_s", a.step_s}});
       }

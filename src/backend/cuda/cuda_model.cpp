@@ -354,6 +354,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.swa_commit_aside = false;
   p.router_ahead = false;
   p.dispatch_in_router = false;
+  p.router_splitk_beside = false;
   p.fork_pdl = false;
   return p;
 }
@@ -385,6 +386,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"swa_commit_aside", &p.swa_commit_aside, nullptr},
           {"router_ahead", &p.router_ahead, nullptr},
           {"dispatch_in_router", &p.dispatch_in_router, nullptr},
+          {"router_splitk_beside", &p.router_splitk_beside, nullptr},
           {"fork_pdl", &p.fork_pdl, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},

@@ -126,6 +126,10 @@ struct CudaKernelPaths {
   // less before w1 / w3 (the s8 timeline: ~7.5 µs from the selection's end to the items' at batch 1). The
   // same device function on the same ids: the same items. Off until measured on the H200 (s9).
   bool dispatch_in_router = false;
+  // The split-K router (one fused launch; with dispatch_in_router also the items) in the routed branch
+  // beside the shared expert too, instead of the unsplit logits + select (+ moe_build_items) that s5 / s6
+  // measured faster there before the dispatch moved into the fused launch. Off until measured (s9).
+  bool router_splitk_beside = false;
   // Decode with concurrent branches: the main stream's first kernel after a fork keeps its PDL edge (it
   // depends only on its own stream's last kernel; the aux stream's first kernel and the kernel after the
   // join wait on the other stream and stay full edges). The s8 timeline shows the routed branch's first

@@ -49,8 +49,8 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatc
   // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM. Not
   // beside the shared expert (decode branches, router_ahead = 0): there its ~120 blocks compete with the
   // shared expert's GEMVs, and the unsplit kernel was faster at batch 1 in every A/B of s5 / s6 (−0.08 to
-  // −0.09 ms).
-  if (options_.paths.router_splitk && !beside_shared) {
+  // −0.09 ms); paths.router_splitk_beside takes the split one there too.
+  if (options_.paths.router_splitk && (!beside_shared || options_.paths.router_splitk_beside)) {
     ra.splitk = w.router_ws;
     if (tables_->blas && r.n * c.hidden_size <= w.dense_x_elems) {
       ra.blas = tables_->blas.get();
