@@ -4,46 +4,28 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/norm_row.cuh"
 
 namespace cedar::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = detail::kNormThreads;
 
-// One block per row: a block-wide sum of squares, then the scaled, weighted, bf16-rounded output.
-// kQuant: also the FP8 codes of the output. In the output loop warp w holds channels 256·i + 32·w + lane
-// — one aligned 32-block per warp and iteration (dim % 32 == 0: a warp's lanes run the same
-// iterations) — so the block's scale is one warp_max away (act_quant.cuh: quantize_act_fp8's ops).
+// One block per row: norm_row (norm_row.cuh) — x and the weight in one round trip for dim <= 5120, the
+// block-wide sum of squares, then the scaled, weighted, bf16-rounded output. kQuant: also the FP8 codes
+// of the output (quantize_act_fp8's ops). (The first version loaded x, then x and the weight again, one
+// dependent round trip per 256 channels: q_norm took ~9 µs on the critical path of every decode layer,
+// s9 timeline.)
 template <bool kQuant>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, int64_t dim, const float* weight,
                                                             float eps, float* y, uint16_t* codes, float* scales) {
   __shared__ float warp_sums[kThreads / 32];
-  __shared__ float rstd_s;
   detail::pdl_launch_dependents();
   detail::pdl_wait();
-  const float* xr = x + blockIdx.x * dim;
-  float* yr = y + blockIdx.x * dim;
-  float ss = 0.0f;
-  for (int64_t c = threadIdx.x; c < dim; c += kThreads) ss = fmaf(xr[c], xr[c], ss);
-  ss = detail::warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
-    rstd_s = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);  // IEEE div/sqrt (no fast-math)
-  }
-  __syncthreads();
-  const float r = rstd_s;
-  for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
-    const float v = __fmul_rn(xr[c], r);
-    const float out = detail::round_bf16(weight ? __fmul_rn(weight[c], v) : v);
-    yr[c] = out;
-    if constexpr (kQuant) {
-      const int64_t e = static_cast<int64_t>(blockIdx.x) * dim + c;  // element of [rows, dim]
-      detail::quantize_act_warp(out, codes + (e & ~int64_t{31}), scales + (e >> 5), threadIdx.x & 31);
-    }
-  }
+  const int64_t row = blockIdx.x;
+  ActQuantOut q;
+  if constexpr (kQuant) q = ActQuantOut{codes + row * dim, scales + row * (dim / 32)};
+  detail::norm_row<true, kQuant>(x + row * dim, weight, dim, eps, y + row * dim, warp_sums, threadIdx.x, q);
 }
 
 }  // namespace

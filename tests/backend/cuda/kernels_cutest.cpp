@@ -78,7 +78,8 @@ TEST(CudaRmsNorm, MatchesCpu) {
   check_rms_norm(3, 5120, true, 11);
   check_rms_norm(2, 1280, true, 12);
   check_rms_norm(4, 512, false, 13);
-  check_rms_norm(1, 100, true, 14);  // dim not a multiple of the block
+  check_rms_norm(1, 100, true, 14);   // dim not a multiple of the block
+  check_rms_norm(2, 7168, true, 15);  // past 256 threads x 20 loads: the two-pass path of norm_row
 }
 
 // ---- FP8 activation quantization -----------------------------------------------------------------
