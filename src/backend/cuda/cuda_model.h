@@ -124,17 +124,18 @@ struct CudaKernelPaths {
   // The expert dispatch (moe_build_items) built by the last block of the fused split-K router launch
   // (moe_route with a dispatch) instead of a one-block kernel after it: one launch and one PDL hand-off
   // less before w1 / w3 (the s8 timeline: ~7.5 µs from the selection's end to the items' at batch 1). The
-  // same device function on the same ids: the same items. Off until measured on the H200 (s9).
-  bool dispatch_in_router = false;
+  // same device function on the same ids: the same items. On with router_splitk_beside and fork_pdl (s9,
+  // docs/cuda.md "Session 9": the three together −0.22 ms at batch 1, each alone slower or level).
+  bool dispatch_in_router = true;
   // The split-K router (one fused launch; with dispatch_in_router also the items) in the routed branch
   // beside the shared expert too, instead of the unsplit logits + select (+ moe_build_items) that s5 / s6
-  // measured faster there before the dispatch moved into the fused launch. Off until measured (s9).
-  bool router_splitk_beside = false;
+  // measured faster there before the dispatch moved into the fused launch. On (s9, with the two beside it).
+  bool router_splitk_beside = true;
   // Decode with concurrent branches: the main stream's first kernel after a fork keeps its PDL edge (it
   // depends only on its own stream's last kernel; the aux stream's first kernel and the kernel after the
   // join wait on the other stream and stay full edges). The s8 timeline shows the routed branch's first
-  // kernel starting 5.6 µs after the kernel before the fork ended. Off until measured on the H200 (s9).
-  bool fork_pdl = false;
+  // kernel starting 5.6 µs after the kernel before the fork ended. On (s9: −0.16 ms alone at batch 1).
+  bool fork_pdl = true;
   static CudaKernelPaths legacy();
 };
 

@@ -788,13 +788,15 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // The items built by the fused router's last block instead of moe_build_items (one launch less per
       // layer); the main stream's first kernel after a fork on a programmatic edge (no node added).
       {"router_ahead=1: dispatch_in_router 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1"),
-       with(fast, "router_ahead=1"), L},
-      {"defaults: fork_pdl 1 vs 0", with(fast, "fork_pdl=1"), fast, 0},
+       with(fast, "router_ahead=1,dispatch_in_router=0"), L},
+      {"defaults: dispatch_in_router 1 vs 0", fast, with(fast, "dispatch_in_router=0"), L},
+      {"defaults: fork_pdl 1 vs 0", fast, with(fast, "fork_pdl=0"), 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
-       with(fast, "router_ahead=1,dispatch_in_router=1"), 0},
+       with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.
       {"dispatch_in_router=1: router_splitk_beside 1 vs router_ahead 1",
-       with(fast, "dispatch_in_router=1,router_splitk_beside=1"), with(fast, "dispatch_in_router=1,router_ahead=1"), 0},
+       with(fast, "dispatch_in_router=1,router_splitk_beside=1"),
+       with(fast, "dispatch_in_router=1,router_splitk_beside=0,router_ahead=1"), 0},
       // The ring commit on the aux stream after the attention, joined at the ffn site.
       {"defaults: swa_commit_aside 1 vs 0", fast, with(fast, "swa_commit_aside=0"), 0},
       {"legacy: swa_commit_aside 1 vs 0", with(old, "swa_commit_aside=1"), old, 0},
@@ -949,12 +951,12 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   ASSERT_TRUE(apply_cuda_options("router_ahead=1", q).ok());
   EXPECT_TRUE(q.paths.router_ahead);
   ASSERT_TRUE(apply_cuda_options("router_ahead=0", q).ok());
-  EXPECT_FALSE(q.paths.dispatch_in_router || q.paths.fork_pdl || q.paths.router_splitk_beside)
-      << "not measured on the H200 yet: off by default";
+  EXPECT_TRUE(q.paths.dispatch_in_router && q.paths.fork_pdl && q.paths.router_splitk_beside)
+      << "measured faster together on the H200 (s9 run 6): on by default";
   EXPECT_FALSE(CudaKernelPaths::legacy().dispatch_in_router || CudaKernelPaths::legacy().fork_pdl);
-  ASSERT_TRUE(apply_cuda_options("dispatch_in_router=1,fork_pdl=1", q).ok());
-  EXPECT_TRUE(q.paths.dispatch_in_router && q.paths.fork_pdl);
-  ASSERT_TRUE(apply_cuda_options("dispatch_in_router=0,fork_pdl=0", q).ok());
+  ASSERT_TRUE(apply_cuda_options("dispatch_in_router=0,fork_pdl=0,router_splitk_beside=0", q).ok());
+  EXPECT_FALSE(q.paths.dispatch_in_router || q.paths.fork_pdl || q.paths.router_splitk_beside);
+  ASSERT_TRUE(apply_cuda_options("dispatch_in_router=1,fork_pdl=1,router_splitk_beside=1", q).ok());
   EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside ||
                CudaKernelPaths::legacy().site_act_quant);
   ASSERT_TRUE(apply_cuda_options("site_act_quant=1", q).ok());
