@@ -46,10 +46,11 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatc
   ra.logits = w.router_logits;
   ra.experts = w.experts[static_cast<size_t>(l)] + r.first * c.num_experts_per_tok;
   ra.weights = w.route_w;
-  // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM. Not
-  // beside the shared expert (decode branches, router_ahead = 0): there its ~120 blocks compete with the
-  // shared expert's GEMVs, and the unsplit kernel was faster at batch 1 in every A/B of s5 / s6 (−0.08 to
-  // −0.09 ms); paths.router_splitk_beside takes the split one there too.
+  // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM.
+  // Beside the shared expert (decode branches, router_ahead = 0) only with paths.router_splitk_beside: s5 /
+  // s6 measured the unsplit kernel faster there (−0.08 to −0.09 ms) while the selection and the items were
+  // launches of their own; with the items in the fused launch (dispatch_in_router) the split one is faster
+  // (s9 run 6: router_splitk_beside=0 +0.07 ms).
   if (options_.paths.router_splitk && (!beside_shared || options_.paths.router_splitk_beside)) {
     ra.splitk = w.router_ws;
     if (tables_->blas && r.n * c.hidden_size <= w.dense_x_elems) {
@@ -145,10 +146,9 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   const Mxfp4Layout layout = X.repacked ? Mxfp4Layout::PackedBalanced : Mxfp4Layout::Plain;
   // The router and the dispatch are latency-bound (4 MB and a few item rows at batch 1). In the routed
   // branch, beside the shared expert's GEMVs, the s8 kernel timeline shows router + select + dispatch + the
-  // fork's first launch put ~31 µs before w1/w3 at batch 1. paths.router_ahead (off until measured): both
-  // on the main stream before the fork (the split-K router's one fused launch, then the dispatch, under
-  // PDL), so the routed branch starts with its first GEMV. paths.dispatch_in_router: the dispatch inside
-  // that fused launch.
+  // fork's first launch put ~31 µs before w1/w3 at batch 1. paths.router_ahead: both on the main stream
+  // before the fork, so the routed branch starts with its first GEMV — off: +0.25 ms (s9), that latency hid
+  // the shared expert's GEMVs. paths.dispatch_in_router: the dispatch inside the fused router launch.
   auto dispatch = [&]() -> Status {
     return route(l, r, /*beside_shared=*/!options_.paths.router_ahead && branches(r), &da);
   };
