@@ -25,10 +25,11 @@ class Stream {
   }
   ~Stream() { reset(); }
 
-  // A non-blocking stream (does not synchronize with the legacy default stream).
-  static Result<Stream> create() {
+  // A non-blocking stream (does not synchronize with the legacy default stream). `priority`: lower is
+  // higher (cudaDeviceGetStreamPriorityRange; 0 = default, values outside the range are clamped).
+  static Result<Stream> create(int priority = 0) {
     Stream s;
-    CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s.s_, cudaStreamNonBlocking, priority));
     return Result<Stream>(std::move(s));
   }
   cudaStream_t get() const { return s_; }
