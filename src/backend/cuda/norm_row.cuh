@@ -1,5 +1,5 @@
-// One row's RMSNorm by 256 threads (norm_row): rms_norm_kernel's body (rms_norm.cu) and the fused input
-// norms of the mHC sites (mhc_norm.cu, mhc.cu), so that every RMSNorm of the model has the same bits.
+// One row's RMSNorm by 256 threads (norm_row): the fused input norms of the mHC sites (mhc_norm.cu,
+// mhc.cu), rms_norm_kernel's arithmetic (rms_norm.cu) op for op, so every RMSNorm of the model has its bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,7 +17,7 @@ constexpr int kNormBatch = 20;     // loads in flight per thread and batch: d = 
 
 // One row by kNormThreads threads (tid = 0..255; warp_sums: 8 floats of shared memory these threads
 // own): thread t sums channels t, t + 256, ... with FMAs, warp_sum, the warps in order; the same rstd in
-// every thread (rms_norm_kernel is this function on one row per block, so every norm has its bits). x is
+// every thread, as rms_norm_kernel (so the row has rms_norm's bits). x is
 // read through L2 (__ldcg: other blocks wrote it). Every thread of the block calls it (barriers).
 // kOnePass and dim <= 256 · kNormBatch: x and the weight loaded once (one round trip instead of two).
 // kQuant: also the FP8 codes of the row (quant: codes / scales of this row) — warp tid / 32 stores
