@@ -162,16 +162,15 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     const bool packed = layout != Mxfp4Layout::Plain;
     GemvItemsOptions o13{.programmatic_launch = pdl(), .work = packed ? w.item_work : nullptr};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
-    SwigluArgs sw;
-    sw.rows = P;
-    sw.inter = inter;
-    sw.g = w.g;
-    sw.u = w.gu;
-    sw.row_weights = w.route_w;
-    sw.limit = limit;
-    sw.codes = w.h_codes;
-    sw.scales = w.h_scales;
-    sw.programmatic_launch = pdl();
+    const SwigluArgs sw{.rows = P,
+                        .inter = inter,
+                        .g = w.g,
+                        .u = w.gu,
+                        .row_weights = w.route_w,
+                        .limit = limit,
+                        .codes = w.h_codes,
+                        .scales = w.h_scales,
+                        .programmatic_launch = pdl()};
     CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
     GemvItemsOptions o2{.programmatic_launch = pdl(), .work = packed ? w.item_work + 2 : nullptr};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs(), o2));
@@ -184,15 +183,14 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
                                   {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
-    SwigluArgs ss;
-    ss.rows = n;
-    ss.inter = inter;
-    ss.g = w.sg;
-    ss.u = w.su;
-    ss.limit = limit;
-    ss.codes = w.sh_codes;
-    ss.scales = w.sh_scales;
-    ss.programmatic_launch = pdl();
+    const SwigluArgs ss{.rows = n,
+                        .inter = inter,
+                        .g = w.sg,
+                        .u = w.su,
+                        .limit = limit,
+                        .codes = w.sh_codes,
+                        .scales = w.sh_scales,
+                        .programmatic_launch = pdl()};
     CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
     CEDAR_RETURN_IF_ERROR(
         gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk(), pdl()));
