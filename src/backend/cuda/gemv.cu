@@ -20,6 +20,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -369,17 +370,21 @@ Status check_weight(const QuantWeightView& w) {
 }
 
 // Warps per block (each takes chunks of kUnroll K blocks, strided by the warp count). MXFP4: 8 (the
-// packed layout is bit-equal to this schedule). FP8 with at most two rounds of chunks at 8 warps: the W
-// in 8..4 with the fewest HBM round trips per SM — waves (blocks over the resident blocks at W warps,
-// at least 1) × chunk rounds per warp (ceil(chunks / W)); ties to more warps. Many short-K blocks gain:
-// wq_b (K = 1280: 10 chunks, 2 048 blocks) runs 5 warps × 2 rounds at 5 blocks per SM instead of 8
-// warps (two of them in a second round) at 3; a grid under one wave keeps 8 warps (fewer would only
-// add rounds). Longer K keeps 8: its last partial round is amortized, and fewer warps per block only
-// lengthen the tail wave (16384² went 78 → 101 µs at 4 warps). At least 4 warps: the epilogue reduces
-// 16 rows × 8 tokens with one thread each.
+// packed layout is bit-equal to this schedule). FP8: the W in 8..4 with the fewest HBM round trips per
+// SM — waves (blocks over the resident blocks at W warps) × chunk rounds per warp (ceil(chunks / W));
+// ties to more warps. At least 4 warps: the epilogue reduces 16 rows × 8 tokens with one thread each.
+// * Short K (at most two rounds at 8 warps), fractional waves: many short-K blocks gain — wq_b (K = 1280:
+//   10 chunks, 2 048 blocks) runs 5 warps × 2 rounds at 5 blocks per SM instead of 8 warps (two of them
+//   in a second round) at 3.
+// * Longer K, a grid of one to two waves at 8 warps: the tail wave costs whole rounds (every block is a
+//   chain of round trips, so the second wave starts when the first ends), so waves count whole — wo_a
+//   (512 blocks of 32 chunks) is 2 waves × 4 rounds at 8 warps, 1 wave × 6 rounds at 6 (4 per SM).
+// * Longer K otherwise keeps 8: its tail is amortized, and fewer warps per block only lengthen it
+//   (16384² went 78 → 101 µs at 4 warps); a grid within one wave has nothing to gain from fewer warps.
 int gemv_warps(bool fp4, int64_t kb_range, int64_t blocks) {
   const int64_t chunks = (kb_range + kUnroll<false> - 1) / kUnroll<false>;
-  if (fp4 || chunks > 2 * kGemvWarps) return kGemvWarps;
+  if (fp4) return kGemvWarps;
+  const bool short_k = chunks <= 2 * kGemvWarps;
   const int sms = device_sm_count();
   int best = kGemvWarps;
   double best_cost = 0;
@@ -390,7 +395,10 @@ int gemv_warps(bool fp4, int64_t kb_range, int64_t blocks) {
       (void)cudaGetLastError();
       return kGemvWarps;
     }
-    const double waves = std::max(1.0, static_cast<double>(blocks) / (static_cast<double>(per_sm) * sms));
+    const double resident = static_cast<double>(per_sm) * sms;
+    const double fraction = static_cast<double>(blocks) / resident;
+    if (w == kGemvWarps && !short_k && (fraction <= 1.0 || fraction > 2.0)) return kGemvWarps;
+    const double waves = short_k ? std::max(1.0, fraction) : std::ceil(fraction);
     const double cost = waves * static_cast<double>((chunks + w - 1) / w);
     if (w == kGemvWarps || cost < best_cost - 1e-9) {
       best_cost = cost;
