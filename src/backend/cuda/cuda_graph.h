@@ -20,17 +20,13 @@ class CudaGraph {
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
   CudaGraph(CudaGraph&& o) noexcept
-      : graph_(std::exchange(o.graph_, nullptr)),
-        exec_(std::exchange(o.exec_, nullptr)),
-        nodes_(o.nodes_),
-        flags_(o.flags_) {}
+      : graph_(std::exchange(o.graph_, nullptr)), exec_(std::exchange(o.exec_, nullptr)), nodes_(o.nodes_) {}
   CudaGraph& operator=(CudaGraph&& o) noexcept {
     if (this != &o) {
       reset();
       graph_ = std::exchange(o.graph_, nullptr);
       exec_ = std::exchange(o.exec_, nullptr);
       nodes_ = o.nodes_;
-      flags_ = o.flags_;
     }
     return *this;
   }
@@ -39,12 +35,9 @@ class CudaGraph {
   // Captures what `record(stream)` (returning Status) enqueues on `stream` — a non-default stream, not
   // already capturing — and instantiates it. If `record` fails, or a call it makes is not capturable,
   // the capture is ended (the stream is usable again) and the error returned; nothing was executed.
-  // `instantiate_flags`: cudaGraphInstantiate's (cudaGraphInstantiateFlagUseNodePriority: each kernel node
-  // runs at the priority of the stream it was captured from).
   template <typename Record>
-  static Result<CudaGraph> capture(cudaStream_t stream, Record&& record, unsigned long long instantiate_flags = 0) {
+  static Result<CudaGraph> capture(cudaStream_t stream, Record&& record) {
     CudaGraph g;
-    g.flags_ = instantiate_flags;
     CEDAR_RETURN_IF_ERROR(g.capture_into(stream, record));
     return Result<CudaGraph>(std::move(g));
   }
@@ -67,7 +60,7 @@ class CudaGraph {
     reset();
     graph_ = fresh;
     CEDAR_RETURN_IF_ERROR(count_nodes());
-    return cuda_status(cudaGraphInstantiate(&exec_, graph_, flags_), "cudaGraphInstantiate");
+    return cuda_status(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
   }
 
   // Enqueues one replay on `stream`.
@@ -107,7 +100,7 @@ class CudaGraph {
     reset();
     graph_ = graph;
     CEDAR_RETURN_IF_ERROR(count_nodes());
-    return cuda_status(cudaGraphInstantiate(&exec_, graph_, flags_), "cudaGraphInstantiate");
+    return cuda_status(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
   }
 
   Status count_nodes() {
@@ -128,7 +121,6 @@ class CudaGraph {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   size_t nodes_ = 0;
-  unsigned long long flags_ = 0;  // cudaGraphInstantiate flags
 };
 
 }  // namespace cedar::cuda

@@ -356,7 +356,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.dispatch_in_router = false;
   p.router_splitk_beside = false;
   p.fork_pdl = false;
-  p.aux_priority = false;
   return p;
 }
 
@@ -389,7 +388,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"dispatch_in_router", &p.dispatch_in_router, nullptr},
           {"router_splitk_beside", &p.router_splitk_beside, nullptr},
           {"fork_pdl", &p.fork_pdl, nullptr},
-          {"aux_priority", &p.aux_priority, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
@@ -510,9 +508,6 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
   }
   t.mhc_cluster = mhc_cluster_supported(c.hidden_size).ok();
   CEDAR_ASSIGN_OR_RETURN(t.aux, Stream::create());
-  int least = 0, greatest = 0;
-  CEDAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  CEDAR_ASSIGN_OR_RETURN(t.aux_high, Stream::create(greatest));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.fork_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.join_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.swa_fork_ev, cudaEventDisableTiming));
@@ -727,9 +722,7 @@ Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
       if (st.ok()) warmed_[key] = true;
     } else {
       if (it == decode_graphs_.end()) {
-        // aux_priority: the aux branch's kernel nodes keep its stream's priority in the replay.
-        const unsigned long long flags = options_.paths.aux_priority ? cudaGraphInstantiateFlagUseNodePriority : 0;
-        auto captured = CudaGraph::capture(stream_.get(), [&](cudaStream_t) { return run_rows(r); }, flags);
+        auto captured = CudaGraph::capture(stream_.get(), [&](cudaStream_t) { return run_rows(r); });
         if (!captured.ok()) return captured.error().with_context("decode_step (batch " + str(r.n) + ")");
         it = decode_graphs_.emplace(key, std::move(*captured)).first;
       }

@@ -136,13 +136,6 @@ struct CudaKernelPaths {
   // join wait on the other stream and stay full edges). The s8 timeline shows the routed branch's first
   // kernel starting 5.6 µs after the kernel before the fork ended. On (s9: −0.16 ms alone at batch 1).
   bool fork_pdl = true;
-  // Decode with concurrent branches: the aux stream's kernels (the SWA KV + compressor + indexer chain, the
-  // shared expert, the ring commit) at the device's greatest stream priority, kept per node in the step's
-  // graph (cudaGraphInstantiateFlagUseNodePriority), so that a one-block kernel of the aux branch is not
-  // queued behind the main branch's 2 048-block wq_b: with fork_pdl the 8 indexer layers' keys chain (the
-  // critical one there) started only when wq_b ended (s9 run 6: layer 20 261 µs vs 222 before). Built
-  // after the session's last device run: off until measured (A/B aux_priority=1).
-  bool aux_priority = false;
   static CudaKernelPaths legacy();
 };
 
@@ -367,7 +360,6 @@ class CudaModel {
   // The stream the layer loop launches on (the aux stream inside a branch) and its split-K scratch.
   cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
   const SplitKWorkspace& splitk() const;
-  cudaStream_t aux_stream() const;  // the second stream of parallel() (paths.aux_priority picks which)
   bool branches(const Rows& r) const;
   // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
   template <typename Main, typename Aux>

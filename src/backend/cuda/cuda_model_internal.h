@@ -126,9 +126,8 @@ struct CudaModel::Tables {
   bool mhc_cluster = false;
   float attn_scale = 0;
   bool index_reference = true, bf16_probabilities = true;
-  // Concurrent branches of a decode step; aux_high: the same at the device's greatest stream priority
-  // (paths.aux_priority).
-  Stream aux, aux_high;
+  // Concurrent branches of a decode step.
+  Stream aux;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   // The SWA ring commit beside wo_a / wo_b (paths.swa_commit_aside), on the aux stream.
   cudaEvent_t swa_fork_ev = nullptr, swa_done_ev = nullptr;
@@ -200,7 +199,7 @@ Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
     CEDAR_RETURN_IF_ERROR(aux());
     return main();
   }
-  const cudaStream_t s = stream_.get(), a = aux_stream();
+  const cudaStream_t s = stream_.get(), a = tables_->aux.get();
   // The aux stream's first kernel after the fork and the main stream's after the join depend on the other
   // stream too: launched without PDL (a programmatic edge expresses a dependency on one same-stream
   // predecessor). The main stream's first kernel after the fork depends on its own stream only

@@ -48,10 +48,6 @@ Status CudaModel::debug(const std::string& name, const Rows& r, const float* dat
 
 const SplitKWorkspace& CudaModel::splitk() const { return cur_ ? ws_->splitk_aux : ws_->splitk; }
 
-cudaStream_t CudaModel::aux_stream() const {
-  return (options_.paths.aux_priority ? tables_->aux_high : tables_->aux).get();
-}
-
 bool CudaModel::branches(const Rows& r) const {
   // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace).
   return options_.concurrent_branches && r.decode && r.n <= kGemvMaxRows && !profiler_;
@@ -664,7 +660,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   rc.rings = tables_->rings[static_cast<size_t>(l)].get();
   rc.slots = slots;
   if (options_.paths.swa_commit_aside && branches(r) && !cur_) {
-    const cudaStream_t s = stream_.get(), a = aux_stream();
+    const cudaStream_t s = stream_.get(), a = tables_->aux.get();
     CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->swa_fork_ev, s));
     CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->swa_fork_ev, 0));
     swa_commit_pending_ = true;  // joined even if the launch fails, so a capture in progress ends merged

@@ -25,11 +25,10 @@ class Stream {
   }
   ~Stream() { reset(); }
 
-  // A non-blocking stream (does not synchronize with the legacy default stream). `priority`: lower is
-  // higher (cudaDeviceGetStreamPriorityRange; 0 = default, values outside the range are clamped).
-  static Result<Stream> create(int priority = 0) {
+  // A non-blocking stream (does not synchronize with the legacy default stream).
+  static Result<Stream> create() {
     Stream s;
-    CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s.s_, cudaStreamNonBlocking, priority));
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
     return Result<Stream>(std::move(s));
   }
   cudaStream_t get() const { return s_; }

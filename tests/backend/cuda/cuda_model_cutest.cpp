@@ -793,8 +793,6 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: fork_pdl 1 vs 0", fast, with(fast, "fork_pdl=0"), 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
-      // The aux branch at the greatest stream priority: the same launches.
-      {"defaults: aux_priority 1 vs 0", with(fast, "aux_priority=1"), fast, 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.
       {"dispatch_in_router=1: router_splitk_beside 1 vs router_ahead 1",
        with(fast, "dispatch_in_router=1,router_splitk_beside=1"),
@@ -959,10 +957,6 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   ASSERT_TRUE(apply_cuda_options("dispatch_in_router=0,fork_pdl=0,router_splitk_beside=0", q).ok());
   EXPECT_FALSE(q.paths.dispatch_in_router || q.paths.fork_pdl || q.paths.router_splitk_beside);
   ASSERT_TRUE(apply_cuda_options("dispatch_in_router=1,fork_pdl=1,router_splitk_beside=1", q).ok());
-  EXPECT_FALSE(q.paths.aux_priority || CudaKernelPaths::legacy().aux_priority) << "not measured yet: off";
-  ASSERT_TRUE(apply_cuda_options("aux_priority=1", q).ok());
-  EXPECT_TRUE(q.paths.aux_priority);
-  ASSERT_TRUE(apply_cuda_options("aux_priority=0", q).ok());
   EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside ||
                CudaKernelPaths::legacy().site_act_quant);
   ASSERT_TRUE(apply_cuda_options("site_act_quant=1", q).ok());
