@@ -388,6 +388,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"dispatch_in_router", &p.dispatch_in_router, nullptr},
           {"router_splitk_beside", &p.router_splitk_beside, nullptr},
           {"fork_pdl", &p.fork_pdl, nullptr},
+          {"fork_pdl_compressor", &p.fork_pdl_compressor, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

@@ -136,6 +136,12 @@ struct CudaKernelPaths {
   // join wait on the other stream and stay full edges). The s8 timeline shows the routed branch's first
   // kernel starting 5.6 µs after the kernel before the fork ended. On (s9: −0.16 ms alone at batch 1).
   bool fork_pdl = true;
+  // fork_pdl also in the layers whose keys branch runs the compressor. There that branch (compressor,
+  // SWA KV; the indexer after the join) is the critical one, and with the query branch's 2 048-block wq_b
+  // launched programmatically ahead of it, its first kernels waited for wq_b (s9 run 6, s10 run 1: layer
+  // 20 256–261 µs, 222 with full edges in s8). Off: both heads on full edges (s10 run 2: layer 20 247 µs,
+  // the step −0.017 ms against fork_pdl_compressor=1).
+  bool fork_pdl_compressor = false;
   static CudaKernelPaths legacy();
 };
 
@@ -362,8 +368,10 @@ class CudaModel {
   const SplitKWorkspace& splitk() const;
   bool branches(const Rows& r) const;
   // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
+  // main_critical: main() is the longer branch, so its first kernel may keep a programmatic edge
+  // (paths.fork_pdl) and start ahead of the aux branch's.
   template <typename Main, typename Aux>
-  Status parallel(bool on, Main&& main, Aux&& aux);
+  Status parallel(bool on, Main&& main, Aux&& aux, bool main_critical = true);
   Status debug(const std::string& name, const Rows& r, const float* data, int64_t width);
 
   std::shared_ptr<const DeepseekV41Model> host_;  // never null

@@ -194,7 +194,7 @@ inline QuantWeightFormat quant_format(const DeviceMatrix& m) {
 }  // namespace model_detail
 
 template <typename Main, typename Aux>
-Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
+Status CudaModel::parallel(bool on, Main&& main, Aux&& aux, bool main_critical) {
   if (!on) {
     CEDAR_RETURN_IF_ERROR(aux());
     return main();
@@ -203,9 +203,9 @@ Status CudaModel::parallel(bool on, Main&& main, Aux&& aux) {
   // The aux stream's first kernel after the fork and the main stream's after the join depend on the other
   // stream too: launched without PDL (a programmatic edge expresses a dependency on one same-stream
   // predecessor). The main stream's first kernel after the fork depends on its own stream only
-  // (paths.fork_pdl keeps its edge programmatic).
+  // (paths.fork_pdl keeps its edge programmatic where main is the critical branch).
   pdl_fresh_[1] = true;
-  if (!options_.paths.fork_pdl) pdl_fresh_[0] = true;
+  if (!options_.paths.fork_pdl || !main_critical) pdl_fresh_[0] = true;
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->fork_ev, s));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->fork_ev, 0));
   cur_ = a;

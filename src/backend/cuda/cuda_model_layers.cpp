@@ -616,7 +616,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     CEDAR_RETURN_IF_ERROR(swa_kv_encode(sk, cs()));
     return mark("attn.kv", multi ? 0 : L.wkv.bytes());
   };
-  CEDAR_RETURN_IF_ERROR(parallel(branches(r), query, keys));
+  CEDAR_RETURN_IF_ERROR(parallel(branches(r), query, keys, !compress || options_.paths.fork_pdl_compressor));
 
   // Compressed entries: the index source's top-k of this call.
   const int32_t* topk = nullptr;

@@ -791,6 +791,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
        with(fast, "router_ahead=1,dispatch_in_router=0"), L},
       {"defaults: dispatch_in_router 1 vs 0", fast, with(fast, "dispatch_in_router=0"), L},
       {"defaults: fork_pdl 1 vs 0", fast, with(fast, "fork_pdl=0"), 0},
+      // The compressor layers' query head on a programmatic edge too: the same launches.
+      {"defaults: fork_pdl_compressor 1 vs 0", with(fast, "fork_pdl_compressor=1"), fast, 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.
@@ -957,6 +959,10 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   ASSERT_TRUE(apply_cuda_options("dispatch_in_router=0,fork_pdl=0,router_splitk_beside=0", q).ok());
   EXPECT_FALSE(q.paths.dispatch_in_router || q.paths.fork_pdl || q.paths.router_splitk_beside);
   ASSERT_TRUE(apply_cuda_options("dispatch_in_router=1,fork_pdl=1,router_splitk_beside=1", q).ok());
+  EXPECT_FALSE(q.paths.fork_pdl_compressor || CudaKernelPaths::legacy().fork_pdl_compressor);
+  ASSERT_TRUE(apply_cuda_options("fork_pdl_compressor=1", q).ok());
+  EXPECT_TRUE(q.paths.fork_pdl_compressor);
+  ASSERT_TRUE(apply_cuda_options("fork_pdl_compressor=0", q).ok());
   EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside ||
                CudaKernelPaths::legacy().site_act_quant);
   ASSERT_TRUE(apply_cuda_options("site_act_quant=1", q).ok());
