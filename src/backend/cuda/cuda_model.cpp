@@ -356,6 +356,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.dispatch_in_router = false;
   p.router_splitk_beside = false;
   p.fork_pdl = false;
+  p.routed_full_edge = false;
   return p;
 }
 
@@ -389,6 +390,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"router_splitk_beside", &p.router_splitk_beside, nullptr},
           {"fork_pdl", &p.fork_pdl, nullptr},
           {"fork_pdl_compressor", &p.fork_pdl_compressor, nullptr},
+          {"routed_full_edge", &p.routed_full_edge, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

@@ -142,6 +142,13 @@ struct CudaKernelPaths {
   // 20 256–261 µs, 222 with full edges in s8). Off: both heads on full edges (s10 run 2: layer 20 247 µs,
   // the step −0.017 ms against fork_pdl_compressor=1).
   bool fork_pdl_compressor = false;
+  // Decode with concurrent branches: the routed experts' w1 / w3 waits on a full edge for the router
+  // instead of a programmatic one. Under PDL its persistent grid (one wave of every SM) becomes resident at
+  // the router's start and spins in its wait, so the shared expert's GEMVs on the aux stream find no SM
+  // until the routed w1 / w3 ends (s10 run 2, layer 21: the router ends 14.7 µs after its input, the
+  // shared w1 / w3 starts 47 µs after the fork). On a full edge the shared expert runs while the router
+  // does: −0.160 ms at batch 1 (s10 run 3, A/B routed_full_edge=1 against 8.271 ms).
+  bool routed_full_edge = true;
   static CudaKernelPaths legacy();
 };
 

@@ -155,6 +155,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   if (options_.paths.router_ahead) CEDAR_RETURN_IF_ERROR(dispatch());
   auto routed = [&]() -> Status {
     if (!options_.paths.router_ahead) CEDAR_RETURN_IF_ERROR(dispatch());
+    if (options_.paths.routed_full_edge && branches(r)) pdl_barrier();  // w1 / w3 does not hold the SMs early
     QuantWeightView shape13 = X.first[DeviceExperts::kW1].quant();
     QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
     shape13.data = shape2.data = nullptr;

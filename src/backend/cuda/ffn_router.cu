@@ -210,7 +210,6 @@ __global__ void __launch_bounds__(kRlThreads)
   __shared__ bool is_last;
   __shared__ int32_t warp_tot[kFuse ? 32 : 1];
   detail::pdl_launch_dependents();
-  detail::pdl_wait();  // under PDL: x comes from the previous kernel
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t E = p.E, d = p.d;
@@ -220,15 +219,27 @@ __global__ void __launch_bounds__(kRlThreads)
   const int64_t r_hi = row0 + g + 8 < E ? row0 + g + 8 : 0;
   const uint16_t* w_lo = p.gate + r_lo * d + 8 * t;
   const uint16_t* w_hi = p.gate + r_hi * d + 8 * t;
+  const int n_chunks = static_cast<int>((d + kRlChunk - 1) / kRlChunk);
+  const int c_begin = static_cast<int>(blockIdx.y) * p.chunks_per_split;
+  const int c_end = min(n_chunks, c_begin + p.chunks_per_split);
+  // PDL: the first round's gate lines into L2 while the previous kernel finishes (the weights do not
+  // depend on it; x waits). A chunk of a row is 64 bytes (one line when 2d is a multiple of 64, as at
+  // d = 5120): lanes t = 0 ask for it.
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int c = c_begin + warp + u * kRlWarps;
+    if (t == 0 && c < c_end) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo + static_cast<int64_t>(c) * kRlChunk));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi + static_cast<int64_t>(c) * kRlChunk));
+    }
+  }
+  detail::pdl_wait();  // under PDL: x comes from the previous kernel
   const float* x_tile[kTiles];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
     const int tok = i * kRlTile + g;
     x_tile[i] = p.x + static_cast<int64_t>(tok < p.n ? tok : 0) * d + 8 * t;
   }
-  const int n_chunks = static_cast<int>((d + kRlChunk - 1) / kRlChunk);
-  const int c_begin = static_cast<int>(blockIdx.y) * p.chunks_per_split;
-  const int c_end = min(n_chunks, c_begin + p.chunks_per_split);
 
   float acc[kTiles][4];
 #pragma unroll
