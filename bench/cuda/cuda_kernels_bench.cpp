@@ -1059,6 +1059,10 @@ void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<R
     const double swa_hs_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(sa, stream, ws)); });
     rows.push_back(
         make_row("sparse_attn_decode_hsplit", "64x512 swa 128 keys", n, swa_hs_us, swa_bytes_total, copy_gbps));
+    sa.decode_max_splits = 1;  // one key range per head group: no merge launch (attn_swa_one_range)
+    const double swa_one_us = time_graph_us(stream, 1, [&](int) { must(sparse_attention_decode(sa, stream, ws)); });
+    rows.push_back(
+        make_row("sparse_attn_decode_hsplit_1r", "64x512 swa 128 keys", n, swa_one_us, swa_bytes_total, copy_gbps));
   }
 }
 

@@ -6,12 +6,14 @@
 //   stored as the exact f16 value of the code (the GEMV's MMA operand).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/f16_stage.h"
 
 namespace cedar::cuda::detail {
 
@@ -49,5 +51,16 @@ __device__ __forceinline__ void quantize_act_warp(float v, uint16_t* codes, floa
   codes[lane] = act_code_f16(v, s);
   if (lane == 0) *scale = s;
 }
+
+// ---- exact f16 staging of bf16 activations (kernels.h stage_act_f16, f16_stage.h) ------------------
+// The f16 code of v in a block of exponent j = f16_stage_exponent(bits of the block's finite amax):
+// (v·2^a)·2^b = v·2^−J, exact in fp32 wherever the f16 result is (f16_stage_factors), then one RNE.
+__device__ __forceinline__ uint16_t f16_stage_code_of(float v, int j) {
+  const F16StageFactors f = f16_stage_factors(j);
+  const float scaled =
+      __fmul_rn(__fmul_rn(v, __uint_as_float(f16_stage_pow2_bits(f.a))), __uint_as_float(f16_stage_pow2_bits(f.b)));
+  return __half_as_ushort(__float2half_rn(scaled));
+}
+__device__ __forceinline__ float f16_stage_scale_of(int j) { return __uint_as_float(f16_stage_pow2_bits(j)); }
 
 }  // namespace cedar::cuda::detail

@@ -371,6 +371,16 @@ struct SparseAttnArgs {
   bool decode_head_split = false;
   // With decode_head_split: heads per block forced to 16 (head_dim >= 256), 32 or 64; 0: the plan picks.
   int decode_heads_per_block = 0;
+  // Decode kernel only: at most this many key ranges (0: the plan's; ranges still hold <= 16 key tiles).
+  // 1: every block finishes its heads itself and the merge launch is gone (an SWA-only layer's 128 keys:
+  // 4 tiles per block instead of 1). Other range maxima than the plan's: the same CPU-oracle bounds.
+  int decode_max_splits = 0;
+  // Optional: out's exact f16 staging for an f16-activation GEMV (stage_act_f16(out, n, heads·head_dim)'s
+  // bits: wo_a through gemv_fp8_staged with codes_staged), [n, heads·head_dim] codes and [n, heads·head_dim
+  // / 32] scales. The decode kernel's merge writes them with out (one launch less before wo_a); launches
+  // without a merge (one key range, the legacy merge, the tiled kernel) run stage_act_f16 after.
+  uint16_t* out_f16_codes = nullptr;
+  float* out_f16_scales = nullptr;
 };
 // Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits); covers both
 // kernels sparse_attention may pick for n rows.

@@ -357,6 +357,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.router_splitk_beside = false;
   p.fork_pdl = false;
   p.routed_full_edge = false;
+  p.attn_stage_wo_a = false;
   return p;
 }
 
@@ -391,6 +392,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"fork_pdl", &p.fork_pdl, nullptr},
           {"fork_pdl_compressor", &p.fork_pdl_compressor, nullptr},
           {"routed_full_edge", &p.routed_full_edge, nullptr},
+          {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

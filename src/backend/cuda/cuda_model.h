@@ -149,6 +149,11 @@ struct CudaKernelPaths {
   // shared w1 / w3 starts 47 µs after the fork). On a full edge the shared expert runs while the router
   // does: −0.160 ms at batch 1 (s10 run 3, A/B routed_full_edge=1 against 8.271 ms).
   bool routed_full_edge = true;
+  // Decode: the attention's merge also writes wo_a's exact f16 staging of o (SparseAttnArgs::out_f16_codes:
+  // stage_act_f16's bits), so the staged wo_a GEMV (wo_a_f16) follows the merge without the stage launch
+  // (the s10 timeline: 2.9 µs from the merge's end to wo_a's start with the ring commit and the stage).
+  // −0.031 ms at batch 1 (s10 run 5, A/B attn_stage_wo_a=1 against 8.090 ms).
+  bool attn_stage_wo_a = true;
   static CudaKernelPaths legacy();
 };
 

@@ -21,6 +21,7 @@ struct CudaModel::DenseCall {
   float* y = nullptr;
   int64_t n = 0;
   bool bf16_output = true;
+  bool x_staged = false;  // the staged wo_a path's f16 codes of x are in act_b already (paths.attn_stage_wo_a)
 };
 
 Status CudaModel::mark(const char* stage, uint64_t weight_bytes) {
@@ -165,6 +166,7 @@ Status CudaModel::dense(const DenseCall& c) {
     a.scales = ws.act_b_scales;
     a.capacity_values = ws.act_capacity;
     a.programmatic_launch = pdl();
+    a.codes_staged = c.x_staged;
     return gemv_fp8_staged(a, cs(), splitk());
   }
   Bf16GemvArgs a;
@@ -646,6 +648,15 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.out = w.o;
   sa.q_before_rope = q_rope_in_attention;
   sa.decode_head_split = options_.paths.attn_head_split;
+  // paths.attn_stage_wo_a: o's f16 staging for the staged wo_a GEMV written with o (act_b: qr's codes are
+  // dead once the attention read q).
+  const int64_t wo_a_in = H * hd / c.o_groups;
+  const bool stage_in_attention =
+      options_.paths.attn_stage_wo_a && staged_wo_a(L.wo_a, n, c.o_groups, c.o_lora_rank, wo_a_in);
+  if (stage_in_attention) {
+    sa.out_f16_codes = w.act_b;
+    sa.out_f16_scales = w.act_b_scales;
+  }
   CEDAR_RETURN_IF_ERROR(sparse_attention(sa, cs(), w.sparse));
   CEDAR_RETURN_IF_ERROR(mark("attn.sparse"));
   // The ring is written after attending (the chunk's own keys came from the staged records). Nothing
@@ -676,11 +687,12 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   DenseCall oa;
   oa.w = &L.wo_a;
   oa.out = c.o_lora_rank;
-  oa.in = H * hd / c.o_groups;
+  oa.in = wo_a_in;
   oa.groups = c.o_groups;
   oa.x = w.o;
   oa.y = w.u;
   oa.n = n;
+  oa.x_staged = stage_in_attention;
   CEDAR_RETURN_IF_ERROR(dense(oa));
   CEDAR_RETURN_IF_ERROR(quantize(w.u, n, c.o_groups * c.o_lora_rank, w.act_a, w.act_a_scales));
   CEDAR_RETURN_IF_ERROR(qlinear(L.wo_b, w.act_a, w.act_a_scales, n, w.y));

@@ -94,12 +94,8 @@ __global__ void __launch_bounds__(kQuantThreads) stage_act_f16_kernel(const floa
   const float a = fabsf(v);
   const float amax = detail::warp_max(isfinite(a) ? a : 0.0f);  // the finite values' amax
   const int j = f16_stage_exponent(__float_as_uint(amax));
-  const F16StageFactors f = f16_stage_factors(j);
-  // (v·2^a)·2^b = v·2^−J: exact in fp32 wherever the f16 result is (f16_stage_factors), then one RNE.
-  const float scaled =
-      __fmul_rn(__fmul_rn(v, __uint_as_float(f16_stage_pow2_bits(f.a))), __uint_as_float(f16_stage_pow2_bits(f.b)));
-  codes[blk * 32 + lane] = __half_as_ushort(__float2half_rn(scaled));
-  if (lane == 0) scales[blk] = __uint_as_float(f16_stage_pow2_bits(j));
+  codes[blk * 32 + lane] = detail::f16_stage_code_of(v, j);
+  if (lane == 0) scales[blk] = detail::f16_stage_scale_of(j);
 }
 
 struct GemvParams {
@@ -509,7 +505,8 @@ Status gemv_fp8_staged(const StagedGemvArgs& a, cudaStream_t stream, const Split
     return fail("workspace holds " + std::to_string(a.capacity_values) + " values, need " + std::to_string(values));
   if (reinterpret_cast<uintptr_t>(a.codes) % 16 != 0 || reinterpret_cast<uintptr_t>(a.scales) % 4 != 0)
     return fail("workspace codes must be 16-byte and scales 4-byte aligned");
-  CEDAR_RETURN_IF_ERROR(stage_act_f16(a.x, a.n, a.groups * in, a.codes, a.scales, stream, a.programmatic_launch));
+  if (!a.codes_staged)
+    CEDAR_RETURN_IF_ERROR(stage_act_f16(a.x, a.n, a.groups * in, a.codes, a.scales, stream, a.programmatic_launch));
   // Group g: rows [g·out, (g+1)·out) and their scale rows; its column slices of the codes, scales and y.
   const int64_t scale_cols = (in + w.block_in - 1) / w.block_in;
   std::vector<GemvGroupItem> items(static_cast<size_t>(a.groups));

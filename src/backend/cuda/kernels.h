@@ -146,6 +146,9 @@ struct StagedGemvArgs {
   float* scales = nullptr;    // n·groups·in/32 floats
   int64_t capacity_values = 0;
   bool programmatic_launch = false;  // both launches
+  // codes / scales already hold stage_act_f16(x) (written by x's producer, e.g. the attention's merge:
+  // SparseAttnArgs::out_f16_codes): the GEMV launch only.
+  bool codes_staged = false;
 };
 Status gemv_fp8_staged(const StagedGemvArgs& a, cudaStream_t stream, const SplitKWorkspace& splitk = {});
 

@@ -41,9 +41,11 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/attention_math.cuh"
 #include "backend/cuda/cuda_status.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
 
@@ -70,6 +72,8 @@ struct DecodeParams : detail::SparseAttnInputs {
   float* ws_acc;       // [n, splits, heads, head_dim]
   bool legacy_merge;   // the first merge (serial loads, plain launch): kept for the bitwise test and bench
   bool q_rope;         // q is before RoPE: the kernel rotates it as rope_apply would (one launch saved)
+  uint16_t* out_codes;  // SparseAttnArgs::out_f16_codes (null: none); written by the fast merge
+  float* out_scales;
 };
 
 enum KeyKind : int8_t { kNone = 0, kFp8 = 1, kFp4 = 2 };
@@ -632,7 +636,27 @@ __global__ void __launch_bounds__(kHd / 4) sparse_attention_merge_fast_kernel(De
     o[2 * k] = e;
     o[2 * k + 1] = od;
   }
-  *reinterpret_cast<float4*>(p.out + (row * p.heads + h) * kHd + c) = make_float4(o[0], o[1], o[2], o[3]);
+  const int64_t at = (row * p.heads + h) * kHd + c;
+  *reinterpret_cast<float4*>(p.out + at) = make_float4(o[0], o[1], o[2], o[3]);
+  if (p.out_codes != nullptr) {  // stage_act_f16's operations: this thread's 4 values of a 32-block of 8 lanes
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      o[k] = detail::round_bf16(o[k]);  // bf16 already: stage_act_f16's operand rounding is the identity
+      const float m = fabsf(o[k]);
+      amax = fmaxf(amax, isfinite(m) ? m : 0.0f);
+    }
+#pragma unroll
+    for (int s = 1; s < 8; s <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, s));
+    const int j = f16_stage_exponent(__float_as_uint(amax));
+    ushort4 q;
+    q.x = detail::f16_stage_code_of(o[0], j);
+    q.y = detail::f16_stage_code_of(o[1], j);
+    q.z = detail::f16_stage_code_of(o[2], j);
+    q.w = detail::f16_stage_code_of(o[3], j);
+    *reinterpret_cast<ushort4*>(p.out_codes + at) = q;
+    if ((threadIdx.x & 7) == 0) p.out_scales[at >> 5] = detail::f16_stage_scale_of(j);
+  }
 }
 
 // Key ranges (and heads per block): as many as fill ~one wave of blocks, at most 16 tiles each (shared
@@ -716,12 +740,18 @@ Status launch_decode(const DecodeParams& p, int64_t n, cudaStream_t stream) {
                   static_cast<unsigned>((p.heads + kHB - 1) / kHB));
   fn<<<grid, kThreads, smem, stream>>>(p);
   CEDAR_RETURN_IF_ERROR(launch_status("sparse_attention_decode_kernel"));
-  if (p.splits == 1) return Status::Ok();
+  // out's f16 staging where no fast merge writes it (p.out_codes).
+  auto stage_after = [&]() -> Status {
+    return p.out_codes ? stage_act_f16(p.out, n, p.heads * kHd, p.out_codes, p.out_scales, stream, false)
+                       : Status::Ok();
+  };
+  if (p.splits == 1) return stage_after();
   const dim3 mgrid(static_cast<unsigned>(p.heads), static_cast<unsigned>(n));
   // (3 floats per range in shared memory: past 48 KB of them the old merge serves.)
   if (p.legacy_merge || 3 * p.splits * sizeof(float) > 48 * 1024) {
     sparse_attention_merge_kernel<kHd><<<mgrid, kHd / 4, 0, stream>>>(p);
-    return launch_status("sparse_attention_merge_kernel");
+    CEDAR_RETURN_IF_ERROR(launch_status("sparse_attention_merge_kernel"));
+    return stage_after();
   }
   return launch_kernel(&sparse_attention_merge_fast_kernel<kHd>, mgrid, dim3(kHd / 4),
                        static_cast<size_t>(3 * p.splits) * sizeof(float), stream, /*pdl=*/true,
@@ -768,6 +798,10 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
     return make_error(who + "decode_heads_per_block " + str(hb_forced) + " at head_dim " + str(hd) +
                       " (16 needs head_dim >= 256; else 32 or 64; 0: the plan picks)");
   if (a.heads <= 0 || a.window <= 0) return make_error(who + "heads " + str(a.heads) + ", window " + str(a.window));
+  if (a.decode_max_splits < 0) return make_error(who + "decode_max_splits " + str(a.decode_max_splits) + " (0: the plan's)");
+  if ((a.out_f16_codes == nullptr) != (a.out_f16_scales == nullptr) ||
+      reinterpret_cast<uintptr_t>(a.out_f16_codes) % 16 != 0 || reinterpret_cast<uintptr_t>(a.out_f16_scales) % 4 != 0)
+    return make_error(who + "out_f16_codes and out_f16_scales: both or neither, 16- and 4-byte aligned");
   if (a.n < 0 || a.n > kSparseDecodeMaxRows)
     return make_error(who + "n=" + str(a.n) + " rows (at most " + str(kSparseDecodeMaxRows) +
                       "; more: sparse_attention)");
@@ -780,8 +814,14 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
       a.out == nullptr)
     return make_error(who + "null query, sink, tokens, records, rings or output");
   const int64_t topk_width = a.topk != nullptr ? a.topk_width : 0;
-  const DecodePlan d = a.decode_head_split ? head_split_plan(a.n, a.heads, hd, a.window + topk_width, hb_forced)
-                                           : decode_plan(a.n, a.heads, a.window + topk_width);
+  DecodePlan d = a.decode_head_split ? head_split_plan(a.n, a.heads, hd, a.window + topk_width, hb_forced)
+                                     : decode_plan(a.n, a.heads, a.window + topk_width);
+  if (a.decode_max_splits > 0 && d.splits > a.decode_max_splits) {  // fewer, longer ranges (<= 16 tiles each)
+    const int64_t tiles = std::max<int64_t>(1, (a.window + topk_width + kTile - 1) / kTile);
+    const int64_t tps = std::min<int64_t>(kMaxTilesPerSplit, (tiles + a.decode_max_splits - 1) / a.decode_max_splits);
+    d.keys_per_split = static_cast<int>(tps * kTile);
+    d.splits = static_cast<int>((tiles + tps - 1) / tps);
+  }
   const SparseAttnWorkspaceSize need = sparse_attention_decode_workspace_size(a.n, a.heads, hd, a.window, topk_width);
   if (need.floats > 0 && (ws.floats == nullptr || ws.float_count < need.floats))
     return make_error(who + str(d.splits) + " key ranges need " + str(need.floats) + " workspace floats, got " +
@@ -791,6 +831,8 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
   DecodeParams p{detail::sparse_attn_inputs(a)};  // the plan's fields zero until set
   p.legacy_merge = a.legacy_decode_merge;
   p.q_rope = a.q_before_rope;
+  p.out_codes = a.out_f16_codes;
+  p.out_scales = a.out_f16_scales;
   p.splits = d.splits;
   p.keys_per_split = d.keys_per_split;
   p.ld_s = d.keys_per_split + 8;

@@ -73,6 +73,28 @@ void check_head_split(const SparseAttnArgs& a, const RopeTableView& rope, const 
     ASSERT_EQ(cudaMemcpy(got.data(), x.out, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   };
   const size_t count = want.size();
+  // out's f16 staging requested (out_f16_codes): the codes and scales bit for bit stage_act_f16(out)'s
+  // (written by the fast merge, or by a stage launch after a launch without one), out unchanged.
+  auto check_staged = [&](const SparseAttnArgs& x, const std::vector<float>& plain, const std::string& what) {
+    const int64_t values = static_cast<int64_t>(count), blocks = values / 32;
+    auto codes = DeviceBuffer<uint16_t>::allocate(values), want_codes = DeviceBuffer<uint16_t>::allocate(values);
+    auto scales = DeviceBuffer<float>::allocate(blocks), want_scales = DeviceBuffer<float>::allocate(blocks);
+    ASSERT_TRUE(codes.ok() && want_codes.ok() && scales.ok() && want_scales.ok());
+    SparseAttnArgs sx = x;
+    sx.out_f16_codes = codes->get();
+    sx.out_f16_scales = scales->get();
+    std::vector<float> got(count);
+    run(sx, what + " staging o", got);
+    EXPECT_EQ(first_bit_difference(got, plain), count) << what << ": out changed when its staging was requested";
+    ASSERT_TRUE(stage_act_f16(sx.out, sx.n, sx.heads * sx.head_dim, want_codes->get(), want_scales->get(), nullptr).ok());
+    const std::vector<uint16_t> c = codes->to_host().value(), wc = want_codes->to_host().value();
+    const std::vector<float> s = scales->to_host().value(), wsc = want_scales->to_host().value();
+    size_t bad_codes = 0, bad_scales = 0;
+    for (size_t i = 0; i < c.size(); ++i) bad_codes += c[i] != wc[i];
+    for (size_t i = 0; i < s.size(); ++i) bad_scales += std::memcmp(&s[i], &wsc[i], 4) != 0;
+    EXPECT_EQ(bad_codes, 0u) << what << ": staged codes differ from stage_act_f16(out)";
+    EXPECT_EQ(bad_scales, 0u) << what << ": staged scales differ from stage_act_f16(out)";
+  };
   for (int hb : {0, 16, 32, 64}) {
     if (hb == 16 && a.head_dim < 256) continue;
     SparseAttnArgs ha = a;
@@ -89,11 +111,25 @@ void check_head_split(const SparseAttnArgs& a, const RopeTableView& rope, const 
     const size_t at = first_bit_difference(again, got);
     EXPECT_EQ(at, count) << htag << ": two runs differ, first at output " << at << " (" << got[at < count ? at : 0]
                          << " vs " << again[at < count ? at : 0] << ")";
+    for (const int max_splits : {1, 2}) {  // fewer, longer key ranges (1: no merge launch)
+      SparseAttnArgs ma = ha;
+      ma.decode_max_splits = max_splits;
+      const std::string mtag = htag + " at most " + std::to_string(max_splits) + " key range(s)";
+      std::vector<float> one(count);
+      run(ma, mtag, one);
+      size_t nan = 0;
+      for (float v : one) nan += std::isnan(v) ? 1 : 0;
+      EXPECT_EQ(nan, 0u) << mtag << ": NaN outputs";
+      EXPECT_TRUE(parity(mtag, one, want, tol, allow));
+      if (hb == 0) check_staged(ma, one, mtag);
+    }
     if (hb != 0) continue;
+    check_staged(ha, got, htag);
     SparseAttnArgs la = ha;
     la.legacy_decode_merge = true;
     std::vector<float> leg(count);
     run(la, htag + " legacy merge", leg);
+    check_staged(la, leg, htag + " legacy merge");
     const size_t lat = first_bit_difference(leg, got);
     EXPECT_EQ(lat, count) << htag << ": the prefetching merge differs from the legacy merge, first at output " << lat
                           << " (" << got[lat < count ? lat : 0] << " vs " << leg[lat < count ? lat : 0]
@@ -506,6 +542,11 @@ TEST(CudaSparseAttentionDecode, RejectsBadArguments) {
     EXPECT_NE(s.error().message.find("decode_heads_per_block " + std::to_string(hb)), std::string::npos)
         << s.error().message;
   }
+  SparseAttnArgs m = a;
+  m.decode_max_splits = -1;
+  s = sparse_attention_decode(m, nullptr);
+  ASSERT_FALSE(s.ok()) << "decode_max_splits -1 accepted";
+  EXPECT_NE(s.error().message.find("decode_max_splits -1"), std::string::npos) << s.error().message;
 }
 
 TEST(CudaAttentionOutput, MatchesCpuProjection) {

@@ -795,6 +795,9 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: fork_pdl_compressor 1 vs 0", with(fast, "fork_pdl_compressor=1"), fast, 0},
       // The routed w1 / w3 on a full edge after the router: the same launches.
       {"defaults: routed_full_edge 1 vs 0", fast, with(fast, "routed_full_edge=0"), 0},
+      // wo_a's f16 staging written by the attention's merge (stage_act_f16's bits): a stage launch less per
+      // layer whose attention merges (not checked: the tiny model's layers split their keys or not).
+      {"defaults: attn_stage_wo_a 1 vs 0", fast, with(fast, "attn_stage_wo_a=0")},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.
@@ -970,6 +973,11 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   ASSERT_TRUE(apply_cuda_options("routed_full_edge=0", q).ok());
   EXPECT_FALSE(q.paths.routed_full_edge);
   ASSERT_TRUE(apply_cuda_options("routed_full_edge=1", q).ok());
+  EXPECT_TRUE(CudaKernelPaths{}.attn_stage_wo_a);
+  EXPECT_FALSE(CudaKernelPaths::legacy().attn_stage_wo_a);
+  ASSERT_TRUE(apply_cuda_options("attn_stage_wo_a=0", q).ok());
+  EXPECT_FALSE(q.paths.attn_stage_wo_a);
+  ASSERT_TRUE(apply_cuda_options("attn_stage_wo_a=1", q).ok());
   EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside ||
                CudaKernelPaths::legacy().site_act_quant);
   ASSERT_TRUE(apply_cuda_options("site_act_quant=1", q).ok());
