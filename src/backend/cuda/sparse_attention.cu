@@ -439,9 +439,9 @@ SparseAttnWorkspaceSize sparse_attention_workspace_size(int64_t n, int64_t heads
 
 Status sparse_attention(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws) {
   if (sparse_attention_picks_decode(a, ws)) return sparse_attention_decode(a, stream, ws);
-  CEDAR_RETURN_IF_ERROR(sparse_attention_tiled(a, stream, ws));
   if ((a.out_f16_codes == nullptr) != (a.out_f16_scales == nullptr))
     return make_error("cuda::sparse_attention: out_f16_codes and out_f16_scales: both or neither");
+  CEDAR_RETURN_IF_ERROR(sparse_attention_tiled(a, stream, ws));
   return a.out_f16_codes ? stage_act_f16(a.out, a.n, a.heads * a.head_dim, a.out_f16_codes, a.out_f16_scales, stream)
                          : Status::Ok();
 }
