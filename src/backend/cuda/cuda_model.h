@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/device_kv.h"
 #include "backend/cuda/device_weights.h"
+#include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/stream.h"
 #include "core/status.h"
 #include "core/threads.h"
@@ -154,6 +155,12 @@ struct CudaKernelPaths {
   // (the s10 timeline: 2.9 µs from the merge's end to wo_a's start with the ring commit and the stage).
   // −0.031 ms at batch 1 (s10 run 5, A/B attn_stage_wo_a=1 against 8.090 ms).
   bool attn_stage_wo_a = true;
+  // Decode with concurrent branches, up to kMhcNormFuseMaxTokens rows: the MoE combine is left to the next
+  // layer's attention site, whose expand + collapse + norm kernel combines each channel as it reads y
+  // (MhcFusedArgs::y_combine: moe_combine's bits) — the combine launch and its hand-off after the join are
+  // gone (the s10 timeline: 2.7 µs + 0.6 µs per layer). Built after the session's last device run: off until
+  // measured (A/B site_combine=1).
+  bool site_combine = false;
   static CudaKernelPaths legacy();
 };
 
@@ -365,6 +372,9 @@ class CudaModel {
   // and the wait for them before anything reads their mix rows or writes the streams again.
   Status fork_coefficients(const void* args_ptr);
   Status join_coefficients();
+  // paths.site_combine: the pending MoE combine for the site that reads y (and none left), or its launch.
+  MhcYCombine take_combine();
+  Status flush_combine();
   // Programmatic dependent launch for the next PDL-capable kernel on the current stream: decode only, not
   // while profiling (event nodes between stages), and not for the first kernel after a fork or join
   // (its predecessors are on two streams) or a cuBLASLt call.
@@ -403,6 +413,7 @@ class CudaModel {
   bool pdl_fresh_[2] = {false, false};  // main / aux stream: the next kernel must not use PDL
   bool coef_pending_ = false;           // a site's coefficients run on the coefficient stream, not joined yet
   bool swa_commit_pending_ = false;     // a layer's ring commit runs on the aux stream, not joined yet
+  MoeCombineArgs pending_combine_;      // paths.site_combine: the last MoE's combine, left to the next site
   std::vector<bool> engram_pending_;    // per Engram slot: its projection runs on the Engram stream, not joined
   int64_t engram_ahead_layers_ = 0;
   int64_t last_rows_ = 0;

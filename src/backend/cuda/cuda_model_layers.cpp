@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_model_internal.h"
@@ -197,6 +198,11 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   // The cluster kernel (coefficients only) is one launch per 8-token tile without a global workspace;
   // the sized decode kernel runs every tile in one launch and the streaming one covers prefill.
   if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched)) {
+    if (a.y_combine.on()) {  // the cluster kernel reads y as given
+      const MhcYCombine& yc = a.y_combine;
+      CEDAR_RETURN_IF_ERROR(moe_combine(MoeCombineArgs{a.n, yc.topk, a.d, yc.experts, yc.routed, yc.shared, yc.y}, cs()));
+      a.y_combine = {};
+    }
     CEDAR_RETURN_IF_ERROR(mhc_fused_cluster(a, cs(), false));  // cluster launches without PDL: not tested together yet
     return a.normed ? rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, cs(), false,
                                a.normed_quant)
@@ -207,10 +213,21 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   return mhc_fused(a, ws, cs());
 }
 
+MhcYCombine CudaModel::take_combine() {
+  const MoeCombineArgs p = std::exchange(pending_combine_, MoeCombineArgs{});
+  return p.n > 0 ? MhcYCombine{p.experts, p.routed, p.shared, p.topk, p.y} : MhcYCombine{};
+}
+
+Status CudaModel::flush_combine() {
+  const MoeCombineArgs p = std::exchange(pending_combine_, MoeCombineArgs{});
+  return p.n > 0 ? moe_combine(p, cs()) : Status::Ok();
+}
+
 Status CudaModel::fork_coefficients(const void* args_ptr) {
   MhcFusedArgs a = *static_cast<const MhcFusedArgs*>(args_ptr);
   // The streams as the critical kernels left them (X_out = X): no expand, no collapse, no norm.
   a.y = nullptr;
+  a.y_combine = {};
   a.post = a.comb = nullptr;
   a.collapse_w = nullptr;
   a.collapsed = nullptr;
@@ -335,6 +352,7 @@ Status CudaModel::run_layers(const Rows& r) {
   pdl_rows_ = r.decode;   // PDL inside decode steps (prefill kernels are long: nothing to hide)
   pdl_fresh_[0] = pdl_fresh_[1] = true;
   engram_ahead_layers_ = 0;
+  pending_combine_ = MoeCombineArgs{};  // a step that failed may have left one
   CEDAR_RETURN_IF_ERROR(mark("start"));
   CEDAR_RETURN_IF_ERROR(embed(r));
   if (engram_ahead_on(r)) CEDAR_RETURN_IF_ERROR(fork_engram(r));
@@ -355,7 +373,8 @@ Status CudaModel::run_layers(const Rows& r) {
     if (st.ok()) st = debug(at + "ffn_out", r, ws_->y, d);
     if (!st.ok()) return st.error().with_context("layer " + str(l));
   }
-  return r.tail ? finish(r) : Status::Ok();
+  if (r.tail) return finish(r);
+  return flush_combine();  // y is complete when the call returns
 }
 
 Status CudaModel::embed(const Rows& r) {
@@ -510,6 +529,7 @@ Status CudaModel::attention_site(int64_t l, const Rows& r) {
   if (l > 0) {
     prev = mix_rows(w.mix_ffn);
     set_expand(a, w.y, prev);
+    a.y_combine = take_combine();  // paths.site_combine: y combined by the kernel that expands it
   }
   if (L.engram) {
     // Engram changes the streams between the expand and this site's collapse and coefficients: the
@@ -522,6 +542,7 @@ Status CudaModel::attention_site(int64_t l, const Rows& r) {
     }
     CEDAR_RETURN_IF_ERROR(engram(l, r));
     a.y = nullptr;
+    a.y_combine = {};
   }
   set_collapse(a, prev, w.x);
   a.mix_out = w.mix_attn;
@@ -865,6 +886,7 @@ Status CudaModel::finish(const Rows& r) {
   const MixPtrs m = mix_rows(w.mix_ffn);
   MhcFusedArgs a = mhc_args(c, last.hc_ffn, r.n, w.X);  // expand only: no coefficients after the last layer
   set_expand(a, w.y, m);
+  a.y_combine = take_combine();
   a.fn = nullptr;
   a.mix_out = nullptr;
   CEDAR_RETURN_IF_ERROR(mhc(&a, r));

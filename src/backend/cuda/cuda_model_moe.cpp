@@ -198,6 +198,10 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
   };
   CEDAR_RETURN_IF_ERROR(parallel(branches(r), routed, shared));
+  if (options_.paths.site_combine && branches(r) && n <= kMhcNormFuseMaxTokens && K <= kMhcCombineMaxTopk) {
+    pending_combine_ = MoeCombineArgs{n, K, d, experts, w.routed, w.shared, w.y};  // the next site combines it
+    return Status::Ok();
+  }
   CEDAR_RETURN_IF_ERROR(moe_combine(MoeCombineArgs{n, K, d, experts, w.routed, w.shared, w.y}, s));
   return mark("moe.combine");
 }

@@ -8,6 +8,7 @@
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe_items_build.cuh"
 
 namespace cedar::cuda {
@@ -63,14 +64,9 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluArgs a, in
 // j < k}: the stable order), while every thread already has its channel's K <= 8 routed values in
 // flight; one channel per thread (all loads of the block at once). (The first version: thread 0
 // insertion-sorted with a global load per comparison, 4 channels per thread with dependent loads:
-// ~10 µs per layer in the model.) Same additions in the same order: the old kernel's bits.
-constexpr int kCombinePrefetch = 8;
-__device__ __forceinline__ float pick_slot(const float (&v)[kCombinePrefetch], int i) {
-  float r = v[0];
-#pragma unroll
-  for (int q = 1; q < kCombinePrefetch; ++q) r = i == q ? v[q] : r;
-  return r;
-}
+// ~10 µs per layer in the model.) Same additions in the same order: the old kernel's bits. The channel's
+// arithmetic is moe_combine.cuh's, which the mHC site kernel shares (MhcFusedArgs::y_combine).
+using detail::kCombinePrefetch;
 
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(MoeCombineArgs a) {
   __shared__ int32_t ids[kMaxCombineTopk];
@@ -86,20 +82,15 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(MoeCombine
     v[q] = live && q < K && K <= kCombinePrefetch ? a.routed[(t * K + q) * d + c] : 0.0f;
   const float sh = live && a.shared ? a.shared[t * d + c] : 0.0f;
   __syncthreads();
-  if (tid < K) {
-    const int32_t me = ids[tid];
-    int rank = 0;
-    for (int j = 0; j < K; ++j) rank += ids[j] < me || (ids[j] == me && j < tid);
-    order[rank] = tid;
-  }
+  if (tid < K) order[detail::combine_rank(ids, K, tid)] = tid;
   __syncthreads();
   if (!live) return;
-  float acc = 0.0f;
   if (K <= kCombinePrefetch) {
-    for (int k = 0; k < K; ++k) acc = __fadd_rn(acc, pick_slot(v, order[k]));
-  } else {
-    for (int k = 0; k < K; ++k) acc = __fadd_rn(acc, a.routed[(t * K + order[k]) * d + c]);
+    a.y[t * d + c] = detail::combine_channel(v, order, K, a.shared != nullptr, sh);
+    return;
   }
+  float acc = 0.0f;
+  for (int k = 0; k < K; ++k) acc = __fadd_rn(acc, a.routed[(t * K + order[k]) * d + c]);
   a.y[t * d + c] = detail::round_bf16(a.shared ? __fadd_rn(acc, sh) : acc);
 }
 

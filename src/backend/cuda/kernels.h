@@ -166,6 +166,17 @@ Status gemv_fp8_staged(const StagedGemvArgs& a, cudaStream_t stream, const Split
 // Decode can take H off the critical path: call it once with fn = null (expand + collapse: the
 // sublayer's input is ready after one short kernel) and once with y = collapse_w = null (H only) on a
 // forked graph branch that joins before the next site — H then overlaps the sublayer.
+// The sublayer output y of an mHC site still to be combined from the MoE's rows (moe_combine's inputs; y
+// points to `y`, where the combine is stored).
+struct MhcYCombine {
+  const int32_t* experts = nullptr;  // [n, topk]
+  const float* routed = nullptr;     // [n·topk, d]
+  const float* shared = nullptr;     // [n, d] or null
+  int64_t topk = 0;
+  float* y = nullptr;  // [n, d]
+  bool on() const { return routed != nullptr; }
+};
+constexpr int64_t kMhcCombineMaxTopk = 8;  // the site kernel's combine holds a channel's routed values in registers
 struct MhcFusedArgs {
   int64_t n = 1, hc = 4, d = 0;
   const float* X = nullptr;           // [n, hc, d]
@@ -215,6 +226,10 @@ struct MhcFusedArgs {
   // normed (the decode kernel's last block, the expand + collapse + norm kernel, or rms_norm after) —
   // quantize_act_fp8(normed)'s bits. (Last: the other fields keep their parameter offsets.)
   ActQuantOut normed_quant = {};
+  // Optional with y: y is the MoE's output still to be combined (y_combine.y == y). The expand + collapse +
+  // norm kernel (topk <= 8) combines each channel as it reads it — moe_combine's bits — and stores it to y;
+  // every other launch runs moe_combine first.
+  MhcYCombine y_combine = {};
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).

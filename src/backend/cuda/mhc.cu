@@ -32,6 +32,7 @@
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
+#include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mhc_common.cuh"
 #include "backend/cuda/mma_bf16.cuh"
@@ -838,6 +839,21 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
 
 Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t stream) {
   CEDAR_RETURN_IF_ERROR(check_args(args, "cuda::mhc_fused"));
+  const MhcYCombine& yc = args.y_combine;
+  if (yc.on()) {
+    if (!args.y || yc.y != args.y || !yc.experts || yc.topk < 1)
+      return make_error("cuda::mhc_fused: y_combine needs y (its y), experts and topk >= 1");
+    // Only the expand + collapse + norm kernel combines as it reads y; before any other launch, the combine.
+    const bool in_kernel = !args.fn && args.normed && args.collapse_w && ws.norm_counter &&
+                           args.n <= kMhcNormFuseMaxTokens && yc.topk <= kMhcCombineMaxTopk;
+    if (!in_kernel) {
+      CEDAR_RETURN_IF_ERROR(
+          moe_combine(MoeCombineArgs{args.n, yc.topk, args.d, yc.experts, yc.routed, yc.shared, yc.y}, stream));
+      MhcFusedArgs b = args;
+      b.y_combine = {};
+      return mhc_fused(b, ws, stream);
+    }
+  }
   const MhcFusedArgs a = resolve_strides(args);
   if (a.n == 0) return Status::Ok();
   bool norm_fused = false;

@@ -11,7 +11,10 @@
 // The last block normalizes row t with its threads 256·t .. 256·t + 255 (norm_row: rms_norm_kernel's
 // arithmetic op for op, x and the weight in one round trip), all rows at once, and re-arms the counter.
 // With a.normed_quant (s8-quantfold) it also writes normed's FP8 codes + scales (quantize_act_fp8's
-// recipe, act_quant.cuh): the quantize launch before the next GEMVs is gone.
+// recipe, act_quant.cuh): the quantize launch before the next GEMVs is gone. With a.y_combine
+// (paths.site_combine) y is the MoE's output still to be combined: each thread combines its channel from
+// the routed rows and the shared one (moe_combine.cuh: moe_combine's operations and order), stores it to y
+// and expands with it — the combine launch before the site is gone.
 #include <string>
 
 #include "backend/cuda/device_math.cuh"
@@ -19,6 +22,7 @@
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mhc_common.cuh"
 #include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/moe_combine.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -35,6 +39,7 @@ template <bool kQuant>
 __global__ void __launch_bounds__(kMaxThreads) mhc_expand_collapse_norm_kernel(MhcFusedArgs a, unsigned* counter) {
   __shared__ float warp_sums[kMaxRows][kNormThreads / 32];
   __shared__ bool is_last;
+  __shared__ int32_t ids[kMaxRows][kMhcCombineMaxTopk], order[kMaxRows][kMhcCombineMaxTopk];
   detail::pdl_launch_dependents();
   const int tid = threadIdx.x % kNormThreads;
   const int tok = threadIdx.x / kNormThreads;  // blockDim = n · 256: every row is live
@@ -42,13 +47,32 @@ __global__ void __launch_bounds__(kMaxThreads) mhc_expand_collapse_norm_kernel(M
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kNormThreads + tid;
   const bool live = c < d;  // d % 32 == 0: the last block may own fewer channels
   detail::pdl_wait();
+  float x[kHc];  // issued before the combine's barriers
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) x[j] = live ? a.X[tok * width + j * d + c] : 0.0f;
+  float yv = 0.0f;  // this channel's sublayer output
+  if (a.y_combine.routed != nullptr) {  // block-uniform: combine the MoE rows as moe_combine does (moe_combine.cuh)
+    const MhcYCombine& yc = a.y_combine;
+    const int K = static_cast<int>(yc.topk);  // <= kMhcCombineMaxTopk (mhc_fused)
+    float rv[detail::kCombinePrefetch];
+#pragma unroll
+    for (int q = 0; q < detail::kCombinePrefetch; ++q) rv[q] = live && q < K ? yc.routed[(tok * K + q) * d + c] : 0.0f;
+    const float sh = live && yc.shared ? yc.shared[tok * d + c] : 0.0f;
+    if (tid < K) ids[tok][tid] = yc.experts[tok * K + tid];
+    __syncthreads();
+    if (tid < K) order[tok][detail::combine_rank(ids[tok], K, tid)] = tid;
+    __syncthreads();
+    if (live) {
+      yv = detail::combine_channel(rv, order[tok], K, yc.shared != nullptr, sh);
+      yc.y[tok * d + c] = yv;
+    }
+  } else if (live && a.y) {
+    yv = a.y[tok * d + c];
+  }
   float v[kHc];
   if (live) {
-    float x[kHc];
-#pragma unroll
-    for (int j = 0; j < kHc; ++j) x[j] = a.X[tok * width + j * d + c];
     if (a.y) {
-      expand_channel(x, a.y[tok * d + c], a.post + tok * a.post_stride, a.comb + tok * a.comb_stride, v);
+      expand_channel(x, yv, a.post + tok * a.post_stride, a.comb + tok * a.comb_stride, v);
     } else {
 #pragma unroll
       for (int j = 0; j < kHc; ++j) v[j] = x[j];

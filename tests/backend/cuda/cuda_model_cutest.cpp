@@ -753,6 +753,10 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
   // fused_act_quant removes a quantize launch per layer (qr), site_act_quant two (the attention and the
   // ffn site's x); swa_commit_aside moves a launch to another stream (events add no nodes).
   const int64_t L = g.plan().num_layers(), site_nodes = 2 * L;
+  // site_combine: every layer after the first combines in its attention site, but the Engram layers (their
+  // expand runs alone before Engram, after a combine launch).
+  int64_t combine_sites = L - 1;
+  for (const int64_t e : g.config().engram_layer_ids) combine_sites -= e > 0 ? 1 : 0;
   const CudaKernelPaths legacy_cluster = CudaKernelPaths::legacy();  // the cluster kernel + rms_norm at 5..127 rows
   const Case cases[] = {
       {"defaults: programmatic_launch 1 vs 0", fast, with(fast, "programmatic_launch=0")},
@@ -798,6 +802,9 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // wo_a's f16 staging written by the attention's merge (stage_act_f16's bits): a stage launch less per
       // layer whose attention merges (not checked: the tiny model's layers split their keys or not).
       {"defaults: attn_stage_wo_a 1 vs 0", fast, with(fast, "attn_stage_wo_a=0")},
+      // The MoE combine done by the next attention site's kernel (moe_combine's bits): one launch less per
+      // such site (the last layer's combine runs before the final expand).
+      {"defaults: site_combine 1 vs 0", with(fast, "site_combine=1"), fast, combine_sites},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.
@@ -978,6 +985,10 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   ASSERT_TRUE(apply_cuda_options("attn_stage_wo_a=0", q).ok());
   EXPECT_FALSE(q.paths.attn_stage_wo_a);
   ASSERT_TRUE(apply_cuda_options("attn_stage_wo_a=1", q).ok());
+  EXPECT_FALSE(q.paths.site_combine || CudaKernelPaths::legacy().site_combine);
+  ASSERT_TRUE(apply_cuda_options("site_combine=1", q).ok());
+  EXPECT_TRUE(q.paths.site_combine);
+  ASSERT_TRUE(apply_cuda_options("site_combine=0", q).ok());
   EXPECT_FALSE(CudaKernelPaths::legacy().fused_act_quant || CudaKernelPaths::legacy().swa_commit_aside ||
                CudaKernelPaths::legacy().site_act_quant);
   ASSERT_TRUE(apply_cuda_options("site_act_quant=1", q).ok());
