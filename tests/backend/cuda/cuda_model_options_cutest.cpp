@@ -1,0 +1,91 @@
+// The CUDA model's kernel-path switches (`--cuda-options`, CudaKernelPaths): names, values, errors, and each
+// switch's default — the decision its device measurements took (docs/cuda.md) — and its legacy() value.
+// Host-only: runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "backend/cuda/cuda_model.h"
+
+namespace cedar::cuda {
+namespace {
+
+TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
+  CudaModelOptions o;
+  ASSERT_TRUE(apply_cuda_options("programmatic_launch=0,blas_min_rows=64,wo_a_fp8=0", o).ok());
+  EXPECT_FALSE(o.paths.programmatic_launch);
+  EXPECT_EQ(o.paths.blas_min_rows, 64);
+  EXPECT_FALSE(o.wo_a_fp8);
+  ASSERT_TRUE(apply_cuda_options("legacy", o).ok());
+  EXPECT_FALSE(o.paths.router_splitk);
+  EXPECT_FALSE(o.paths.mhc_batched);
+  const Status bad = apply_cuda_options("router_split=1", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("router_split"), std::string::npos) << bad.error().message;
+  // Removed switches are errors: prefetch_attention (one tile loader now), aux_priority (s10: slower).
+  for (const char* removed : {"prefetch_attention", "aux_priority"}) {
+    const Status st = apply_cuda_options(std::string(removed) + "=1", o);
+    ASSERT_FALSE(st.ok()) << removed;
+    EXPECT_NE(st.error().message.find("'" + std::string(removed) + "' is unknown"), std::string::npos)
+        << st.error().message;
+  }
+  const Status val = apply_cuda_options("mhc_batched=2", o);
+  ASSERT_FALSE(val.ok());
+  EXPECT_NE(val.error().message.find("0 or 1"), std::string::npos) << val.error().message;
+  EXPECT_NE(describe_cuda_options(CudaModelOptions()).find("router_splitk=1"), std::string::npos);
+  CudaModelOptions q;
+  ASSERT_TRUE(apply_cuda_options("fused_act_quant=0,site_act_quant=0,swa_commit_aside=0", q).ok());
+  EXPECT_NE(describe_cuda_options(q).find("fused_act_quant=0,site_act_quant=0,swa_commit_aside=0"), std::string::npos)
+      << describe_cuda_options(q);
+}
+
+// Every on / off switch: its default, its legacy() value, and NAME=0 / NAME=1 setting it (and nothing else).
+TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
+  struct Switch {
+    const char* name;
+    bool CudaKernelPaths::*field;
+    bool by_default, in_legacy;
+  };
+  const Switch switches[] = {
+      {"programmatic_launch", &CudaKernelPaths::programmatic_launch, true, false},
+      {"router_splitk", &CudaKernelPaths::router_splitk, true, false},
+      {"mhc_batched", &CudaKernelPaths::mhc_batched, true, false},
+      {"mhc_cluster", &CudaKernelPaths::mhc_cluster, false, true},
+      {"mhc_fused_norm", &CudaKernelPaths::mhc_fused_norm, true, false},
+      {"gemv_multi", &CudaKernelPaths::gemv_multi, true, false},
+      {"fused_q_rope", &CudaKernelPaths::fused_q_rope, true, false},
+      {"attn_head_split", &CudaKernelPaths::attn_head_split, true, false},
+      {"mhc_split", &CudaKernelPaths::mhc_split, true, false},
+      {"mhc_split_norm", &CudaKernelPaths::mhc_split_norm, true, false},
+      {"engram_ahead", &CudaKernelPaths::engram_ahead, true, false},
+      {"wo_a_f16", &CudaKernelPaths::wo_a_f16, true, false},
+      {"fused_act_quant", &CudaKernelPaths::fused_act_quant, true, false},
+      {"site_act_quant", &CudaKernelPaths::site_act_quant, false, false},  // s8 run 5: slower
+      {"swa_commit_aside", &CudaKernelPaths::swa_commit_aside, true, false},
+      {"router_ahead", &CudaKernelPaths::router_ahead, false, false},  // s9: slower
+      {"dispatch_in_router", &CudaKernelPaths::dispatch_in_router, true, false},
+      {"router_splitk_beside", &CudaKernelPaths::router_splitk_beside, true, false},
+      {"fork_pdl", &CudaKernelPaths::fork_pdl, true, false},
+      {"fork_pdl_compressor", &CudaKernelPaths::fork_pdl_compressor, false, false},  // s10: slower
+      {"routed_full_edge", &CudaKernelPaths::routed_full_edge, true, false},
+      {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
+      {"site_combine", &CudaKernelPaths::site_combine, false, false},  // not measured yet
+  };
+  const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
+  for (const Switch& s : switches) {
+    EXPECT_EQ(defaults.*s.field, s.by_default) << s.name << ": default";
+    EXPECT_EQ(legacy.*s.field, s.in_legacy) << s.name << ": legacy()";
+    for (const bool value : {false, true}) {
+      CudaModelOptions q;
+      ASSERT_TRUE(apply_cuda_options(std::string(s.name) + (value ? "=1" : "=0"), q).ok()) << s.name;
+      EXPECT_EQ(q.paths.*s.field, value) << s.name << "=" << value;
+      for (const Switch& other : switches) {
+        if (other.field == s.field) continue;
+        EXPECT_EQ(q.paths.*other.field, defaults.*other.field) << s.name << " changed " << other.name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cedar::cuda
