@@ -198,11 +198,7 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   // The cluster kernel (coefficients only) is one launch per 8-token tile without a global workspace;
   // the sized decode kernel runs every tile in one launch and the streaming one covers prefill.
   if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched)) {
-    if (a.y_combine.on()) {  // the cluster kernel reads y as given
-      const MhcYCombine& yc = a.y_combine;
-      CEDAR_RETURN_IF_ERROR(moe_combine(MoeCombineArgs{a.n, yc.topk, a.d, yc.experts, yc.routed, yc.shared, yc.y}, cs()));
-      a.y_combine = {};
-    }
+    CEDAR_RETURN_IF_ERROR(mhc_combine_y(a, cs()));  // the cluster kernel reads y as given
     CEDAR_RETURN_IF_ERROR(mhc_fused_cluster(a, cs(), false));  // cluster launches without PDL: not tested together yet
     return a.normed ? rms_norm(a.collapsed, a.n, a.d, a.norm_weight, a.normed_eps, a.normed, cs(), false,
                                a.normed_quant)

@@ -255,6 +255,9 @@ constexpr int64_t kMhcNormCounters = 1;
 int64_t mhc_workspace_floats(int64_t n, int64_t d);
 int64_t mhc_workspace_counters(int64_t n);
 Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream);
+// a.y_combine's moe_combine into y, and a.y_combine cleared (nothing to do without one): for the paths that
+// read y as given.
+Status mhc_combine_y(MhcFusedArgs& a, cudaStream_t stream);
 
 // ---- device copy bandwidth (the roofline reference) --------------------------------------------
 struct CopyBandwidth {

@@ -29,6 +29,7 @@
 // are summed in fixed blocked orders (deterministic, ~1e-6 relative from the CPU's sequential sums).
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
@@ -771,13 +772,18 @@ Status launch_stream_finish(const MhcFusedArgs& a, float* partials, int64_t spli
   return launch_status("mhc_stream_finish_kernel");
 }
 
+// The critical half of a split decode site: expand / collapse and the norm in one launch (its own ticket
+// counter). The one kernel that also combines y_combine as it reads y.
+bool takes_expand_collapse_norm(const MhcFusedArgs& a, const MhcWorkspace& ws) {
+  return a.fn == nullptr && (a.y || a.collapse_w) && a.normed && ws.norm_counter && a.n <= kMhcNormFuseMaxTokens;
+}
+
 // The launches of mhc_fused except a separate RMSNorm; *norm_fused: the decode kernel wrote a.normed.
 Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream, bool* norm_fused) {
   const bool pdl = a.programmatic_launch;
   if (a.fn == nullptr) {  // expand / collapse only
     if (!a.y && !a.collapse_w) return Status::Ok();
-    // The critical half of a split decode site: the norm in the same launch (its own ticket counter).
-    if (a.normed && ws.norm_counter && a.n <= kMhcNormFuseMaxTokens) {
+    if (takes_expand_collapse_norm(a, ws)) {
       *norm_fused = true;
       return launch_expand_collapse_norm(a, ws.norm_counter, stream);
     }
@@ -837,6 +843,12 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
 
 }  // namespace
 
+Status mhc_combine_y(MhcFusedArgs& a, cudaStream_t stream) {
+  const MhcYCombine yc = std::exchange(a.y_combine, MhcYCombine{});
+  if (!yc.on()) return Status::Ok();
+  return moe_combine(MoeCombineArgs{a.n, yc.topk, a.d, yc.experts, yc.routed, yc.shared, yc.y}, stream);
+}
+
 Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t stream) {
   CEDAR_RETURN_IF_ERROR(check_args(args, "cuda::mhc_fused"));
   const MhcYCombine& yc = args.y_combine;
@@ -844,13 +856,9 @@ Status mhc_fused(const MhcFusedArgs& args, const MhcWorkspace& ws, cudaStream_t 
     if (!args.y || yc.y != args.y || !yc.experts || yc.topk < 1)
       return make_error("cuda::mhc_fused: y_combine needs y (its y), experts and topk >= 1");
     // Only the expand + collapse + norm kernel combines as it reads y; before any other launch, the combine.
-    const bool in_kernel = !args.fn && args.normed && args.collapse_w && ws.norm_counter &&
-                           args.n <= kMhcNormFuseMaxTokens && yc.topk <= kMhcCombineMaxTopk;
-    if (!in_kernel) {
-      CEDAR_RETURN_IF_ERROR(
-          moe_combine(MoeCombineArgs{args.n, yc.topk, args.d, yc.experts, yc.routed, yc.shared, yc.y}, stream));
+    if (!takes_expand_collapse_norm(args, ws) || yc.topk > kMhcCombineMaxTopk) {
       MhcFusedArgs b = args;
-      b.y_combine = {};
+      CEDAR_RETURN_IF_ERROR(mhc_combine_y(b, stream));
       return mhc_fused(b, ws, stream);
     }
   }
