@@ -161,6 +161,11 @@ struct CudaKernelPaths {
   // gone (the s10 timeline: 2.7 µs + 0.6 µs per layer). Built after the session's last device run: off until
   // measured (A/B site_combine=1).
   bool site_combine = false;
+  // The routed experts' packed GEMVs on the rolling K pipeline (GemvItemsOptions::packed_rolling: the next
+  // group's loads in flight during each group's math, 8 warps per SM) instead of pairs of groups (16 warps
+  // per SM, no loads in flight during the second group's math). Same bits. Off until measured (A/B
+  // packed_rolling=1).
+  bool packed_rolling = false;
   static CudaKernelPaths legacy();
 };
 
