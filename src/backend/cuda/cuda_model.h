@@ -158,14 +158,9 @@ struct CudaKernelPaths {
   // Decode with concurrent branches, up to kMhcNormFuseMaxTokens rows: the MoE combine is left to the next
   // layer's attention site, whose expand + collapse + norm kernel combines each channel as it reads y
   // (MhcFusedArgs::y_combine: moe_combine's bits) — the combine launch and its hand-off after the join are
-  // gone (the s10 timeline: 2.7 µs + 0.6 µs per layer). Built after the session's last device run: off until
-  // measured (A/B site_combine=1).
-  bool site_combine = false;
-  // The routed experts' packed GEMVs on the rolling K pipeline (GemvItemsOptions::packed_rolling: the next
-  // group's loads in flight during each group's math, 8 warps per SM) instead of pairs of groups (16 warps
-  // per SM, no loads in flight during the second group's math). Same bits. Off until measured (A/B
-  // packed_rolling=1).
-  bool packed_rolling = false;
+  // gone (the s10 timeline: 2.7 µs + 0.6 µs per layer). −0.015 / −0.035 / −0.058 ms at batch 1 (s11 runs
+  // 1, 3, 4: A/B site_combine=1 against 8.04–8.05 ms); site_combine=0 +0.035 ms (run 5).
+  bool site_combine = true;
   static CudaKernelPaths legacy();
 };
 

@@ -163,9 +163,6 @@ struct GemvItemsOptions {
   // start late (SMs still held by a concurrent kernel) take fewer units. Same bits either way.
   unsigned* work = nullptr;
   int packed_warps = 0;  // PackedBalanced: 0 = the split chosen per shape, 4..8 = forced (benchmarks)
-  // Packed layouts: the rolling K pipeline (gemv_packed.cu: loads always in flight, 8 warps per SM)
-  // instead of pairs of groups (16 warps per SM). Same bits.
-  bool packed_rolling = false;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,

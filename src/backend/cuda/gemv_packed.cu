@@ -30,7 +30,6 @@ using namespace gemv_detail;
 constexpr int kPackedRows = 32;  // rows per block (and per warp): two m16 tiles
 constexpr int kRun = 8;          // K blocks per warp run (= the plain MXFP4 kernel's kUnroll)
 static_assert(kRun == kUnroll<true>, "the K partition must match the plain MXFP4 kernel");
-constexpr int kRunGroups = kRun / 4;  // a run's groups of 4 K blocks
 
 struct PackedParams {
   GemvOperands ops[kMaxGroup];  // host-item mode: contiguous token rows
@@ -135,19 +134,8 @@ struct UnitStream {
   bool balanced;
 };
 
-// The warp's k-th K group. Plain: runs of kRunGroups groups, runs strided by kGemvWarps; balanced:
-// groups warp, warp + W, ... Both increase with k, so the sequence ends at the first one past the end.
-__device__ __forceinline__ int group_of(const UnitStream& u, int k) {
-  if (u.balanced) return u.warp + k * u.warps;
-  return (u.warp + (k / kRunGroups) * kGemvWarps) * kRunGroups + k % kRunGroups;
-}
-
-// Pairs: two groups' loads in flight, then both groups' math (a warp has no loads in flight during the
-// second); 128 registers, so 16 warps per SM. Rolling: group k + 1's loads are issued before group k's
-// math, so a warp always has loads in flight while it computes; ~240 registers (8 warps per SM). The
-// math is in group order either way: the same bits.
 template <bool kOne>
-__device__ __forceinline__ void unit_k_loop_pairs(const UnitStream& u, float (&acc)[2][4]) {
+__device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2][4]) {
   if (!u.balanced) {
     for (int kb0 = u.warp * kRun; kb0 < u.n_kb; kb0 += kGemvWarps * kRun) {
       const int q0 = kb0 / 4;
@@ -181,30 +169,10 @@ __device__ __forceinline__ void unit_k_loop_pairs(const UnitStream& u, float (&a
   }
 }
 
-template <bool kOne>
-__device__ __forceinline__ void unit_k_loop_rolling(const UnitStream& u, float (&acc)[2][4]) {
-  const int n_groups = u.n_kb / 4;
-  int q = group_of(u, 0);
-  if (q >= n_groups) return;
-  GroupLoads L0, L1;
-  load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
-  for (int k = 1;; k += 2) {
-    const int q1 = group_of(u, k);
-    if (q1 < n_groups) load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q1, L1);
-    compute_group<kOne>(L0, acc);
-    if (q1 >= n_groups) return;
-    const int q2 = group_of(u, k + 1);
-    if (q2 < n_groups) load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q2, L0);
-    compute_group<kOne>(L1, acc);
-    if (q2 >= n_groups) return;
-  }
-}
-
 // Block = 32 rows of one matrix (8 warps splitting K as the plain kernel); blocks loop over the
 // (matrix, row tile) units.
-template <bool kDeviceItems, bool kRolling>
-__global__ void __launch_bounds__(kGemvWarps * 32, kRolling ? 1 : kMinBlocksPerSm<true>)
-    gemv_mxfp4_packed_kernel(PackedParams p) {
+template <bool kDeviceItems>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_mxfp4_packed_kernel(PackedParams p) {
   __shared__ float partial[kGemvWarps][kPackedRows][kTokensPerTile];
   // Under PDL (device items): the item table and the activations come from the previous kernels.
   detail::pdl_launch_dependents();
@@ -258,13 +226,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kRolling ? 1 : kMinBlocksPerS
     const float* as1 = op.as + row_of(op.act_row, tok1 < op.n ? tok1 : 0) * n_kb;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     const UnitStream us{wp, sp, a_row, as0, as1, n_kb, warp, p.warps, p.balanced};
-    if (op.n == 1) {  // block-uniform branch
-      if (kRolling) unit_k_loop_rolling<true>(us, acc);
-      else unit_k_loop_pairs<true>(us, acc);
-    } else {
-      if (kRolling) unit_k_loop_rolling<false>(us, acc);
-      else unit_k_loop_pairs<false>(us, acc);
-    }
+    if (op.n == 1) unit_k_loop<true>(us, acc);  // block-uniform branch
+    else unit_k_loop<false>(us, acc);
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
       partial[warp][16 * rt + g][tok0] = acc[rt][0];
@@ -389,7 +352,7 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
       p.balanced = balanced;
       p.warps = packed_warps(shape.in, balanced);
       const auto grid = static_cast<unsigned>(std::min<int64_t>(tiles * group, 0x7FFFFFFF));
-      gemv_mxfp4_packed_kernel<false, false><<<grid, p.warps * 32, 0, stream>>>(p);
+      gemv_mxfp4_packed_kernel<false><<<grid, p.warps * 32, 0, stream>>>(p);
       CEDAR_RETURN_IF_ERROR(launch_status("gemv_mxfp4_packed_kernel"));
     }
   }
@@ -405,10 +368,9 @@ Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, co
 namespace gemv_detail {
 // Resident blocks per SM of the item kernel at `warps` per block (register-bound: 128 registers per
 // thread, so 16 warps per SM whatever the split); 0 if the query fails.
-int packed_items_blocks_per_sm(int warps, bool rolling) {
+int packed_items_blocks_per_sm(int warps) {
   int per_sm = 0;
-  const auto kernel = rolling ? gemv_mxfp4_packed_kernel<true, true> : gemv_mxfp4_packed_kernel<true, false>;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, 0) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mxfp4_packed_kernel<true>, warps * 32, 0) !=
           cudaSuccess ||
       per_sm <= 0) {
     (void)cudaGetLastError();
@@ -456,23 +418,17 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
             : balanced ? packed_items_warps(shape.in, capacity * p.tiles)
                        : packed_warps(shape.in, false);
   // One wave of resident blocks (fewer warps per block: more blocks per SM).
-  const int per_sm = std::max(packed_items_blocks_per_sm(p.warps, options.packed_rolling),
-                              options.packed_rolling ? 1 : kMinBlocksPerSm<true>);
+  const int per_sm = std::max(packed_items_blocks_per_sm(p.warps), kMinBlocksPerSm<true>);
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  if (options.packed_rolling)
-    return launch_kernel(gemv_mxfp4_packed_kernel<true, true>, dim3(grid), dim3(p.warps * 32), 0, stream,
-                         options.programmatic_launch, "gemv_mxfp4_packed_kernel<items, rolling>", p);
-  return launch_kernel(gemv_mxfp4_packed_kernel<true, false>, dim3(grid), dim3(p.warps * 32), 0, stream,
+  return launch_kernel(gemv_mxfp4_packed_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream,
                        options.programmatic_launch, "gemv_mxfp4_packed_kernel<items>", p);
 }
 }  // namespace gemv_detail
 
-const void* gemv_mxfp4_packed_kernel_ptr() {
-  return reinterpret_cast<const void*>(&gemv_mxfp4_packed_kernel<false, false>);
-}
+const void* gemv_mxfp4_packed_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_mxfp4_packed_kernel<false>); }
 const void* gemv_mxfp4_packed_items_kernel_ptr() {
-  return reinterpret_cast<const void*>(&gemv_mxfp4_packed_kernel<true, false>);
+  return reinterpret_cast<const void*>(&gemv_mxfp4_packed_kernel<true>);
 }
 
 }  // namespace cedar::cuda

@@ -26,8 +26,10 @@ Status launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  if (cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...); err != cudaSuccess)
+  if (cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...); err != cudaSuccess) {
+    (void)cudaGetLastError();  // a rejected launch (bad configuration) must not fail the next launch's check
     return cuda_status(err, name);
+  }
   return launch_status(name);
 }
 

@@ -69,8 +69,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"fork_pdl_compressor", &CudaKernelPaths::fork_pdl_compressor, false, false},  // s10: slower
       {"routed_full_edge", &CudaKernelPaths::routed_full_edge, true, false},
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
-      {"site_combine", &CudaKernelPaths::site_combine, false, false},      // not measured yet
-      {"packed_rolling", &CudaKernelPaths::packed_rolling, false, false},  // not measured yet
+      {"site_combine", &CudaKernelPaths::site_combine, true, false},
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {
