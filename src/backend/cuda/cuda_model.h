@@ -159,7 +159,7 @@ struct CudaKernelPaths {
   // layer's attention site, whose expand + collapse + norm kernel combines each channel as it reads y
   // (MhcFusedArgs::y_combine: moe_combine's bits) — the combine launch and its hand-off after the join are
   // gone (the s10 timeline: 2.7 µs + 0.6 µs per layer). −0.015 / −0.035 / −0.058 ms at batch 1 (s11 runs
-  // 1, 3, 4: A/B site_combine=1 against 8.04–8.05 ms); site_combine=0 +0.035 ms (run 5).
+  // 1–3: A/B site_combine=1 against 8.04–8.05 ms); site_combine=0 +0.035 / +0.068 ms (runs 4, 5).
   bool site_combine = true;
   static CudaKernelPaths legacy();
 };
