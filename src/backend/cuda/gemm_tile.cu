@@ -28,6 +28,7 @@
 #include <algorithm>
 
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/gemm_internal.h"
@@ -80,23 +81,11 @@ struct Cfg {
 
 // ---- small device helpers -------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global → shared; invalid: 16 zero bytes, nothing read (src must still be a valid address).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-
+using detail::cp_async16;
+using detail::cp_async4;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::smem_addr;
 
 // Shared-memory swizzles (16-byte chunk index XOR a function of the row):
 //  * activations, rows of 128 B (8 chunks): a 16-byte read of 8 lanes covers tokens 2q, 2q+1 × the 4
