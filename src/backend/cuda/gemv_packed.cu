@@ -324,12 +324,21 @@ Status check_packed_shape(const QuantWeightView& w, const char* who) {
   return Status::Ok();
 }
 
-// Dynamic shared memory of the kOneToken kernel's activation copy (codes, then scales) when it fits beside
-// the kernel's ~9 KB of static shared memory in the 48 KB a launch gets without asking (in <= 17 280);
-// 0: too long for it.
-size_t one_token_smem(int64_t in) {
-  const int64_t bytes = in * 2 + in / 8;
-  return bytes <= 36 * 1024 ? static_cast<size_t>(bytes) : 0;
+// The longest row the kOneToken kernel's activation copy (f16 codes, then scales: in·2 + in/8 bytes of
+// dynamic shared memory) takes beside the static `partial` and `next_unit`, within the 48 KB a launch gets
+// without asking.
+constexpr int64_t kOneTokenMaxIn = 17280;
+static_assert(kOneTokenMaxIn % 128 == 0 &&
+                  kOneTokenMaxIn * 2 + kOneTokenMaxIn / 8 + kGemvWarps * kPackedRows * kTokensPerTile * 4 + 64 <=
+                      48 * 1024,
+              "the one-token copy must fit the default dynamic shared memory");
+
+// Its dynamic shared memory; 0: `in` is too long for it.
+size_t one_token_smem(int64_t in) { return in <= kOneTokenMaxIn ? static_cast<size_t>(in * 2 + in / 8) : 0; }
+
+// The item kernel: the regular one, or the one-token instantiation.
+auto items_kernel(bool one_token) {
+  return one_token ? gemv_mxfp4_packed_kernel<true, true> : gemv_mxfp4_packed_kernel<true, false>;
 }
 
 bool misaligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
@@ -442,8 +451,7 @@ namespace gemv_detail {
 // thread, so 16 warps per SM whatever the split; the one-token kernel 80, so 24); 0 if the query fails.
 int packed_items_blocks_per_sm(int warps, bool one_token, size_t smem) {
   int per_sm = 0;
-  const auto kernel = one_token ? gemv_mxfp4_packed_kernel<true, true> : gemv_mxfp4_packed_kernel<true, false>;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, items_kernel(one_token), warps * 32, smem) !=
           cudaSuccess ||
       per_sm <= 0) {
     (void)cudaGetLastError();
@@ -494,16 +502,14 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   const size_t smem = one_token ? one_token_smem(shape.in) : 0;
   if (one_token && smem == 0)
     return make_error(std::string(who) + ": packed_one_token copies a token's activations into shared memory: in=" +
-                      std::to_string(shape.in) + " is above 17 280");
+                      std::to_string(shape.in) + " is above " + std::to_string(kOneTokenMaxIn));
   // One wave of resident blocks (fewer warps per block: more blocks per SM).
   const int per_sm = std::max(packed_items_blocks_per_sm(p.warps, one_token, smem), kMinBlocksPerSm<true>);
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  if (one_token)
-    return launch_kernel(gemv_mxfp4_packed_kernel<true, true>, dim3(grid), dim3(p.warps * 32), smem, stream,
-                         options.programmatic_launch, "gemv_mxfp4_packed_kernel<items, one token>", p);
-  return launch_kernel(gemv_mxfp4_packed_kernel<true, false>, dim3(grid), dim3(p.warps * 32), 0, stream,
-                       options.programmatic_launch, "gemv_mxfp4_packed_kernel<items>", p);
+  return launch_kernel(items_kernel(one_token), dim3(grid), dim3(p.warps * 32), smem, stream,
+                       options.programmatic_launch,
+                       one_token ? "gemv_mxfp4_packed_kernel<items, one token>" : "gemv_mxfp4_packed_kernel<items>", p);
 }
 }  // namespace gemv_detail
 
