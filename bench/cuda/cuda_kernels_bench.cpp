@@ -573,25 +573,21 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     rows.push_back(make_row("moe_routed_path_packbal_pdl", shape, n, us, bytes13 + bytes2, copy_gbps));
   }
   // The balanced packed kernel at every forced split (4..8 warps per block, a wave of resident blocks
-  // each): the sweep behind the split rule of gemv_quantized_items; then the one-token kernel at the rule's
-  // split and at 8 warps (meant for n = 1; at n > 1 it passes over the weights once per token).
-  auto items_pair = [&](const std::string& tag, const GemvItemsOptions& opt) {
-    double us = time_graph_us(stream, kSteps, [&](int c) {
-      must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
-                                2 * P, true, stream, opt));
-    });
-    rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
-    us = time_graph_us(stream, kSteps, [&](int c) {
-      must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
-                                true, stream, opt));
-    });
-    rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
-  };
+  // each): the sweep behind the split rule of gemv_quantized_items.
   if (n <= 8)
-    for (int warps = 4; warps <= 8; ++warps) items_pair("_packbal_w" + std::to_string(warps), {.packed_warps = warps});
-  if (n == 1)
-    for (int warps : {0, 8})
-      items_pair("_onetoken_w" + std::to_string(warps), {.packed_warps = warps, .packed_one_token = true});
+    for (int warps = 4; warps <= 8; ++warps) {
+      const std::string tag = "_packbal_w" + std::to_string(warps);
+      double us = time_graph_us(stream, kSteps, [&](int c) {
+        must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
+                                  2 * P, true, stream, {.packed_warps = warps}));
+      });
+      rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
+      us = time_graph_us(stream, kSteps, [&](int c) {
+        must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
+                                  true, stream, {.packed_warps = warps}));
+      });
+      rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
+    }
 }
 
 // Router (logits + select) on the V4.1 gate, Engram gather (device and host-mapped table), the Engram

@@ -161,12 +161,6 @@ struct CudaKernelPaths {
   // gone (the s10 timeline: 2.7 µs + 0.6 µs per layer). −0.015 / −0.035 / −0.058 ms at batch 1 (s11 runs
   // 1–3: A/B site_combine=1 against 8.04–8.05 ms); site_combine=0 +0.035 / +0.068 ms (runs 4, 5).
   bool site_combine = true;
-  // Decode at batch 1: the routed w1 / w3 on the one-token packed kernel (GemvItemsOptions::
-  // packed_one_token: a block-shared copy of the token, no activation registers, 24 warps per SM instead of
-  // 16). s11 measured that two groups of loads in flight at 16 warps are no faster than one (the GEMV is
-  // bound by its math, not its loads); this tests more warps. Built after the session's last device run:
-  // off until measured (A/B packed_one_token=1).
-  bool packed_one_token = false;
   static CudaKernelPaths legacy();
 };
 

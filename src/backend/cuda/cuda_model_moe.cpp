@@ -161,11 +161,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     shape13.data = shape2.data = nullptr;
     shape13.scales = shape2.scales = nullptr;
     const bool packed = layout != Mxfp4Layout::Plain;
-    // paths.packed_one_token: one token in the step, so every w1 / w3 unit reads the same activations.
-    GemvItemsOptions o13{.programmatic_launch = pdl(),
-                         .work = packed ? w.item_work : nullptr,
-                         .packed_one_token = packed && n == 1 && options_.paths.packed_one_token &&
-                                             mxfp4_one_token_fits(shape13.in)};
+    GemvItemsOptions o13{.programmatic_launch = pdl(), .work = packed ? w.item_work : nullptr};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
     const SwigluArgs sw{.rows = P,
                         .inter = inter,

@@ -163,10 +163,6 @@ struct GemvItemsOptions {
   // start late (SMs still held by a concurrent kernel) take fewer units. Same bits either way.
   unsigned* work = nullptr;
   int packed_warps = 0;  // PackedBalanced: 0 = the split chosen per shape, 4..8 = forced (benchmarks)
-  // Packed layouts: the kernel that computes every unit token by token from a block-shared copy of the
-  // token's activations (gemv_packed.cu: 24 warps per SM instead of 16; in <= 17 280). Meant for one
-  // token per item (decode at batch 1); the same bits for any.
-  bool packed_one_token = false;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
@@ -212,8 +208,6 @@ Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
 // e2m1_f16_word), so the GEMV builds f16 operands without conversions. Scales keep the plain
 // [out, in/32] layout. Same size as the plain layout.
 bool mxfp4_packable(int64_t out, int64_t in);
-// Whether GemvItemsOptions::packed_one_token can take rows of `in` values (its shared copy of a token).
-bool mxfp4_one_token_fits(int64_t in);
 // Host-side repack (load time); `plain` and `packed` are host arrays of out·in/2 bytes (not aliased).
 Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed);
 // gemv_quantized / gemv_quantized_grouped for packed MXFP4 weights (view.format must be MXFP4):

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <string>
 
-#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ffn_kernels.h"
@@ -70,8 +69,6 @@ struct GroupLoads {
   float4 sa0, sa1;
 };
 
-// kSharedAct: a_row / as0 / as1 point into the block's shared copy of the unit's one token (below).
-template <bool kSharedAct>
 __device__ __forceinline__ void load_group(const uint8_t* const (&wp)[4], const uint8_t* const (&sp)[4],
                                            const uint16_t* a_row, const float* as0, const float* as1, int q,
                                            GroupLoads& L) {
@@ -80,16 +77,10 @@ __device__ __forceinline__ void load_group(const uint8_t* const (&wp)[4], const 
     L.w[i] = __ldg(reinterpret_cast<const uint4*>(wp[i] + q * 64));
     L.s[i] = __ldg(reinterpret_cast<const uint32_t*>(sp[i] + q * 4));
   }
-  if constexpr (kSharedAct) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) L.act[u] = *reinterpret_cast<const uint4*>(a_row + (q * 4 + u) * 32);
-    L.sa0 = L.sa1 = *reinterpret_cast<const float4*>(as0 + q * 4);
-  } else {
-#pragma unroll
-    for (int u = 0; u < 4; ++u) L.act[u] = __ldg(reinterpret_cast<const uint4*>(a_row + (q * 4 + u) * 32));
-    L.sa0 = __ldg(reinterpret_cast<const float4*>(as0 + q * 4));
-    L.sa1 = __ldg(reinterpret_cast<const float4*>(as1 + q * 4));
-  }
+  for (int u = 0; u < 4; ++u) L.act[u] = __ldg(reinterpret_cast<const uint4*>(a_row + (q * 4 + u) * 32));
+  L.sa0 = __ldg(reinterpret_cast<const float4*>(as0 + q * 4));
+  L.sa1 = __ldg(reinterpret_cast<const float4*>(as1 + q * 4));
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int u) {
@@ -143,20 +134,20 @@ struct UnitStream {
   bool balanced;
 };
 
-template <bool kOne, bool kSharedAct>
+template <bool kOne>
 __device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2][4]) {
   if (!u.balanced) {
     for (int kb0 = u.warp * kRun; kb0 < u.n_kb; kb0 += kGemvWarps * kRun) {
       const int q0 = kb0 / 4;
       if (kb0 + kRun <= u.n_kb) {  // a whole run: both groups' loads in flight, then the math in block order
         GroupLoads L0, L1;
-        load_group<kSharedAct>(u.wp, u.sp, u.a_row, u.as0, u.as1, q0, L0);
-        load_group<kSharedAct>(u.wp, u.sp, u.a_row, u.as0, u.as1, q0 + 1, L1);
+        load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q0, L0);
+        load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q0 + 1, L1);
         compute_group<kOne>(L0, acc);
         compute_group<kOne>(L1, acc);
       } else {  // the last, half run (u.n_kb % 8 == 4)
         GroupLoads L0;
-        load_group<kSharedAct>(u.wp, u.sp, u.a_row, u.as0, u.as1, q0, L0);
+        load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q0, L0);
         compute_group<kOne>(L0, acc);
       }
     }
@@ -165,14 +156,14 @@ __device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2]
     int q = u.warp;
     for (; q + W < n_groups; q += 2 * W) {
       GroupLoads L0, L1;
-      load_group<kSharedAct>(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
-      load_group<kSharedAct>(u.wp, u.sp, u.a_row, u.as0, u.as1, q + W, L1);
+      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
+      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q + W, L1);
       compute_group<kOne>(L0, acc);
       compute_group<kOne>(L1, acc);
     }
     if (q < n_groups) {
       GroupLoads L0;
-      load_group<kSharedAct>(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
+      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
       compute_group<kOne>(L0, acc);
     }
   }
@@ -180,16 +171,8 @@ __device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2]
 
 // Block = 32 rows of one matrix (8 warps splitting K as the plain kernel); blocks loop over the
 // (matrix, row tile) units.
-//
-// kOneToken (device items): every unit is computed token by token from a block-shared copy of that token's
-// activations (codes, then scales: one_token_smem bytes of dynamic shared memory), one pass over the
-// unit's weights per token — meant for decode at batch 1, where every unit has one token and the w1 / w3
-// units all read the same one (one copy per block). With no activations in registers the kernel fits 80
-// registers: 24 warps per SM instead of 16. The same bits as the regular kernel (an MMA's columns are
-// independent; each pass accumulates its token's column with the same expression).
-template <bool kDeviceItems, bool kOneToken = false>
-__global__ void __launch_bounds__(kGemvWarps * 32, kOneToken ? 3 : kMinBlocksPerSm<true>)
-    gemv_mxfp4_packed_kernel(PackedParams p) {
+template <bool kDeviceItems>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_mxfp4_packed_kernel(PackedParams p) {
   __shared__ float partial[kGemvWarps][kPackedRows][kTokensPerTile];
   // Under PDL (device items): the item table and the activations come from the previous kernels.
   detail::pdl_launch_dependents();
@@ -208,12 +191,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kOneToken ? 3 : kMinBlocksPer
   // With a work counter the units are taken in order by whichever block is free (thread 0 asks for the
   // next one while the block computes this one); else block b takes b, b + grid, ...
   __shared__ int64_t next_unit;
-  // kOneToken: the f16 codes and scales of the token last copied, and which token that was.
-  extern __shared__ uint4 shared_dyn[];
-  uint16_t* const shared_act = reinterpret_cast<uint16_t*>(shared_dyn);
-  float* const shared_scales = reinterpret_cast<float*>(shared_act + p.in);
-  const uint16_t* shared_for = nullptr;
-  const float* shared_scales_for = nullptr;
   unsigned* const work = kDeviceItems ? p.work : nullptr;
   if (work != nullptr) {
     if (threadIdx.x == 0) next_unit = atomicAdd(work, 1u);
@@ -244,52 +221,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kOneToken ? 3 : kMinBlocksPer
       wp[i] = op.w + rr * w_stride + t * 16;
       sp[i] = op.ws + rr * n_kb;
     }
-    if constexpr (kOneToken) {
-      for (int j = 0; j < op.n; ++j) {
-        const uint16_t* src = op.act + row_of(op.act_row, j) * p.in;
-        const float* src_scales = op.as + row_of(op.act_row, j) * n_kb;
-        if (src != shared_for || src_scales != shared_scales_for) {  // block-uniform
-          for (int c = threadIdx.x; c < p.in / 8; c += blockDim.x)
-            detail::cp_async16(detail::smem_addr(shared_act + 8 * c), src + 8 * c);
-          for (int c = threadIdx.x; c < n_kb / 4; c += blockDim.x)
-            detail::cp_async16(detail::smem_addr(shared_scales + 4 * c), src_scales + 4 * c);
-          detail::cp_async_commit();
-          detail::cp_async_wait<0>();
-          __syncthreads();  // (every read of the previous copy ended at the last pass's barriers)
-          shared_for = src;
-          shared_scales_for = src_scales;
-        }
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-        const UnitStream us{wp, sp, shared_act + t * 8, shared_scales, shared_scales, n_kb, warp, p.warps, p.balanced};
-        unit_k_loop<true, true>(us, acc);
-        if (t == 0) {  // column 0: the token
-#pragma unroll
-          for (int rt = 0; rt < 2; ++rt) {
-            partial[warp][16 * rt + g][0] = acc[rt][0];
-            partial[warp][16 * rt + g + 8][0] = acc[rt][2];
-          }
-        }
-        __syncthreads();
-        for (int row = threadIdx.x; row < kPackedRows; row += blockDim.x) {
-          float sum = 0.0f;
-          for (int ww = 0; ww < p.warps; ++ww) sum += partial[ww][row][0];  // warp order, as the plain kernel
-          if (row0 + row < p.out)
-            op.y[row_of(op.y_row, j) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
-        }
-        __syncthreads();  // `partial` and the copy are free again
-      }
-      if (op.n == 0) __syncthreads();  // every thread has read `unit` (else the passes' barriers say so)
-      if (work != nullptr && threadIdx.x == 0) next_unit = claimed;
-      __syncthreads();  // next_unit is visible
-      continue;
-    }
     const uint16_t* a_row = op.act + row_of(op.act_row, g < op.n ? g : 0) * p.in + t * 8;
     const float* as0 = op.as + row_of(op.act_row, tok0 < op.n ? tok0 : 0) * n_kb;
     const float* as1 = op.as + row_of(op.act_row, tok1 < op.n ? tok1 : 0) * n_kb;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     const UnitStream us{wp, sp, a_row, as0, as1, n_kb, warp, p.warps, p.balanced};
-    if (op.n == 1) unit_k_loop<true, false>(us, acc);  // block-uniform branch
-    else unit_k_loop<false, false>(us, acc);
+    if (op.n == 1) unit_k_loop<true>(us, acc);  // block-uniform branch
+    else unit_k_loop<false>(us, acc);
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
       partial[warp][16 * rt + g][tok0] = acc[rt][0];
@@ -324,23 +262,6 @@ Status check_packed_shape(const QuantWeightView& w, const char* who) {
   return Status::Ok();
 }
 
-// The longest row the kOneToken kernel's activation copy (f16 codes, then scales: in·2 + in/8 bytes of
-// dynamic shared memory) takes beside the static `partial` and `next_unit`, within the 48 KB a launch gets
-// without asking.
-constexpr int64_t kOneTokenMaxIn = 17280;
-static_assert(kOneTokenMaxIn % 128 == 0 &&
-                  kOneTokenMaxIn * 2 + kOneTokenMaxIn / 8 + kGemvWarps * kPackedRows * kTokensPerTile * 4 + 64 <=
-                      48 * 1024,
-              "the one-token copy must fit the default dynamic shared memory");
-
-// Its dynamic shared memory; 0: `in` is too long for it.
-size_t one_token_smem(int64_t in) { return in <= kOneTokenMaxIn ? static_cast<size_t>(in * 2 + in / 8) : 0; }
-
-// The item kernel: the regular one, or the one-token instantiation.
-auto items_kernel(bool one_token) {
-  return one_token ? gemv_mxfp4_packed_kernel<true, true> : gemv_mxfp4_packed_kernel<true, false>;
-}
-
 bool misaligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
 
 // Warps per block: 8 for the plain schedule; balanced: the W in 8..4 that spreads the K groups most
@@ -361,8 +282,6 @@ int packed_warps(int64_t in, bool balanced) {
 }
 
 }  // namespace
-
-bool mxfp4_one_token_fits(int64_t in) { return one_token_smem(in) > 0; }
 
 bool mxfp4_packable(int64_t out, int64_t in) {
   return out > 0 && in > 0 && in % 128 == 0 && in / 32 <= 0x3FFFFFF &&
@@ -448,10 +367,10 @@ Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, co
 
 namespace gemv_detail {
 // Resident blocks per SM of the item kernel at `warps` per block (register-bound: 128 registers per
-// thread, so 16 warps per SM whatever the split; the one-token kernel 80, so 24); 0 if the query fails.
-int packed_items_blocks_per_sm(int warps, bool one_token, size_t smem) {
+// thread, so 16 warps per SM whatever the split); 0 if the query fails.
+int packed_items_blocks_per_sm(int warps) {
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, items_kernel(one_token), warps * 32, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mxfp4_packed_kernel<true>, warps * 32, 0) !=
           cudaSuccess ||
       per_sm <= 0) {
     (void)cudaGetLastError();
@@ -498,24 +417,18 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   p.warps = warps != 0 ? warps
             : balanced ? packed_items_warps(shape.in, capacity * p.tiles)
                        : packed_warps(shape.in, false);
-  const bool one_token = options.packed_one_token;
-  const size_t smem = one_token ? one_token_smem(shape.in) : 0;
-  if (one_token && smem == 0)
-    return make_error(std::string(who) + ": packed_one_token copies a token's activations into shared memory: in=" +
-                      std::to_string(shape.in) + " is above " + std::to_string(kOneTokenMaxIn));
   // One wave of resident blocks (fewer warps per block: more blocks per SM).
-  const int per_sm = std::max(packed_items_blocks_per_sm(p.warps, one_token, smem), kMinBlocksPerSm<true>);
+  const int per_sm = std::max(packed_items_blocks_per_sm(p.warps), kMinBlocksPerSm<true>);
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
-  return launch_kernel(items_kernel(one_token), dim3(grid), dim3(p.warps * 32), smem, stream,
-                       options.programmatic_launch,
-                       one_token ? "gemv_mxfp4_packed_kernel<items, one token>" : "gemv_mxfp4_packed_kernel<items>", p);
+  return launch_kernel(gemv_mxfp4_packed_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream,
+                       options.programmatic_launch, "gemv_mxfp4_packed_kernel<items>", p);
 }
 }  // namespace gemv_detail
 
 const void* gemv_mxfp4_packed_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_mxfp4_packed_kernel<false>); }
 const void* gemv_mxfp4_packed_items_kernel_ptr() {
-  return reinterpret_cast<const void*>(&gemv_mxfp4_packed_kernel<true, false>);
+  return reinterpret_cast<const void*>(&gemv_mxfp4_packed_kernel<true>);
 }
 
 }  // namespace cedar::cuda

@@ -805,8 +805,6 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // The MoE combine done by the next attention site's kernel (moe_combine's bits): one launch less per
       // such site (the last layer's combine runs before the final expand).
       {"defaults: site_combine 1 vs 0", fast, with(fast, "site_combine=0"), combine_sites},
-      // The routed w1 / w3 at batch 1 on the one-token packed kernel: the same launches.
-      {"defaults: packed_one_token 1 vs 0", with(fast, "packed_one_token=1"), fast, 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.

@@ -70,7 +70,6 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"routed_full_edge", &CudaKernelPaths::routed_full_edge, true, false},
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
-      {"packed_one_token", &CudaKernelPaths::packed_one_token, false, false},  // not measured yet
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {

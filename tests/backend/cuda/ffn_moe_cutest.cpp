@@ -499,25 +499,17 @@ void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int
   ASSERT_TRUE(s.ok()) << s.error().message;
   const auto got = download(y);
   if (packed) {
-    // The one-token kernel (token by token from a block-shared copy) on the same items, many tokens per
-    // item included: the same bits.
-    struct Rerun {
-      bool counters, one_token;
-      const char* what;
-    };
-    for (const Rerun r : {Rerun{true, false, "a second launch on the re-armed work counters"},
-                          Rerun{false, false, "the fixed-stride schedule"},
-                          Rerun{true, true, "the one-token kernel"}, Rerun{false, true, "the one-token kernel"}}) {
+    for (const bool counters : {true, false}) {
       ASSERT_TRUE(y.zero().ok());
       GemvItemsOptions again = opt;
-      again.work = r.counters ? work.get() : nullptr;
-      again.packed_one_token = r.one_token;
+      again.work = counters ? work.get() : nullptr;
       s = gemv_quantized_items(shape, layout, items.get(), count.get(), P, true, nullptr, again);
       ASSERT_TRUE(s.ok()) << s.error().message;
       const auto rerun = download(y);
       ASSERT_EQ(rerun.size(), got.size());
       EXPECT_EQ(std::memcmp(rerun.data(), got.data(), got.size() * sizeof(float)), 0)
-          << r.what << (r.counters ? " (work counters)" : " (fixed stride)") << " changed the result bits";
+          << (counters ? "a second launch on the re-armed work counters" : "the fixed-stride schedule")
+          << " changed the result bits";
     }
     const auto w_after = download(work);
     EXPECT_EQ(w_after[0], 0u) << "work counters not re-armed";
@@ -602,23 +594,6 @@ TEST(CudaGemvItems, ForcedSplitIsRejectedOutsideTheBalancedLayout) {
     ASSERT_FALSE(s.ok()) << "warps=" << warps;
     EXPECT_NE(s.error().message.find("warps"), std::string::npos) << s.error().message;
   }
-}
-
-TEST(CudaGemvItems, OneTokenKernelRejectsThePlainLayoutAndLongRows) {
-  CEDAR_REQUIRE_GPU();
-  auto items = alloc<DeviceGemvItem>(1);
-  auto count = alloc<int32_t>(1);
-  const QuantWeightView plain{QuantWeightFormat::MXFP4, 64, 256, nullptr, nullptr, 32, 32};
-  Status s = gemv_quantized_items(plain, Mxfp4Layout::Plain, items.get(), count.get(), 1, true, nullptr,
-                                  {.packed_one_token = true});
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("packed_one_token"), std::string::npos) << s.error().message;
-  // 17 408 columns: 34 KB of codes + 2 KB of scales, above what the copy may take.
-  const QuantWeightView wide{QuantWeightFormat::MXFP4, 64, 17408, nullptr, nullptr, 32, 32};
-  s = gemv_quantized_items(wide, Mxfp4Layout::PackedBalanced, items.get(), count.get(), 1, true, nullptr,
-                           {.packed_one_token = true});
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("17280"), std::string::npos) << s.error().message;
 }
 
 void check_packed_grouped(int64_t count, int64_t out, int64_t in, int64_t n, uint32_t seed, bool balanced = false) {
