@@ -222,6 +222,19 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
         r3.pct_copy = 100.0 * r3.gbps / copy_gbps;
         rows.push_back(r3);
       }
+      // The same weights every call (L2-resident when they fit, ~50 MB): what a GEMV whose weights were
+      // prefetched into L2 beforehand would take — the ceiling of an L2 weight prefetch.
+      const double us4 = try_time_graph_us(stream, copies, [&](int) {
+        return gemv_quantized(view(0), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
+      });
+      if (us4 > 0) {
+        Row r4 = r;
+        r4.kernel += "_pdl_l2hot";
+        r4.us = us4;
+        r4.gbps = bytes / (us4 * 1e-6) / 1e9;
+        r4.pct_copy = 100.0 * r4.gbps / copy_gbps;
+        rows.push_back(r4);
+      }
     }
   }
 }
@@ -574,7 +587,7 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   }
   // The balanced packed kernel at every forced split (4..8 warps per block, a wave of resident blocks
   // each): the sweep behind the split rule of gemv_quantized_items.
-  if (n <= 8)
+  if (n <= 8) {
     for (int warps = 4; warps <= 8; ++warps) {
       const std::string tag = "_packbal_w" + std::to_string(warps);
       double us = time_graph_us(stream, kSteps, [&](int c) {
@@ -588,6 +601,12 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     }
+    // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
+    const double us = time_graph_us(stream, kSteps, [&](int) {
+      must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));
+    });
+    rows.push_back(make_row("moe_items_w2_packbal_l2hot", shape, n, us, bytes2, copy_gbps));
+  }
 }
 
 // Router (logits + select) on the V4.1 gate, Engram gather (device and host-mapped table), the Engram

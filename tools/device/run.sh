@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 machine from the repository root (tools/device/pack.sh made .dev/pack.tar.xz).
 # Env: BENCH=1 [BENCH_ARGS] [BENCH_TIMEOUT] [BENCH2_ARGS: a second bench], TESTS=1 [TEST_TIMEOUT] with an
-# optional gtest filter as $1, KBENCH=1 [KBENCH_ARGS], DOCTOR=1. Outputs land in $OUT (bench.txt, tests.log).
+# optional gtest filter as $1, KBENCH=1 [KBENCH_ARGS], DOCTOR=1, NCU=1 [NCU_ARGS: ncu's kernel filter, default the
+# packed MoE GEMV's first 12 launches; NCU_KBENCH_ARGS] (Nsight Compute on cuda_kernels_bench --once: ncu_details.txt
+# and ncu_source.csv.xz for tools/device/ncu_sass_summary.py). Outputs land in $OUT (bench.txt, tests.log).
 set -u
 cd "$(dirname "$0")/.."
 mkdir -p /tmp/dev && tar -xJf .dev/pack.tar.xz -C /tmp/dev
@@ -37,4 +39,14 @@ if [ "${DOCTOR:-0}" = 1 ]; then
   $B/cedar doctor /tmp/perf > "$OUT/doctor.txt" 2>&1
   echo "doctor rc=$?"
   tail -15 "$OUT/doctor.txt"
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  # --set full replays each kernel ~40 times at base clocks: durations there are not the benchmark's.
+  timeout 400 "$NCU_BIN" --set full --import-source no ${NCU_ARGS:--k regex:gemv_mxfp4_packed --launch-count 12} \
+    -o /tmp/dev/ncu $B/cuda_kernels_bench ${NCU_KBENCH_ARGS:---sections moe} --once > "$OUT/ncu_run.txt" 2>&1
+  echo "ncu rc=$?"
+  "$NCU_BIN" -i /tmp/dev/ncu.ncu-rep --print-details all > "$OUT/ncu_details.txt" 2>&1
+  "$NCU_BIN" -i /tmp/dev/ncu.ncu-rep --page source --print-source sass --csv 2>&1 | xz -6 > "$OUT/ncu_source.csv.xz"
+  grep -E "^  [a-z_ ]*void|^    (Duration|DRAM Throughput|Issue Slots Busy|Registers Per Thread) " "$OUT/ncu_details.txt" | head -60
 fi
