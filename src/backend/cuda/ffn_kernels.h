@@ -146,8 +146,9 @@ Status check_moe_dispatch(const MoeDispatchArgs& a);  // moe_build_items' argume
 
 // Device layout of MXFP4 weights for the item / packed GEMVs (see "MXFP4 packed expert layout").
 // Packed: the plain kernel's K schedule (runs of 8 K blocks strided over 8 warps): bit-equal to the
-// plain layout. PackedBalanced: the same packed bytes, K split evenly over 4..8 warps chosen per shape and
-// item count (gemv_packed.cu packed_items_warps: w1/w3 5120 at batch 1: 8 warps × 5 groups of 4 K blocks;
+// plain layout. PackedBalanced: the same packed bytes, K split evenly into one contiguous range of groups
+// per warp over 4..8 warps chosen per shape and item count (gemv_packed.cu packed_items_warps: w1/w3 5120
+// at batch 1: 8 warps × 5 groups of 4 K blocks;
 // w2 2304 and long item lists: 4 warps at 4 blocks per SM), where the plain schedule leaves warps idle
 // (2304: 9 runs over 8 warps); it differs from the plain result by summation order only.
 enum class Mxfp4Layout { Plain, Packed, PackedBalanced };

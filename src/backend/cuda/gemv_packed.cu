@@ -151,19 +151,41 @@ __device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2]
         compute_group<kOne>(L0, acc);
       }
     }
-  } else {  // groups warp, warp + W, ... (two in flight), evenly spread over the W warps
+  } else {
+    // A contiguous range of groups per warp (the ranges of the W warps differ by at most one group), two
+    // in flight: the pair's second group sits at fixed offsets from the first, and the row pointers step by
+    // constants, so the loads need no per-group address arithmetic (s12: ~2.4 integer ops per MMA).
     const int n_groups = u.n_kb / 4, W = u.warps;
-    int q = u.warp;
-    for (; q + W < n_groups; q += 2 * W) {
+    const int q_begin = n_groups * u.warp / W, q_end = n_groups * (u.warp + 1) / W;
+    const uint8_t* wp[4];
+    const uint8_t* sp[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      wp[i] = u.wp[i] + q_begin * 64;
+      sp[i] = u.sp[i] + q_begin * 4;
+    }
+    const uint16_t* a_row = u.a_row + q_begin * 128;
+    const float* as0 = u.as0 + q_begin * 4;
+    const float* as1 = u.as1 + q_begin * 4;
+    int left = q_end - q_begin;
+    for (; left >= 2; left -= 2) {
       GroupLoads L0, L1;
-      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
-      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q + W, L1);
+      load_group(wp, sp, a_row, as0, as1, 0, L0);
+      load_group(wp, sp, a_row, as0, as1, 1, L1);
       compute_group<kOne>(L0, acc);
       compute_group<kOne>(L1, acc);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        wp[i] += 2 * 64;
+        sp[i] += 2 * 4;
+      }
+      a_row += 2 * 128;
+      as0 += 2 * 4;
+      as1 += 2 * 4;
     }
-    if (q < n_groups) {
+    if (left > 0) {
       GroupLoads L0;
-      load_group(u.wp, u.sp, u.a_row, u.as0, u.as1, q, L0);
+      load_group(wp, sp, a_row, as0, as1, 0, L0);
       compute_group<kOne>(L0, acc);
     }
   }
