@@ -192,49 +192,38 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
     const double us = time_graph_us(stream, copies, [&](int i) {
       must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk));
     });
-    Row r{fp4 ? "gemv_mxfp4" : "gemv_fp8", std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n,
-          us, bytes};
-    r.gbps = bytes / (us * 1e-6) / 1e9;
-    r.pct_copy = 100.0 * r.gbps / copy_gbps;
-    rows.push_back(r);
+    const Row r0{fp4 ? "gemv_mxfp4" : "gemv_fp8",
+                 std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, 0.0, 0.0};
+    // The row of one variant: its name suffix, time and bytes (negative time: the launch was refused, no row).
+    auto add = [&](const char* suffix, double t, double b) {
+      if (t <= 0) return;
+      Row v = r0;
+      v.kernel += suffix;
+      v.us = t;
+      v.bytes = b;
+      v.gbps = b / (t * 1e-6) / 1e9;
+      v.pct_copy = 100.0 * v.gbps / copy_gbps;
+      rows.push_back(v);
+    };
+    add("", us, bytes);
     // The whole linear(): activation quantization + GEMV (two graph nodes).
     const double us2 = time_graph_us(stream, copies, [&](int i) {
       must(linear_quantized(view(i), x.get(), n, ActWorkspace{codes.get(), ascales.get(), n * s.in, splitk}, y.get(), true,
                             stream));
     });
-    Row r2 = r;
-    r2.kernel += "+quant";
-    r2.us = us2;
-    r2.bytes = bytes + 4.0 * n * s.in;
-    r2.gbps = r2.bytes / (us2 * 1e-6) / 1e9;
-    r2.pct_copy = 100.0 * r2.gbps / copy_gbps;
-    rows.push_back(r2);
+    add("+quant", us2, bytes + 4.0 * n * s.in);
     if (n == 1) {  // back-to-back with programmatic dependent launch: the next GEMV's launch and first
                    // weight lines overlap the previous one (what a PDL decode graph gets)
-      const double us3 = try_time_graph_us(stream, copies, [&](int i) {
-        return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
-      });
-      if (us3 > 0) {
-        Row r3 = r;
-        r3.kernel += "_pdl";
-        r3.us = us3;
-        r3.gbps = bytes / (us3 * 1e-6) / 1e9;
-        r3.pct_copy = 100.0 * r3.gbps / copy_gbps;
-        rows.push_back(r3);
-      }
+      add("_pdl", try_time_graph_us(stream, copies, [&](int i) {
+            return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
+          }),
+          bytes);
       // The same weights every call (L2-resident when they fit, ~50 MB): what a GEMV whose weights were
       // prefetched into L2 beforehand would take — the ceiling of an L2 weight prefetch.
-      const double us4 = try_time_graph_us(stream, copies, [&](int) {
-        return gemv_quantized(view(0), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
-      });
-      if (us4 > 0) {
-        Row r4 = r;
-        r4.kernel += "_pdl_l2hot";
-        r4.us = us4;
-        r4.gbps = bytes / (us4 * 1e-6) / 1e9;
-        r4.pct_copy = 100.0 * r4.gbps / copy_gbps;
-        rows.push_back(r4);
-      }
+      add("_pdl_l2hot", try_time_graph_us(stream, copies, [&](int) {
+            return gemv_quantized(view(0), codes.get(), ascales.get(), n, y.get(), true, stream, splitk, true);
+          }),
+          bytes);
     }
   }
 }
