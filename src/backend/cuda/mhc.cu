@@ -63,11 +63,10 @@ __device__ __forceinline__ float pick(const float (&v)[kHc], int k) {
   return k == 0 ? v[0] : (k == 1 ? v[1] : (k == 2 ? v[2] : v[3]));
 }
 
-__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src)
-               : "memory");
-}
+using detail::cp_async16;
+using detail::cp_async4;
+using detail::cp_async_commit;
+using detail::smem_addr;
 
 // The last block's partial loads in flight per lane and slot: G <= 128.
 constexpr int kTailBlocksPerLane = 4;
@@ -278,13 +277,6 @@ constexpr size_t stream_smem_bytes() {
 constexpr size_t stream_tc_smem_bytes() { return stream_smem_bytes() + sizeof(float) * kStYStage; }
 static_assert(2 * (stream_tc_smem_bytes() + 1024) <= 228 * 1024, "2 blocks per SM");
 
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-  asm volatile(
-      "cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-      "l"(src)
-      : "memory");
-}
-
 // Copies chunk ch's X and y rows of the block's tokens into the staging buffers and its fn rows into
 // fs (transposed to [value][24] by 4-byte copies): all asynchronous, no registers held. Thread tid
 // copies 16-byte piece tid % 8 of stream (tid / 8) % 4 for tokens tid / 32 + 8q (X), of token
@@ -304,14 +296,14 @@ __device__ __forceinline__ void stream_prefetch(const MhcFusedArgs& a, const Str
 #pragma unroll
   for (int q = 0; q < kStTokens / kStWarps; ++q) {
     const int row = tid / (kChannels / 4) + (kStThreads / (kChannels / 4)) * q;  // (token, stream) row
-    cp_async16(stage + row * kChannels + 4 * piece, xb + o.x[q]);
+    cp_async16(smem_addr(stage + row * kChannels + 4 * piece), xb + o.x[q]);
   }
   if (a.y) {
     const float* yb = a.y + c0 + 4 * piece;
 #pragma unroll
     for (int q = 0; q < kStYPieces / kStThreads; ++q) {
       const int t = tid / (kChannels / 4) + (kStThreads / (kChannels / 4)) * q;
-      cp_async16(ystage + t * kChannels + 4 * piece, yb + o.y[q]);
+      cp_async16(smem_addr(ystage + t * kChannels + 4 * piece), yb + o.y[q]);
     }
   }
   const int warp = tid >> 5, lane = tid & 31;
@@ -319,9 +311,9 @@ __device__ __forceinline__ void stream_prefetch(const MhcFusedArgs& a, const Str
 #pragma unroll
   for (int q = 0; q < kMix * kHc / kStWarps; ++q) {
     const int r = warp + kStWarps * q, i = r / kHc, jj = r % kHc;
-    cp_async4(fs + (jj * kChannels + lane) * kMix + i, fb + i * width + jj * d);
+    cp_async4(smem_addr(fs + (jj * kChannels + lane) * kMix + i), fb + i * width + jj * d);
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  cp_async_commit();
 }
 
 // The tile's per-token mix rows for the expand (post[4], comb[16]) and the collapse (collapse_w[4]) into

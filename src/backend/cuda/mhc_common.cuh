@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/norm_row.cuh"
@@ -89,7 +90,7 @@ __device__ __forceinline__ void reciprocals4(const float (&s)[kHc], float (&r)[k
   }
 }
 
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+using detail::cp_async_wait_all;  // cp_async.cuh
 
 // The streaming kernels' 3xTF32 pieces (mhc.cu, mhc_stream_c64.cu): x = big + small with
 // |x − big − small| <= 2^-24·|x|, and D += A·B on m16n8k8 (TF32 in, fp32 accumulate; fragments as in the

@@ -56,10 +56,8 @@ struct C64Params {
   float* partials;  // [split][n][kSlot]
 };
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const float* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+using detail::cp_async16;  // cp_async.cuh
+using detail::cp_async_commit;
 
 // The pair of values of k-step s (0..3) in a lane's two float4 (values 4t..4t+3 and 16+4t..16+4t+3 of
 // the warp's 32): fragment column t gets .first, column t + 4 gets .second.
