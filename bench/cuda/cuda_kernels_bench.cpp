@@ -598,6 +598,116 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   }
 }
 
+// The fused router as the model's decode runs it (moe_route with the expert dispatch: 2 item tables over
+// 384 experts' pointer tables), its tail with and without the hoisted loads (RouterArgs::tail_prefetch);
+// then where one launch's time goes, from its stamps (RouterArgs::stamps; eager launches, medians).
+void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  constexpr int64_t d = 5120, E = 384, K = 6;
+  const size_t gate_bytes = E * d * 2;
+  const int copies = static_cast<int>(kRotateBytes / gate_bytes + 1);
+  auto gate = random_bytes(gate_bytes * copies, 41, 0x30, 16);
+  auto bias = random_floats(E, 42, 0.1f);
+  const SplitKSize rws = router_workspace_size(E, d);
+  auto part = must(DeviceBuffer<float>::allocate(rws.partial_floats));
+  auto cnt = must(DeviceBuffer<unsigned>::allocate(rws.counters));
+  must(cnt.zero());
+  // Pointer tables per layer copy (as the model's: one per layer, cold in L2 at each call); the pointers
+  // name a dummy buffer (the items are written, never used).
+  auto dummy = must(DeviceBuffer<uint8_t>::allocate(4096));
+  const std::vector<const uint8_t*> names(E, dummy.get());
+  std::vector<DeviceBuffer<const uint8_t*>> tables;
+  for (int c = 0; c < copies * 6; ++c) tables.push_back(must(DeviceBuffer<const uint8_t*>::from_host(names)));
+  const int64_t blocks = router_fused_blocks(E, d);
+  auto stamps = must(DeviceBuffer<unsigned long long>::allocate(blocks * kRouterStampsPerBlock + kRouterTailStamps));
+  for (const int64_t n : {1, 8}) {
+    const int64_t P = n * K;
+    auto x = random_floats(n * d, 43, 1.0f);
+    auto logits = must(DeviceBuffer<float>::allocate(n * E));
+    auto ex = must(DeviceBuffer<int32_t>::allocate(P));
+    auto wt = must(DeviceBuffer<float>::allocate(P));
+    auto items13 = must(DeviceBuffer<DeviceGemvItem>::allocate(2 * P));
+    auto items2 = must(DeviceBuffer<DeviceGemvItem>::allocate(P));
+    auto counts = must(DeviceBuffer<int32_t>::allocate(2));
+    auto fp = must(DeviceBuffer<float>::allocate(P * d));
+    auto codes = must(DeviceBuffer<uint16_t>::allocate(P * d));
+    auto args = [&](int c, bool prefetch, unsigned long long* st) {
+      RouterArgs a;
+      a.n = n;
+      a.d = d;
+      a.n_experts = E;
+      a.topk = K;
+      a.x = x.get();
+      a.gate = reinterpret_cast<const uint16_t*>(gate.get() + (c % copies) * gate_bytes);
+      a.bias = bias.get();
+      a.route_scale = 1.5f;
+      a.logits = logits.get();
+      a.experts = ex.get();
+      a.weights = wt.get();
+      a.splitk = SplitKWorkspace{part.get(), cnt.get(), rws.partial_floats, rws.counters};
+      a.tail_prefetch = prefetch;
+      a.stamps = st;
+      MoeDispatchArgs m;
+      m.experts = ex.get();
+      m.n = n;
+      m.topk = K;
+      m.n_experts = E;
+      m.n_tables = 2;
+      const auto t = [&](int i) { return tables[static_cast<size_t>((c % copies) * 6 + i)].get(); };
+      m.tables[0] = MoeItemTable{2, {{t(0), t(1)}, {t(2), t(3)}}, {fp.get(), fp.get()}, codes.get(), fp.get(), false,
+                                 items13.get(), counts.get(), 2 * P};
+      m.tables[1] = MoeItemTable{1, {{t(4), t(5)}, {}}, {fp.get(), nullptr}, codes.get(), fp.get(), true,
+                                 items2.get(), counts.get() + 1, P};
+      return std::make_pair(a, m);
+    };
+    for (const bool prefetch : {true, false}) {
+      const double us = time_graph_us(stream, copies, [&](int c) {
+        const auto [a, m] = args(c, prefetch, nullptr);
+        must(moe_route(a, stream, &m));
+      });
+      rows.push_back(make_row(prefetch ? "moe_route_ws_items" : "moe_route_ws_items_noprefetch", "384x5120 bf16 gate", n,
+                              us, gate_bytes + 4.0 * n * d, copy_gbps));
+      if (g_once || n != 1) continue;
+      // Stamps of 32 eager launches (each after a sync: no overlap), in µs from the first block's entry.
+      constexpr int kRuns = 32;
+      std::vector<double> spread, stored, ticket, tail_us, sums, select, build;
+      for (int r = 0; r < kRuns; ++r) {
+        must(stamps.zero());
+        const auto [a, m] = args(r, prefetch, stamps.get());
+        must(moe_route(a, stream, &m));
+        must(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+        std::vector<unsigned long long> st(static_cast<size_t>(blocks * kRouterStampsPerBlock + kRouterTailStamps));
+        must(cuda_status(cudaMemcpy(st.data(), stamps.get(), st.size() * sizeof(st[0]), cudaMemcpyDeviceToHost),
+                         "cudaMemcpy(stamps)"));
+        unsigned long long first = ~0ull, last_entry = 0, last_stored = 0, last_ticket = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const unsigned long long* v = st.data() + b * kRouterStampsPerBlock;
+          first = std::min(first, v[0]);
+          last_entry = std::max(last_entry, v[0]);
+          last_stored = std::max(last_stored, v[2]);
+          last_ticket = std::max(last_ticket, v[3]);
+        }
+        const unsigned long long* t = st.data() + blocks * kRouterStampsPerBlock;
+        spread.push_back((last_entry - first) * 1e-3);
+        stored.push_back((last_stored - first) * 1e-3);
+        ticket.push_back((last_ticket - first) * 1e-3);
+        tail_us.push_back((t[4] - last_ticket) * 1e-3);
+        sums.push_back(static_cast<double>(t[1] - t[0]));
+        select.push_back(static_cast<double>(t[2] - t[1]));
+        build.push_back(static_cast<double>(t[3] - t[2]));
+      }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      std::printf(
+          "router stamps n=1 %s (%lld blocks, medians of %d launches): last block entry +%.2f us, all partials stored "
+          "+%.2f, last ticket +%.2f, tail %.2f us (sums + scores %.0f cycles, selection %.0f, items %.0f)\n",
+          prefetch ? "tail_prefetch=1" : "tail_prefetch=0", static_cast<long long>(blocks), kRuns, median(spread),
+          median(stored), median(ticket), median(tail_us), median(sums), median(select), median(build));
+    }
+  }
+}
+
 // Router (logits + select) on the V4.1 gate, Engram gather (device and host-mapped table), the Engram
 // update, the final head and the samplers: the small per-layer / per-step kernels and their latency.
 void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
@@ -1129,7 +1239,8 @@ int run(int argc, char** argv) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
     else if (std::strcmp(argv[i], "--once") == 0) g_once = true;
     else if (std::strcmp(argv[i], "--sections") == 0 && i + 1 < argc) sections = argv[++i];
-  // --sections gemv,mhc,packed,moe,small,wo_a,attn: only those groups of rows (default: all).
+  // --sections gemv,mhc,packed,moe,small,router,wo_a,attn: only those groups of rows (default: all; small
+  // includes router, the fused router with its dispatch and its stamp breakdown).
   auto want = [&](const char* name) {
     return sections.empty() || ("," + sections + ",").find("," + std::string(name) + ",") != std::string::npos;
   };
@@ -1310,6 +1421,7 @@ int run(int argc, char** argv) {
     for (int64_t n : {1, 8, 64}) bench_moe_items(n, expert_pool, copy_gbps, stream->get(), rows);
   }
   if (want("small")) bench_ffn_small(copy_gbps, stream->get(), rows);
+  if (want("small") || want("router")) bench_router_tail(copy_gbps, stream->get(), rows);
   if (want("wo_a")) bench_wo_a(copy_gbps, stream->get(), rows);
   if (want("attn")) {
     bench_attn_input(copy_gbps, stream->get(), rows);

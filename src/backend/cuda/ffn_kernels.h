@@ -84,7 +84,20 @@ struct RouterArgs {
   uint16_t* x_bf16 = nullptr;  // [n, d] bf16 scratch for the cuBLASLt path
   int64_t x_bf16_elems = 0;
   bool programmatic_launch = false;  // PDL (launch.h) for this call's kernels (not the cuBLASLt GEMM)
+  // The fused launch's tail (n <= 8): its bias / is_image loads issued before the ticket, the items'
+  // weight-pointer tables prefetched into L2 at its start, the ids read from shared memory, one
+  // acquire-release ticket instead of every thread's __threadfence. Same results either way.
+  bool tail_prefetch = true;
+  // Diagnostics (the kernel bench's router breakdown), null in the model: the fused launch writes
+  // kRouterStampsPerBlock %globaltimer ns per block (entry, after the PDL wait, partials stored, ticket
+  // taken: block b at [b·4]), then kRouterTailStamps for its last block at [blocks·4] (clock64 at the
+  // tail's start, after the sums and scores, after the selection, after the items; then %globaltimer).
+  unsigned long long* stamps = nullptr;
 };
+constexpr int kRouterStampsPerBlock = 4;
+constexpr int kRouterTailStamps = 5;
+// The fused launch's blocks for this gate shape (RouterArgs::stamps holds blocks·4 + 5 values).
+int64_t router_fused_blocks(int64_t n_experts, int64_t d);
 // Split-K partials and tickets router_logits / moe_route use for this gate shape (any n).
 SplitKSize router_workspace_size(int64_t n_experts, int64_t d);
 Status router_logits(const RouterArgs& a, cudaStream_t stream);

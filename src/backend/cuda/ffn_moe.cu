@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kDispatchThreads) moe_build_items_kernel(MoeDi
   __shared__ int32_t warp_tot[32];
   detail::pdl_launch_dependents();
   detail::pdl_wait();  // the router's experts
-  detail::build_moe_items(a, sm, warp_tot);
+  detail::build_moe_items(a, [&](int64_t p) { return a.experts[p]; }, sm, warp_tot);
 }
 
 // One warp per 32-value block of h: SwiGLU with the CPU's rounding steps, then (optionally) the FP8

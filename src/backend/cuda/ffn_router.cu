@@ -71,16 +71,35 @@ __device__ __forceinline__ float sqrt_softplus(float v) {
   return sqrtf(v > 20.0f ? v : detail::log1pf_cr(detail::expf_cr(v)));
 }
 
+// The selection bias of expert e for token t (the image bias for image tokens); 0 when tid2eid routes.
+__device__ __forceinline__ float bias_of(const RouterArgs& a, int64_t t, int64_t e) {
+  if (a.tid2eid != nullptr) return 0.0f;
+  const bool image = a.is_image != nullptr && a.is_image[t] != 0;
+  return (image ? a.bias_vl : a.bias)[e];
+}
+
 // Score of expert e for token t from its logit; the biased value (selection key) unless tid2eid routes.
-__device__ __forceinline__ void score_entry(const RouterArgs& a, int64_t t, int64_t e, float logit, float* score,
-                                            float* biased) {
+__device__ __forceinline__ void score_entry(const RouterArgs& a, int64_t t, int64_t e, float logit, float bias,
+                                            float* score, float* biased) {
   const float s = sqrt_softplus(logit / a.gate_temp);
   score[e] = s;
   if (a.scores) a.scores[t * a.n_experts + e] = s;
-  if (a.tid2eid == nullptr) {
-    const bool image = a.is_image != nullptr && a.is_image[t] != 0;
-    biased[e] = s + (image ? a.bias_vl : a.bias)[e];
-  }
+  if (a.tid2eid == nullptr) biased[e] = s + bias;
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The split-K ticket as one acquire-release atomic (after the block's barrier, thread 0 only): its release
+// publishes the block's partials (ordered before it by the barrier), its acquire makes the others'
+// partials visible to the last block (ordered after it by the next barrier).
+__device__ __forceinline__ unsigned ticket_acq_rel(unsigned* counter) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
 }
 
 // A total order equal to the CPU's SelectionOrder (larger value first, NaN above every number, lower
@@ -210,6 +229,10 @@ __global__ void __launch_bounds__(kRlThreads)
   __shared__ bool is_last;
   __shared__ int32_t warp_tot[kFuse ? 32 : 1];
   detail::pdl_launch_dependents();
+  const bool stamp = kFuse && a.stamps != nullptr && threadIdx.x == 0;
+  unsigned long long* const stamps =
+      stamp ? a.stamps + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * kRouterStampsPerBlock : nullptr;
+  if (stamp) stamps[0] = global_ns();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t E = p.E, d = p.d;
@@ -234,6 +257,7 @@ __global__ void __launch_bounds__(kRlThreads)
     }
   }
   detail::pdl_wait();  // under PDL: x comes from the previous kernel
+  if (stamp) stamps[1] = global_ns();
   const float* x_tile[kTiles];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
@@ -332,17 +356,38 @@ __global__ void __launch_bounds__(kRlThreads)
     if (writer(e))
       p.partials[(static_cast<int64_t>(blockIdx.y) * kRlPassTokens + e % kTok) * E + row0 + e / kTok] = sum[j];
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    if (kFuse)
-      is_last = atomicAdd(p.counters + gridDim.x, 1u) == gridDim.x * gridDim.y - 1;
-    else
-      is_last = atomicAdd(p.counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
+  // The fused tail's first round of (token, expert) pairs (below): its bias values, loaded by every block
+  // while the ticket is taken, so the last block's sums do not wait for them afterwards.
+  constexpr int kGroup = 4;  // (token, expert) pairs per thread whose loads are in flight together
+  const int64_t pairs = p.n * E;
+  const bool hoist = kFuse && a.tail_prefetch;
+  float first_bias[kGroup];
+#pragma unroll
+  for (int q = 0; q < kGroup; ++q) {
+    const int64_t idx = threadIdx.x + q * kRlThreads;
+    first_bias[q] = hoist && idx < pairs ? bias_of(a, idx / E, idx % E) : 0.0f;
   }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (stamp) stamps[2] = global_ns();
+  if (hoist) {
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = ticket_acq_rel(p.counters + gridDim.x) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (stamp) stamps[3] = global_ns();
+    if (!is_last) return;
+  } else {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (kFuse)
+        is_last = atomicAdd(p.counters + gridDim.x, 1u) == gridDim.x * gridDim.y - 1;
+      else
+        is_last = atomicAdd(p.counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
+    }
+    __syncthreads();
+    if (stamp) stamps[3] = global_ns();
+    if (!is_last) return;
+    __threadfence();
+  }
   if (!kFuse) {  // the last split of this row tile: Σ over splits in split order
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -359,11 +404,13 @@ __global__ void __launch_bounds__(kRlThreads)
   }
   // Fused selection: every logit (same split order as above, so the same bits as the two-kernel path),
   // its score and biased value, then one warp per token.
+  unsigned long long* const tail =
+      stamp ? a.stamps + static_cast<int64_t>(gridDim.x) * gridDim.y * kRouterStampsPerBlock : nullptr;
+  if (stamp) tail[0] = clock64();
+  if (hoist && dispatch) detail::prefetch_moe_tables(items);
   extern __shared__ float rows_smem[];
   float* score = rows_smem;             // [n][E]
   float* biased = rows_smem + p.n * E;  // [n][E]
-  constexpr int kGroup = 4;             // (token, expert) pairs per thread whose loads are in flight together
-  const int64_t pairs = p.n * E;
   for (int64_t i0 = threadIdx.x; i0 < pairs; i0 += kGroup * kRlThreads) {
     const float* base[kGroup];
 #pragma unroll
@@ -379,16 +426,33 @@ __global__ void __launch_bounds__(kRlThreads)
       if (idx >= pairs) break;
       const int64_t tt = idx / E, e = idx % E;
       p.logits[tt * E + e] = s[q];
-      score_entry(a, tt, e, s[q], score + tt * E, biased + tt * E);
+      const float bias = hoist && i0 == threadIdx.x ? first_bias[q] : bias_of(a, tt, e);
+      score_entry(a, tt, e, s[q], bias, score + tt * E, biased + tt * E);
     }
   }
   __syncthreads();
+  if (stamp) tail[1] = clock64();
   if (warp < p.n) select_warp(a, warp, score + warp * E, biased + warp * E, lane, sel[warp]);
+  if (stamp) tail[2] = clock64();
   if (threadIdx.x == 0) p.counters[gridDim.x] = 0;
-  if (!dispatch) return;
-  // The ids this block wrote are visible to it after the barrier, and the score rows are free.
-  __syncthreads();
-  detail::build_moe_items(items, reinterpret_cast<int32_t*>(rows_smem), warp_tot);
+  if (dispatch) {
+    // The ids this block wrote are visible to it after the barrier, and the score rows are free.
+    __syncthreads();
+    const int64_t K = a.topk;
+    if (hoist)
+      detail::build_moe_items(items, [&](int64_t q) { return sel[q / K][q % K]; }, reinterpret_cast<int32_t*>(rows_smem),
+                              warp_tot);
+    else
+      detail::build_moe_items(items, [&](int64_t q) { return items.experts[q]; },
+                              reinterpret_cast<int32_t*>(rows_smem), warp_tot);
+  }
+  if (a.stamps != nullptr) {
+    __syncthreads();
+    if (stamp) {
+      tail[3] = clock64();
+      tail[4] = global_ns();
+    }
+  }
 }
 
 // One warp per token (warps_per_block tokens per block): scores of all experts into shared memory,
@@ -404,7 +468,7 @@ __global__ void __launch_bounds__(kSelectMaxWarps * 32) router_select_kernel(Rou
   const int64_t E = a.n_experts;
   float* score = smem + static_cast<int64_t>(warp) * 2 * E;
   float* biased = score + E;
-  for (int64_t e = lane; e < E; e += 32) score_entry(a, t, e, a.logits[t * E + e], score, biased);
+  for (int64_t e = lane; e < E; e += 32) score_entry(a, t, e, a.logits[t * E + e], bias_of(a, t, e), score, biased);
   __syncwarp();
   select_warp(a, t, score, biased, lane, sel[warp]);
 }
@@ -477,6 +541,10 @@ RouterLogitsParams logits_params(const RouterArgs& a) {
 }
 
 }  // namespace
+
+int64_t router_fused_blocks(int64_t n_experts, int64_t d) {
+  return n_experts <= 0 || d <= 0 ? 0 : router_row_tiles(n_experts) * router_ksplit(d);
+}
 
 SplitKSize router_workspace_size(int64_t n_experts, int64_t d) {
   if (n_experts <= 0 || d <= 0) return {};

@@ -54,19 +54,34 @@ __device__ inline int32_t block_exclusive_scan(int32_t* v, int64_t count, int32_
   return total;
 }
 
+// Asks L2 for the per-expert weight pointer tables of every item table (one 128-byte line per thread and
+// step): a caller that knows it will build items soon hides the tables' DRAM round trip behind its work.
+__device__ inline void prefetch_moe_tables(const MoeDispatchArgs& a) {
+  const int64_t lines = (a.n_experts * static_cast<int64_t>(sizeof(void*)) + 127) / 128;
+  for (int ti = 0; ti < a.n_tables; ++ti)
+    for (int m = 0; m < a.tables[ti].n_mats; ++m)
+      for (int64_t l = threadIdx.x; l < 2 * lines; l += blockDim.x) {
+        const ExpertWeightTable& w = a.tables[ti].mats[m];
+        const void* at = (l < lines ? reinterpret_cast<const char*>(w.data) : reinterpret_cast<const char*>(w.scales)) +
+                         (l % lines) * 128;
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at));
+      }
+}
+
 // Pairs p = t·K + k grouped by expert (counts → offsets → each expert's thread lists its pairs in order),
 // then items of <= 8 pairs per expert, n_mats items per group, for each table. All threads of the block
 // call it (n_experts <= 4 * blockDim.x); `sm` holds moe_items_smem_ints(n·topk, n_experts) ints and
-// `warp_tot` 32. a.experts must be readable by the whole block (a kernel before this one, or this
-// block's writes before a __syncthreads).
-__device__ inline void build_moe_items(const MoeDispatchArgs& a, int32_t* sm, int32_t* warp_tot) {
+// `warp_tot` 32. expert_of(p) gives pair p's expert id and must be readable by the whole block (a.experts
+// written by a kernel before this one, or this block's writes — global or shared — before a __syncthreads).
+template <class ExpertOf>
+__device__ inline void build_moe_items(const MoeDispatchArgs& a, ExpertOf expert_of, int32_t* sm, int32_t* warp_tot) {
   const int64_t P = a.n * a.topk, E = a.n_experts;
   int32_t* pair_expert = sm;       // [P]
   int32_t* num = pair_expert + P;  // [E] pairs per expert
   int32_t* offset = num + E;       // [E] first position of expert e in `order`
   int32_t* group = offset + E;     // [E] first item group of expert e
   int32_t* order = group + E;      // [P] pairs sorted by (expert, pair)
-  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) pair_expert[p] = a.experts[p];
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) pair_expert[p] = expert_of(p);
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) num[e] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {

@@ -94,6 +94,32 @@ TEST(CudaRouterFast, FusedRouteEqualsTheTwoKernelPathAndTheCpu) {
     ASSERT_TRUE(cudaMemset(fused.experts.get(), 0xFF, fused.experts.bytes()) == cudaSuccess);
     ASSERT_TRUE(moe_route(fused.args, nullptr).ok());
     EXPECT_EQ(download(fused.experts), experts) << "second fused launch (counter not re-armed?)" << tag;
+    // The tail without its hoisted loads (tail_prefetch = 0), and both with the diagnostic stamps: the same
+    // bits, and every block's stamps in order (entry <= after the wait <= partials stored <= ticket <= the
+    // last block's end; its tail clocks ascending).
+    const int64_t blocks = router_fused_blocks(c.E, c.d);
+    auto stamps = alloc<unsigned long long>(blocks * kRouterStampsPerBlock + kRouterTailStamps);
+    for (const bool prefetch : {false, true}) {
+      const std::string v = tag + (prefetch ? " tail_prefetch=1 + stamps" : " tail_prefetch=0 + stamps");
+      RouterArgs a = fused.args;
+      a.tail_prefetch = prefetch;
+      a.stamps = stamps.get();
+      ASSERT_TRUE(stamps.zero().ok());
+      ASSERT_TRUE(moe_route(a, nullptr).ok());
+      EXPECT_EQ(download(fused.experts), experts) << v;
+      EXPECT_TRUE(parity("fused route weights" + v, download(fused.weights), download(two.weights), exact));
+      EXPECT_TRUE(parity("fused route logits" + v, download(fused.logits), download(two.logits), exact));
+      const auto st = download(stamps);
+      const unsigned long long* tail = st.data() + blocks * kRouterStampsPerBlock;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const unsigned long long* s = st.data() + b * kRouterStampsPerBlock;
+        EXPECT_TRUE(s[0] > 0 && s[0] <= s[1] && s[1] <= s[2] && s[2] <= s[3] && s[3] <= tail[4])
+            << v << ": block " << b << " stamps " << s[0] << " " << s[1] << " " << s[2] << " " << s[3] << ", end "
+            << tail[4];
+      }
+      EXPECT_TRUE(tail[0] <= tail[1] && tail[1] <= tail[2] && tail[2] <= tail[3] && tail[3] > 0)
+          << v << ": tail clocks " << tail[0] << " " << tail[1] << " " << tail[2] << " " << tail[3];
+    }
     // CPU: random scores have no near-ties at the logits' rounding level, so the experts are identical.
     // Weights (EndToEndMatchesRouteTokens' derivation): Δv <= (d + 23 + ksplit)·u·Σ|x·w| per logit,
     // |Δs| <= s·Δv/2 + 2^-21·s, and a weight moves by <= 2·max_k(Δs_k/s_k) + 8 ulps relative.
