@@ -599,8 +599,8 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
 }
 
 // The fused router as the model's decode runs it (moe_route with the expert dispatch: 2 item tables over
-// 384 experts' pointer tables), its tail with and without the hoisted loads (RouterArgs::tail_prefetch);
-// then where one launch's time goes, from its stamps (RouterArgs::stamps; eager launches, medians).
+// 384 experts' pointer tables); then where one launch's time goes, from its stamps (RouterArgs::stamps;
+// eager launches, medians).
 void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   constexpr int64_t d = 5120, E = 384, K = 6;
   const size_t gate_bytes = E * d * 2;
@@ -630,7 +630,7 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
     auto counts = must(DeviceBuffer<int32_t>::allocate(2));
     auto fp = must(DeviceBuffer<float>::allocate(P * d));
     auto codes = must(DeviceBuffer<uint16_t>::allocate(P * d));
-    auto args = [&](int c, bool prefetch, unsigned long long* st) {
+    auto args = [&](int c, unsigned long long* st) {
       RouterArgs a;
       a.n = n;
       a.d = d;
@@ -644,7 +644,6 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
       a.experts = ex.get();
       a.weights = wt.get();
       a.splitk = SplitKWorkspace{part.get(), cnt.get(), rws.partial_floats, rws.counters};
-      a.tail_prefetch = prefetch;
       a.stamps = st;
       MoeDispatchArgs m;
       m.experts = ex.get();
@@ -659,20 +658,19 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
                                  items2.get(), counts.get() + 1, P};
       return std::make_pair(a, m);
     };
-    for (const bool prefetch : {true, false}) {
+    {
       const double us = time_graph_us(stream, copies, [&](int c) {
-        const auto [a, m] = args(c, prefetch, nullptr);
+        const auto [a, m] = args(c, nullptr);
         must(moe_route(a, stream, &m));
       });
-      rows.push_back(make_row(prefetch ? "moe_route_ws_items" : "moe_route_ws_items_noprefetch", "384x5120 bf16 gate", n,
-                              us, gate_bytes + 4.0 * n * d, copy_gbps));
+      rows.push_back(make_row("moe_route_ws_items", "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
       if (g_once || n != 1) continue;
       // Stamps of 32 eager launches (each after a sync: no overlap), in µs from the first block's entry.
       constexpr int kRuns = 32;
       std::vector<double> spread, stored, ticket, tail_us, sums, select, build;
       for (int r = 0; r < kRuns; ++r) {
         must(stamps.zero());
-        const auto [a, m] = args(r, prefetch, stamps.get());
+        const auto [a, m] = args(r, stamps.get());
         must(moe_route(a, stream, &m));
         must(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
         std::vector<unsigned long long> st(static_cast<size_t>(blocks * kRouterStampsPerBlock + kRouterTailStamps));
@@ -700,9 +698,9 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
         return v[v.size() / 2];
       };
       std::printf(
-          "router stamps n=1 %s (%lld blocks, medians of %d launches): last block entry +%.2f us, all partials stored "
+          "router stamps n=1 (%lld blocks, medians of %d launches): last block entry +%.2f us, all partials stored "
           "+%.2f, last ticket +%.2f, tail %.2f us (sums + scores %.0f cycles, selection %.0f, items %.0f)\n",
-          prefetch ? "tail_prefetch=1" : "tail_prefetch=0", static_cast<long long>(blocks), kRuns, median(spread),
+          static_cast<long long>(blocks), kRuns, median(spread),
           median(stored), median(ticket), median(tail_us), median(sums), median(select), median(build));
     }
   }

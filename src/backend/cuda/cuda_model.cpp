@@ -354,7 +354,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.swa_commit_aside = false;
   p.router_ahead = false;
   p.dispatch_in_router = false;
-  p.router_tail_prefetch = false;
   p.router_splitk_beside = false;
   p.fork_pdl = false;
   p.routed_full_edge = false;
@@ -390,7 +389,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"swa_commit_aside", &p.swa_commit_aside, nullptr},
           {"router_ahead", &p.router_ahead, nullptr},
           {"dispatch_in_router", &p.dispatch_in_router, nullptr},
-          {"router_tail_prefetch", &p.router_tail_prefetch, nullptr},
           {"router_splitk_beside", &p.router_splitk_beside, nullptr},
           {"fork_pdl", &p.fork_pdl, nullptr},
           {"fork_pdl_compressor", &p.fork_pdl_compressor, nullptr},

@@ -128,10 +128,6 @@ struct CudaKernelPaths {
   // same device function on the same ids: the same items. On with router_splitk_beside and fork_pdl (s9,
   // docs/cuda.md "Session 9": the three together −0.22 ms at batch 1, each alone slower or level).
   bool dispatch_in_router = true;
-  // The fused router's tail with its loads hoisted (RouterArgs::tail_prefetch: the bias before the ticket,
-  // the items' pointer tables prefetched, the ids from shared memory, one acquire-release ticket). The
-  // same results (s13: measuring).
-  bool router_tail_prefetch = true;
   // The split-K router (one fused launch; with dispatch_in_router also the items) in the routed branch
   // beside the shared expert too, instead of the unsplit logits + select (+ moe_build_items) that s5 / s6
   // measured faster there before the dispatch moved into the fused launch. On (s9, with the two beside it).

@@ -60,7 +60,6 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatc
     }
   }
   ra.programmatic_launch = pdl();
-  ra.tail_prefetch = options_.paths.router_tail_prefetch;
   if (!ra.splitk.partials && !ra.blas) {  // unsplit logits, then the selection: a PDL edge between them
     CEDAR_RETURN_IF_ERROR(router_logits(ra, cs()));
     ra.programmatic_launch = pdl();

@@ -84,10 +84,6 @@ struct RouterArgs {
   uint16_t* x_bf16 = nullptr;  // [n, d] bf16 scratch for the cuBLASLt path
   int64_t x_bf16_elems = 0;
   bool programmatic_launch = false;  // PDL (launch.h) for this call's kernels (not the cuBLASLt GEMM)
-  // The fused launch's tail (n <= 8): its bias / is_image loads issued before the ticket, the items'
-  // weight-pointer tables prefetched into L2 at its start, the ids read from shared memory, one
-  // acquire-release ticket instead of every thread's __threadfence. Same results either way.
-  bool tail_prefetch = true;
   // Diagnostics (the kernel bench's router breakdown), null in the model: the fused launch writes
   // kRouterStampsPerBlock %globaltimer ns per block (entry, after the PDL wait, partials stored, ticket
   // taken: block b at [b·4]), then kRouterTailStamps for its last block at [blocks·4] (clock64 at the

@@ -134,6 +134,7 @@ __device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, 
       keys[r] = e < E ? selection_key(biased[e], e) : 0;  // 0: below every real key, never selected
     }
     uint64_t prev = 0;
+#pragma unroll 1  // small code: the fused launch's tail runs it cold (see router_logits_kernel)
     for (int64_t k = 0; k < K; ++k) {
       uint64_t best = 0;
 #pragma unroll
@@ -165,10 +166,12 @@ __device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, 
   // each step is one rounded operation). Every lane forms the same Σ in slot order; lane k writes slot
   // k (slots k, k + 32, ...): the divisions in parallel instead of one after another in lane 0.
   float sum = 0.0f;
+#pragma unroll 1
   for (int64_t k = 0; k < K; ++k) {
     const int32_t e = sel[k];
     sum = __fadd_rn(sum, (e >= 0 && e < E) ? score[e] : 0.0f);
   }
+#pragma unroll 1
   for (int64_t k = lane; k < K; k += 32) {
     const int32_t e = sel[k];
     float v = (e >= 0 && e < E) ? score[e] : 0.0f;
@@ -356,38 +359,16 @@ __global__ void __launch_bounds__(kRlThreads)
     if (writer(e))
       p.partials[(static_cast<int64_t>(blockIdx.y) * kRlPassTokens + e % kTok) * E + row0 + e / kTok] = sum[j];
   }
-  // The fused tail's first round of (token, expert) pairs (below): its bias values, loaded by every block
-  // while the ticket is taken, so the last block's sums do not wait for them afterwards.
-  constexpr int kGroup = 4;  // (token, expert) pairs per thread whose loads are in flight together
-  const int64_t pairs = p.n * E;
-  const bool hoist = kFuse && a.tail_prefetch;
-  float first_bias[kGroup];
-#pragma unroll
-  for (int q = 0; q < kGroup; ++q) {
-    const int64_t idx = threadIdx.x + q * kRlThreads;
-    first_bias[q] = hoist && idx < pairs ? bias_of(a, idx / E, idx % E) : 0.0f;
-  }
   if (stamp) stamps[2] = global_ns();
-  if (hoist) {
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = ticket_acq_rel(p.counters + gridDim.x) == gridDim.x * gridDim.y - 1;
-    __syncthreads();
-    if (stamp) stamps[3] = global_ns();
-    if (!is_last) return;
-  } else {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      if (kFuse)
-        is_last = atomicAdd(p.counters + gridDim.x, 1u) == gridDim.x * gridDim.y - 1;
-      else
-        is_last = atomicAdd(p.counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
-    }
-    __syncthreads();
-    if (stamp) stamps[3] = global_ns();
-    if (!is_last) return;
-    __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* const ticket = p.counters + (kFuse ? gridDim.x : blockIdx.x);
+    const unsigned arrivals = kFuse ? gridDim.x * gridDim.y : static_cast<unsigned>(p.ksplit);
+    is_last = ticket_acq_rel(ticket) == arrivals - 1;
   }
+  __syncthreads();
+  if (stamp) stamps[3] = global_ns();
+  if (!is_last) return;
   if (!kFuse) {  // the last split of this row tile: Σ over splits in split order
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -403,31 +384,36 @@ __global__ void __launch_bounds__(kRlThreads)
     return;
   }
   // Fused selection: every logit (same split order as above, so the same bits as the two-kernel path),
-  // its score and biased value, then one warp per token.
+  // its score and biased value, then one warp per token. This tail runs once per launch on one SM, with
+  // its code cold in the instruction cache (and in L2, after a decode step's weights streamed through):
+  // s13's stamps put 12 µs of a 16 µs launch here. So it is kept small: 32-bit index math (no 64-bit
+  // division routine), one copy of the score code (FP64 exp / log1p) instead of one per unrolled pair.
   unsigned long long* const tail =
       stamp ? a.stamps + static_cast<int64_t>(gridDim.x) * gridDim.y * kRouterStampsPerBlock : nullptr;
   if (stamp) tail[0] = clock64();
-  if (hoist && dispatch) detail::prefetch_moe_tables(items);
+  if (dispatch) detail::prefetch_moe_tables(items);  // used last: their DRAM round trip hides behind the rest
   extern __shared__ float rows_smem[];
   float* score = rows_smem;             // [n][E]
   float* biased = rows_smem + p.n * E;  // [n][E]
-  for (int64_t i0 = threadIdx.x; i0 < pairs; i0 += kGroup * kRlThreads) {
+  constexpr int kGroup = 4;  // (token, expert) pairs per thread whose loads are in flight together
+  const int En = static_cast<int>(E), pairs = p.n * En;  // pair idx = token·E + expert (<= kFuseMaxValues)
+  for (int i0 = threadIdx.x; i0 < pairs; i0 += kGroup * kRlThreads) {
     const float* base[kGroup];
 #pragma unroll
-    for (int q = 0; q < kGroup; ++q) {
-      const int64_t idx = min(i0 + q * kRlThreads, pairs - 1);
-      base[q] = p.partials + (idx / E) * E + idx % E;
-    }
+    for (int q = 0; q < kGroup; ++q) base[q] = p.partials + min(i0 + q * kRlThreads, pairs - 1);  // split 0's
     float s[kGroup];
     sum_splits<kGroup>(base, kRlPassTokens * E, p.ksplit, s);
-#pragma unroll
+#pragma unroll 1
     for (int q = 0; q < kGroup; ++q) {
-      const int64_t idx = i0 + q * kRlThreads;
+      const int idx = i0 + q * kRlThreads;
       if (idx >= pairs) break;
-      const int64_t tt = idx / E, e = idx % E;
-      p.logits[tt * E + e] = s[q];
-      const float bias = hoist && i0 == threadIdx.x ? first_bias[q] : bias_of(a, tt, e);
-      score_entry(a, tt, e, s[q], bias, score + tt * E, biased + tt * E);
+      const int tt = idx / En, e = idx - tt * En;
+      const float logit = s[0];
+      s[0] = s[1];  // the next pair's sum to the front: registers, not a dynamically indexed array
+      s[1] = s[2];
+      s[2] = s[3];
+      p.logits[idx] = logit;
+      score_entry(a, tt, e, logit, bias_of(a, tt, e), score + tt * En, biased + tt * En);
     }
   }
   __syncthreads();
@@ -438,13 +424,12 @@ __global__ void __launch_bounds__(kRlThreads)
   if (dispatch) {
     // The ids this block wrote are visible to it after the barrier, and the score rows are free.
     __syncthreads();
-    const int64_t K = a.topk;
-    if (hoist)
-      detail::build_moe_items(items, [&](int64_t q) { return sel[q / K][q % K]; }, reinterpret_cast<int32_t*>(rows_smem),
-                              warp_tot);
-    else
-      detail::build_moe_items(items, [&](int64_t q) { return items.experts[q]; },
-                              reinterpret_cast<int32_t*>(rows_smem), warp_tot);
+    const int K = static_cast<int>(a.topk);
+    const auto expert_of = [&](int64_t q) {  // pair q's id as this block selected it (= a.experts[q])
+      const int i = static_cast<int>(q), t = i / K;
+      return sel[t][i - t * K];
+    };
+    detail::build_moe_items(items, expert_of, reinterpret_cast<int32_t*>(rows_smem), warp_tot);
   }
   if (a.stamps != nullptr) {
     __syncthreads();

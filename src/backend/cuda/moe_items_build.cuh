@@ -76,6 +76,7 @@ __device__ inline void prefetch_moe_tables(const MoeDispatchArgs& a) {
 template <class ExpertOf>
 __device__ inline void build_moe_items(const MoeDispatchArgs& a, ExpertOf expert_of, int32_t* sm, int32_t* warp_tot) {
   const int64_t P = a.n * a.topk, E = a.n_experts;
+  const int32_t K = static_cast<int32_t>(a.topk);  // <= 64
   int32_t* pair_expert = sm;       // [P]
   int32_t* num = pair_expert + P;  // [E] pairs per expert
   int32_t* offset = num + E;       // [E] first position of expert e in `order`
@@ -100,17 +101,22 @@ __device__ inline void build_moe_items(const MoeDispatchArgs& a, ExpertOf expert
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
     if (num[e] == 0) continue;
     int32_t at = offset[e];
+#pragma unroll 1
     for (int64_t p = 0; p < P; ++p)
       if (pair_expert[p] == e) order[at++] = static_cast<int32_t>(p);
   }
   __syncthreads();
+  // Loops kept rolled: the fused router's tail runs this code once per launch, cold in the instruction cache.
+#pragma unroll 1
   for (int ti = 0; ti < a.n_tables; ++ti) {
     const MoeItemTable& tb = a.tables[ti];
     for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
       const int32_t pairs = num[e];
+#pragma unroll 1
       for (int32_t g = 0; g * kGemvItemRows < pairs; ++g) {
         const int32_t off = offset[e] + g * kGemvItemRows;
         const int32_t rows = pairs - g * kGemvItemRows < kGemvItemRows ? pairs - g * kGemvItemRows : kGemvItemRows;
+#pragma unroll 1
         for (int m = 0; m < tb.n_mats; ++m) {
           DeviceGemvItem it;
           it.data = tb.mats[m].data[e];
@@ -121,7 +127,7 @@ __device__ inline void build_moe_items(const MoeDispatchArgs& a, ExpertOf expert
           it.n = rows;
           for (int j = 0; j < kGemvItemRows; ++j) {  // rows past `rows` repeat the first (never written)
             const int32_t p = order[off + (j < rows ? j : 0)];
-            it.act_row[j] = tb.act_by_pair ? p : static_cast<int32_t>(p / a.topk);
+            it.act_row[j] = tb.act_by_pair ? p : p / K;  // 32-bit: no 64-bit division routine per row
             it.y_row[j] = p;
           }
           tb.items[static_cast<int64_t>(group[e] + g) * tb.n_mats + m] = it;

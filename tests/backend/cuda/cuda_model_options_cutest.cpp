@@ -64,7 +64,6 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"swa_commit_aside", &CudaKernelPaths::swa_commit_aside, true, false},
       {"router_ahead", &CudaKernelPaths::router_ahead, false, false},  // s9: slower
       {"dispatch_in_router", &CudaKernelPaths::dispatch_in_router, true, false},
-      {"router_tail_prefetch", &CudaKernelPaths::router_tail_prefetch, true, false},
       {"router_splitk_beside", &CudaKernelPaths::router_splitk_beside, true, false},
       {"fork_pdl", &CudaKernelPaths::fork_pdl, true, false},
       {"fork_pdl_compressor", &CudaKernelPaths::fork_pdl_compressor, false, false},  // s10: slower

@@ -94,15 +94,13 @@ TEST(CudaRouterFast, FusedRouteEqualsTheTwoKernelPathAndTheCpu) {
     ASSERT_TRUE(cudaMemset(fused.experts.get(), 0xFF, fused.experts.bytes()) == cudaSuccess);
     ASSERT_TRUE(moe_route(fused.args, nullptr).ok());
     EXPECT_EQ(download(fused.experts), experts) << "second fused launch (counter not re-armed?)" << tag;
-    // The tail without its hoisted loads (tail_prefetch = 0), and both with the diagnostic stamps: the same
-    // bits, and every block's stamps in order (entry <= after the wait <= partials stored <= ticket <= the
-    // last block's end; its tail clocks ascending).
+    // With the diagnostic stamps: the same bits, and every block's stamps in order (entry <= after the wait
+    // <= partials stored <= ticket <= the last block's end; its tail clocks ascending).
     const int64_t blocks = router_fused_blocks(c.E, c.d);
     auto stamps = alloc<unsigned long long>(blocks * kRouterStampsPerBlock + kRouterTailStamps);
-    for (const bool prefetch : {false, true}) {
-      const std::string v = tag + (prefetch ? " tail_prefetch=1 + stamps" : " tail_prefetch=0 + stamps");
+    {
+      const std::string v = tag + " with stamps";
       RouterArgs a = fused.args;
-      a.tail_prefetch = prefetch;
       a.stamps = stamps.get();
       ASSERT_TRUE(stamps.zero().ok());
       ASSERT_TRUE(moe_route(a, nullptr).ok());
