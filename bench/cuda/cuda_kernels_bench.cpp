@@ -598,19 +598,44 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   }
 }
 
+// The router rows' V4.1 gate (copies rotated so every call reads it from HBM), bias and split-K workspace.
+struct RouterBenchGate {
+  static constexpr int64_t d = 5120, E = 384, K = 6;
+  static constexpr size_t gate_bytes = E * d * 2;
+  int copies = static_cast<int>(kRotateBytes / gate_bytes + 1);
+  DeviceBuffer<uint8_t> gate = random_bytes(gate_bytes * copies, 41, 0x30, 16);  // small bf16 values
+  DeviceBuffer<float> bias = random_floats(E, 42, 0.1f);
+  SplitKSize rws = router_workspace_size(E, d);
+  DeviceBuffer<float> part = must(DeviceBuffer<float>::allocate(rws.partial_floats));
+  DeviceBuffer<unsigned> cnt = must(DeviceBuffer<unsigned>::allocate(rws.counters));
+  RouterBenchGate() { must(cnt.zero()); }
+
+  // Call c's arguments for n tokens (with the split-K workspace when `splitk`).
+  RouterArgs args(int64_t n, int c, const float* x, float* logits, int32_t* experts, float* weights, bool splitk) {
+    RouterArgs a;
+    a.n = n;
+    a.d = d;
+    a.n_experts = E;
+    a.topk = K;
+    a.x = x;
+    a.gate = reinterpret_cast<const uint16_t*>(gate.get() + (c % copies) * gate_bytes);
+    a.bias = bias.get();
+    a.route_scale = 1.5f;
+    a.logits = logits;
+    a.experts = experts;
+    a.weights = weights;
+    if (splitk) a.splitk = SplitKWorkspace{part.get(), cnt.get(), rws.partial_floats, rws.counters};
+    return a;
+  }
+};
+
 // The fused router as the model's decode runs it (moe_route with the expert dispatch: 2 item tables over
 // 384 experts' pointer tables); then where one launch's time goes, from its stamps (RouterArgs::stamps;
 // eager launches, medians).
 void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
-  constexpr int64_t d = 5120, E = 384, K = 6;
-  const size_t gate_bytes = E * d * 2;
-  const int copies = static_cast<int>(kRotateBytes / gate_bytes + 1);
-  auto gate = random_bytes(gate_bytes * copies, 41, 0x30, 16);
-  auto bias = random_floats(E, 42, 0.1f);
-  const SplitKSize rws = router_workspace_size(E, d);
-  auto part = must(DeviceBuffer<float>::allocate(rws.partial_floats));
-  auto cnt = must(DeviceBuffer<unsigned>::allocate(rws.counters));
-  must(cnt.zero());
+  RouterBenchGate g;
+  constexpr int64_t d = RouterBenchGate::d, E = RouterBenchGate::E, K = RouterBenchGate::K;
+  const int copies = g.copies;
   // Pointer tables per layer copy (as the model's: one per layer, cold in L2 at each call); the pointers
   // name a dummy buffer (the items are written, never used).
   auto dummy = must(DeviceBuffer<uint8_t>::allocate(4096));
@@ -631,19 +656,7 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
     auto fp = must(DeviceBuffer<float>::allocate(P * d));
     auto codes = must(DeviceBuffer<uint16_t>::allocate(P * d));
     auto args = [&](int c, unsigned long long* st) {
-      RouterArgs a;
-      a.n = n;
-      a.d = d;
-      a.n_experts = E;
-      a.topk = K;
-      a.x = x.get();
-      a.gate = reinterpret_cast<const uint16_t*>(gate.get() + (c % copies) * gate_bytes);
-      a.bias = bias.get();
-      a.route_scale = 1.5f;
-      a.logits = logits.get();
-      a.experts = ex.get();
-      a.weights = wt.get();
-      a.splitk = SplitKWorkspace{part.get(), cnt.get(), rws.partial_floats, rws.counters};
+      RouterArgs a = g.args(n, c, x.get(), logits.get(), ex.get(), wt.get(), true);
       a.stamps = st;
       MoeDispatchArgs m;
       m.experts = ex.get();
@@ -663,7 +676,8 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
         const auto [a, m] = args(c, nullptr);
         must(moe_route(a, stream, &m));
       });
-      rows.push_back(make_row("moe_route_ws_items", "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
+      rows.push_back(
+          make_row("moe_route_ws_items", "384x5120 bf16 gate", n, us, g.gate_bytes + 4.0 * n * d, copy_gbps));
       if (g_once || n != 1) continue;
       // Stamps of 32 eager launches (each after a sync: no overlap), in µs from the first block's entry.
       constexpr int kRuns = 32;
@@ -712,14 +726,8 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
   constexpr int64_t d = 5120, E = 384, K = 6;
   {  // router: without a workspace (what callers that pass none get), with one (n <= 8: one fused
      // launch), and prefill sizes through cuBLASLt when it loads
-    const size_t gate_bytes = E * d * 2;
-    const int copies = static_cast<int>(kRotateBytes / gate_bytes + 1);
-    auto gate = random_bytes(gate_bytes * copies, 41, 0x30, 16);  // small bf16 values
-    auto bias = random_floats(E, 42, 0.1f);
-    const SplitKSize rws = router_workspace_size(E, d);
-    auto part = must(DeviceBuffer<float>::allocate(rws.partial_floats));
-    auto cnt = must(DeviceBuffer<unsigned>::allocate(rws.counters));
-    must(cnt.zero());
+    RouterBenchGate g;
+    const int copies = g.copies;
     auto blas = BlasContext::create();
     if (!blas.ok()) std::printf("moe_route_blas not benchmarked: %s\n", blas.error().message.c_str());
     enum class Mode { Plain, Workspace, Blas };
@@ -732,19 +740,7 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
       auto wt = must(DeviceBuffer<float>::allocate(n * K));
       const int reps = n >= 1024 ? 4 : copies;
       const double us = time_graph_us(stream, reps, [&](int c) {
-        RouterArgs a;
-        a.n = n;
-        a.d = d;
-        a.n_experts = E;
-        a.topk = K;
-        a.x = x.get();
-        a.gate = reinterpret_cast<const uint16_t*>(gate.get() + (c % copies) * gate_bytes);
-        a.bias = bias.get();
-        a.route_scale = 1.5f;
-        a.logits = logits.get();
-        a.experts = ex.get();
-        a.weights = wt.get();
-        if (mode != Mode::Plain) a.splitk = SplitKWorkspace{part.get(), cnt.get(), rws.partial_floats, rws.counters};
+        RouterArgs a = g.args(n, c, x.get(), logits.get(), ex.get(), wt.get(), mode != Mode::Plain);
         if (mode == Mode::Blas) {
           a.blas = blas->get();
           a.x_bf16 = xb.get();
@@ -757,7 +753,7 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
                          : mode == Mode::Plain ? "moe_route"
                          : mode == Mode::Workspace ? "moe_route_ws"
                                                    : "moe_route_blas";
-      rows.push_back(make_row(name, "384x5120 bf16 gate", n, us, gate_bytes + 4.0 * n * d, copy_gbps));
+      rows.push_back(make_row(name, "384x5120 bf16 gate", n, us, g.gate_bytes + 4.0 * n * d, copy_gbps));
     };
     for (int64_t n : {1, 8, 64}) route_rows(n, Mode::Plain, false);
     for (int64_t n : {1, 2, 8, 64, 1024}) route_rows(n, Mode::Workspace, false);
