@@ -255,8 +255,8 @@ __global__ void __launch_bounds__(kRlThreads)
   for (int u = 0; u < kU; ++u) {
     const int c = c_begin + warp + u * kRlWarps;
     if (t == 0 && c < c_end) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo + static_cast<int64_t>(c) * kRlChunk));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi + static_cast<int64_t>(c) * kRlChunk));
+      detail::prefetch_l2(w_lo + static_cast<int64_t>(c) * kRlChunk);
+      detail::prefetch_l2(w_hi + static_cast<int64_t>(c) * kRlChunk);
     }
   }
   detail::pdl_wait();  // under PDL: x comes from the previous kernel

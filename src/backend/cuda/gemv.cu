@@ -230,11 +230,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
     const int kb0 = kb_begin + warp * kU;
     if (kb0 < kb_end) {
       const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * (kFp4 ? 4 : 8);
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + first));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + first));
+      detail::prefetch_l2(w_lo_ptr + first);
+      detail::prefetch_l2(w_hi_ptr + first);
       if (kb0 + kU <= kb_end) {
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo_ptr + last));
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi_ptr + last));
+        detail::prefetch_l2(w_lo_ptr + last);
+        detail::prefetch_l2(w_hi_ptr + last);
       }
     }
   }

@@ -178,11 +178,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
   if (c_begin + warp < c_end) {  // PDL: this warp's first weight chunk into L2 before waiting
     const int64_t off = static_cast<int64_t>(c_begin + warp) * kChunk;
     if constexpr (kFp8) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w8_lo + off));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w8_hi + off));
+      detail::prefetch_l2(w8_lo + off);
+      detail::prefetch_l2(w8_hi + off);
     } else {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_lo + off));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w_hi + off));
+      detail::prefetch_l2(w_lo + off);
+      detail::prefetch_l2(w_hi + off);
     }
   }
   detail::pdl_wait();

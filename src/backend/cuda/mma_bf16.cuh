@@ -66,4 +66,7 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Ask L2 for the line holding `p` (no register written, nothing waits on it).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
 }  // namespace cedar::cuda::detail

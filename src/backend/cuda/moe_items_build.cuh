@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/ffn_kernels.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace cedar::cuda::detail {
 
@@ -64,7 +65,7 @@ __device__ inline void prefetch_moe_tables(const MoeDispatchArgs& a) {
         const ExpertWeightTable& w = a.tables[ti].mats[m];
         const void* at = (l < lines ? reinterpret_cast<const char*>(w.data) : reinterpret_cast<const char*>(w.scales)) +
                          (l % lines) * 128;
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(at));
+        detail::prefetch_l2(at);
       }
 }
 
