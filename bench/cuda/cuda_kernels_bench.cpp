@@ -655,10 +655,11 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
     auto counts = must(DeviceBuffer<int32_t>::allocate(2));
     auto fp = must(DeviceBuffer<float>::allocate(P * d));
     auto codes = must(DeviceBuffer<uint16_t>::allocate(P * d));
-    auto args = [&](int c, unsigned long long* st) {
+    auto args = [&](int c, unsigned long long* st, bool block_build) {
       RouterArgs a = g.args(n, c, x.get(), logits.get(), ex.get(), wt.get(), true);
       a.stamps = st;
       MoeDispatchArgs m;
+      m.block_build = block_build;
       m.experts = ex.get();
       m.n = n;
       m.topk = K;
@@ -671,20 +672,21 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
                                  items2.get(), counts.get() + 1, P};
       return std::make_pair(a, m);
     };
-    {
+    // The decode's dispatch (one warp builds up to kMoeWarpBuildPairs pairs) and the block-wide builder.
+    for (const bool block_build : {false, true}) {
       const double us = time_graph_us(stream, copies, [&](int c) {
-        const auto [a, m] = args(c, nullptr);
+        const auto [a, m] = args(c, nullptr, block_build);
         must(moe_route(a, stream, &m));
       });
-      rows.push_back(
-          make_row("moe_route_ws_items", "384x5120 bf16 gate", n, us, g.gate_bytes + 4.0 * n * d, copy_gbps));
+      rows.push_back(make_row(block_build ? "moe_route_ws_items_block" : "moe_route_ws_items", "384x5120 bf16 gate",
+                              n, us, g.gate_bytes + 4.0 * n * d, copy_gbps));
       if (g_once || n != 1) continue;
       // Stamps of 32 eager launches (each after a sync: no overlap), in µs from the first block's entry.
       constexpr int kRuns = 32;
       std::vector<double> spread, stored, ticket, tail_us, sums, select, build;
       for (int r = 0; r < kRuns; ++r) {
         must(stamps.zero());
-        const auto [a, m] = args(r, stamps.get());
+        const auto [a, m] = args(r, stamps.get(), block_build);
         must(moe_route(a, stream, &m));
         must(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
         std::vector<unsigned long long> st(static_cast<size_t>(blocks * kRouterStampsPerBlock + kRouterTailStamps));
@@ -712,9 +714,10 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
         return v[v.size() / 2];
       };
       std::printf(
-          "router stamps n=1 (%lld blocks, medians of %d launches): last block entry +%.2f us, all partials stored "
-          "+%.2f, last ticket +%.2f, tail %.2f us (sums + scores %.0f cycles, selection %.0f, items %.0f)\n",
-          static_cast<long long>(blocks), kRuns, median(spread),
+          "router stamps n=1 %s items (%lld blocks, medians of %d launches): last block entry +%.2f us, all "
+          "partials stored +%.2f, last ticket +%.2f, tail %.2f us (sums + scores %.0f cycles, selection %.0f, items "
+          "%.0f)\n",
+          block_build ? "block" : "warp", static_cast<long long>(blocks), kRuns, median(spread),
           median(stored), median(ticket), median(tail_us), median(sums), median(select), median(build));
     }
   }

@@ -4,41 +4,44 @@
 # optional gtest filter as $1, KBENCH=1 [KBENCH_ARGS], DOCTOR=1, NCU=1 [NCU_ARGS: ncu's kernel filter, default the
 # packed MoE GEMV's first 12 launches; NCU_KBENCH_ARGS] (Nsight Compute on cuda_kernels_bench --once: ncu_details.txt
 # and ncu_source.csv.xz for tools/device/ncu_sass_summary.py). Outputs land in $OUT (bench.txt, tests.log).
+# PACK=FILE runs another bundle than .dev/pack.tar.xz and TAG=NAME suffixes the output files (bench$TAG.txt, ...):
+# two builds A/B in one device call (run.sh twice).
 set -u
 cd "$(dirname "$0")/.."
-mkdir -p /tmp/dev && tar -xJf .dev/pack.tar.xz -C /tmp/dev
+T=${TAG:-}
+rm -rf /tmp/dev/bin /tmp/dev/lib && mkdir -p /tmp/dev && tar -xJf "${PACK:-.dev/pack.tar.xz}" -C /tmp/dev
 B=/tmp/dev/bin
 export LD_LIBRARY_PATH=/tmp/dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu$T.txt"
 CEDAR_CUPTI=$(find / -name 'libcupti.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)
 export CEDAR_CUPTI  # cedar bench --timeline loads CUPTI from here
 if [ "${BENCH:-0}" = 1 ]; then
   t0=$(date +%s)
-  [ -d /tmp/perf ] || $B/cedar make-tiny /tmp/perf --profile perf --threads 16 --no-tokenizer > "$OUT/make.txt" 2>&1
-  timeout "${BENCH_TIMEOUT:-400}" $B/cedar bench /tmp/perf --device cuda --threads 16 ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1
+  [ -d /tmp/perf ] || $B/cedar make-tiny /tmp/perf --profile perf --threads 16 --no-tokenizer > "$OUT/make$T.txt" 2>&1
+  timeout "${BENCH_TIMEOUT:-400}" $B/cedar bench /tmp/perf --device cuda --threads 16 ${BENCH_ARGS:-} > "$OUT/bench$T.txt" 2>&1
   echo "bench rc=$? after $(($(date +%s) - t0)) s"
-  grep -E "tpot|^ +[18] |A/B|layer 2[01] of|CED|exact|error" "$OUT/bench.txt" | head -80
+  grep -E "tpot|^ +[18] |A/B|layer 2[01] of|CED|exact|error" "$OUT/bench$T.txt" | head -80
   if [ -n "${BENCH2_ARGS:-}" ]; then
-    timeout "${BENCH_TIMEOUT:-400}" $B/cedar bench /tmp/perf --device cuda --threads 16 $BENCH2_ARGS > "$OUT/bench2.txt" 2>&1
+    timeout "${BENCH_TIMEOUT:-400}" $B/cedar bench /tmp/perf --device cuda --threads 16 $BENCH2_ARGS > "$OUT/bench2$T.txt" 2>&1
     echo "bench2 rc=$?"
-    grep -E "^ +[18] |layer 2[01] of|error" "$OUT/bench2.txt" | head -20
+    grep -E "^ +[18] |layer 2[01] of|error" "$OUT/bench2$T.txt" | head -20
   fi
 fi
 if [ "${TESTS:-0}" = 1 ]; then
-  timeout "${TEST_TIMEOUT:-300}" $B/cedar_cuda_tests ${1:+--gtest_filter=$1} > "$OUT/tests.log" 2>&1
+  timeout "${TEST_TIMEOUT:-300}" $B/cedar_cuda_tests ${1:+--gtest_filter=$1} > "$OUT/tests$T.log" 2>&1
   echo "tests rc=$?"
-  grep -E "^\[  (PASSED|FAILED) |FAILED|Failure" "$OUT/tests.log" | head -40
+  grep -E "^\[  (PASSED|FAILED) |FAILED|Failure" "$OUT/tests$T.log" | head -40
 fi
 if [ "${KBENCH:-0}" = 1 ]; then
-  timeout 200 $B/cuda_kernels_bench ${KBENCH_ARGS:-} > "$OUT/kbench.txt" 2>&1
+  timeout 200 $B/cuda_kernels_bench ${KBENCH_ARGS:-} > "$OUT/kbench$T.txt" 2>&1
   echo "kbench rc=$?"
-  tail -40 "$OUT/kbench.txt"
+  tail -40 "$OUT/kbench$T.txt"
 fi
 if [ "${DOCTOR:-0}" = 1 ]; then
-  $B/cedar doctor /tmp/perf > "$OUT/doctor.txt" 2>&1
+  $B/cedar doctor /tmp/perf > "$OUT/doctor$T.txt" 2>&1
   echo "doctor rc=$?"
-  tail -15 "$OUT/doctor.txt"
+  tail -15 "$OUT/doctor$T.txt"
 fi
 if [ "${NCU:-0}" = 1 ]; then
   NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

@@ -359,6 +359,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.routed_full_edge = false;
   p.attn_stage_wo_a = false;
   p.site_combine = false;
+  p.warp_items = false;
   return p;
 }
 
@@ -395,6 +396,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"routed_full_edge", &p.routed_full_edge, nullptr},
           {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"site_combine", &p.site_combine, nullptr},
+          {"warp_items", &p.warp_items, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

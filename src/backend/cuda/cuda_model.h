@@ -161,6 +161,11 @@ struct CudaKernelPaths {
   // gone (the s10 timeline: 2.7 µs + 0.6 µs per layer). −0.015 / −0.035 / −0.058 ms at batch 1 (s11 runs
   // 1–3: A/B site_combine=1 against 8.04–8.05 ms); site_combine=0 +0.035 / +0.068 ms (runs 4, 5).
   bool site_combine = true;
+  // Decode: the expert dispatch of up to kMoeWarpBuildPairs pairs (n·topk) built by one warp from match
+  // masks (moe_items_build.cuh build_moe_items_warp) instead of the block-wide scans: in the fused router's
+  // tail the block builder's ~12 barriers, two scans and three serial pointer-load round trips were the
+  // longest stage (s13 stamps: 13 k of 23 k cycles at batch 1). The same items, byte for byte.
+  bool warp_items = true;
   static CudaKernelPaths legacy();
 };
 

@@ -124,6 +124,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   da.topk = K;
   da.n_experts = X.count;
   da.n_tables = 2;
+  da.block_build = !options_.paths.warp_items;
   da.tables[0] = MoeItemTable{2,
                               {{X.data_table[DeviceExperts::kW1], X.scale_table[DeviceExperts::kW1]},
                                {X.data_table[DeviceExperts::kW3], X.scale_table[DeviceExperts::kW3]}},

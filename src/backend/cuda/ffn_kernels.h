@@ -118,6 +118,7 @@ struct DeviceGemvItem {
   int32_t n = 0;                        // rows of this item, 1..8
   int32_t act_row[8] = {};              // activation row of item row j
   int32_t y_row[8] = {};                // output row of item row j
+  int32_t reserved = 0;                 // the tail padding, named: every byte of an item is defined
 };
 constexpr int kGemvItemRows = 8;
 
@@ -147,7 +148,11 @@ struct MoeDispatchArgs {
   MoeItemTable tables[2];
   int n_tables = 1;
   bool programmatic_launch = false;  // PDL (launch.h): may start while the previous kernel runs
+  // Up to kMoeWarpBuildPairs pairs one warp builds the tables (moe_items_build.cuh); true: the
+  // block-wide builder at every size (tests compare the two; A/B rows).
+  bool block_build = false;
 };
+constexpr int64_t kMoeWarpBuildPairs = 32;
 constexpr int64_t kMoeMaxPairs = 8192;  // n·topk per dispatch (one block)
 constexpr int64_t kMoeMaxExperts = 4096;
 Status moe_build_items(const MoeDispatchArgs& a, cudaStream_t stream);

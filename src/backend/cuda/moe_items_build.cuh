@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/mma_bf16.cuh"
 
@@ -69,14 +70,98 @@ __device__ inline void prefetch_moe_tables(const MoeDispatchArgs& a) {
       }
 }
 
+// One item of table tb: matrix m of an expert (data, scales) over the item's rows; pair[j] / token[j]
+// for j < 8 (rows past `rows` repeat the first pair).
+__device__ inline void write_moe_item(const MoeItemTable& tb, int m, const uint8_t* data, const uint8_t* scales,
+                                      int32_t rows, const int32_t (&pair)[kGemvItemRows],
+                                      const int32_t (&token)[kGemvItemRows], int32_t group) {
+  DeviceGemvItem it;
+  it.data = data;
+  it.scales = scales;
+  it.act_codes = tb.act_codes;
+  it.act_scales = tb.act_scales;
+  it.y = tb.y[m];
+  it.n = rows;
+#pragma unroll
+  for (int j = 0; j < kGemvItemRows; ++j) {
+    it.act_row[j] = tb.act_by_pair ? pair[j] : token[j];
+    it.y_row[j] = pair[j];
+  }
+  tb.items[static_cast<int64_t>(group) * tb.n_mats + m] = it;
+}
+
+// The items of <= kMoeWarpBuildPairs pairs by one warp (decode: a few tokens). Lane p holds pair p; the
+// lanes of one expert come from a match mask, so a pair's place in its expert's list is a popcount and
+// the experts' order a loop over the lanes that lead an expert: no shared memory, no block barrier (the
+// block builder below takes ~12 barriers and two scans, a long chain for the fused router's tail). The
+// first lane of each item loads every table's weight pointers at once: one L2 round trip, not one per
+// table and matrix. The same items in the same order as the block builder.
+template <class ExpertOf>
+__device__ inline void build_moe_items_warp(const MoeDispatchArgs& a, ExpertOf expert_of, int lane) {
+  const int P = static_cast<int>(a.n * a.topk), E = static_cast<int>(a.n_experts), K = static_cast<int>(a.topk);
+  const int32_t e = lane < P ? expert_of(lane) : -1;
+  const bool ok = lane < P && e >= 0 && e < E;  // ids outside [0, E) are skipped
+  const unsigned live = __ballot_sync(kFullMask, ok);
+  const unsigned match = __match_any_sync(kFullMask, ok ? e : -1 - lane);  // a skipped lane matches no one
+  const unsigned peers = ok ? match & live : 0u;
+  const unsigned below = (1u << lane) - 1u;
+  const int32_t place = __popc(peers & below), count = __popc(peers);
+  const unsigned leaders = __ballot_sync(kFullMask, ok && place == 0);
+  int32_t group = 0, n_groups = 0;  // this expert's first item group (experts ascending); groups in all
+#pragma unroll 1
+  for (unsigned rest = leaders; rest != 0; rest &= rest - 1) {
+    const int q = __ffs(rest) - 1;
+    const int32_t eq = __shfl_sync(kFullMask, e, q);
+    const int32_t gq = (__shfl_sync(kFullMask, count, q) + kGemvItemRows - 1) / kGemvItemRows;
+    n_groups += gq;
+    if (eq < e) group += gq;
+  }
+  if (ok && place % kGemvItemRows == 0) {
+    const int32_t rows = min(count - place, static_cast<int32_t>(kGemvItemRows));
+    int32_t pair[kGemvItemRows], token[kGemvItemRows];
+    unsigned rest = peers & ~below;  // this pair and its expert's later ones, in pair order
+#pragma unroll
+    for (int j = 0; j < kGemvItemRows; ++j) {
+      pair[j] = j < rows ? __ffs(rest) - 1 : lane;
+      token[j] = pair[j] / K;
+      rest &= rest - 1;
+    }
+    const uint8_t* data[2][2] = {};
+    const uint8_t* scales[2][2] = {};
+#pragma unroll
+    for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (ti < a.n_tables && m < a.tables[ti].n_mats) {
+          data[ti][m] = a.tables[ti].mats[m].data[e];
+          scales[ti][m] = a.tables[ti].mats[m].scales[e];
+        }
+    const int32_t item = group + place / kGemvItemRows;
+#pragma unroll
+    for (int ti = 0; ti < 2; ++ti)
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        if (ti < a.n_tables && m < a.tables[ti].n_mats)
+          write_moe_item(a.tables[ti], m, data[ti][m], scales[ti][m], rows, pair, token, item);
+  }
+  if (lane == 0)
+    for (int ti = 0; ti < a.n_tables; ++ti) *a.tables[ti].count = n_groups * a.tables[ti].n_mats;
+}
+
 // Pairs p = t·K + k grouped by expert (counts → offsets → each expert's thread lists its pairs in order),
 // then items of <= 8 pairs per expert, n_mats items per group, for each table. All threads of the block
 // call it (n_experts <= 4 * blockDim.x); `sm` holds moe_items_smem_ints(n·topk, n_experts) ints and
 // `warp_tot` 32. expert_of(p) gives pair p's expert id and must be readable by the whole block (a.experts
 // written by a kernel before this one, or this block's writes — global or shared — before a __syncthreads).
+// Up to kMoeWarpBuildPairs pairs (and !a.block_build) warp 0 builds them (build_moe_items_warp) and the
+// other warps return at once.
 template <class ExpertOf>
 __device__ inline void build_moe_items(const MoeDispatchArgs& a, ExpertOf expert_of, int32_t* sm, int32_t* warp_tot) {
   const int64_t P = a.n * a.topk, E = a.n_experts;
+  if (P <= kMoeWarpBuildPairs && !a.block_build) {
+    if (threadIdx.x < 32) build_moe_items_warp(a, expert_of, static_cast<int>(threadIdx.x));
+    return;
+  }
   const int32_t K = static_cast<int32_t>(a.topk);  // <= 64
   int32_t* pair_expert = sm;       // [P]
   int32_t* num = pair_expert + P;  // [E] pairs per expert
@@ -117,22 +202,15 @@ __device__ inline void build_moe_items(const MoeDispatchArgs& a, ExpertOf expert
       for (int32_t g = 0; g * kGemvItemRows < pairs; ++g) {
         const int32_t off = offset[e] + g * kGemvItemRows;
         const int32_t rows = pairs - g * kGemvItemRows < kGemvItemRows ? pairs - g * kGemvItemRows : kGemvItemRows;
-#pragma unroll 1
-        for (int m = 0; m < tb.n_mats; ++m) {
-          DeviceGemvItem it;
-          it.data = tb.mats[m].data[e];
-          it.scales = tb.mats[m].scales[e];
-          it.act_codes = tb.act_codes;
-          it.act_scales = tb.act_scales;
-          it.y = tb.y[m];
-          it.n = rows;
-          for (int j = 0; j < kGemvItemRows; ++j) {  // rows past `rows` repeat the first (never written)
-            const int32_t p = order[off + (j < rows ? j : 0)];
-            it.act_row[j] = tb.act_by_pair ? p : p / K;  // 32-bit: no 64-bit division routine per row
-            it.y_row[j] = p;
-          }
-          tb.items[static_cast<int64_t>(group[e] + g) * tb.n_mats + m] = it;
+        int32_t pair[kGemvItemRows], token[kGemvItemRows];
+#pragma unroll
+        for (int j = 0; j < kGemvItemRows; ++j) {  // rows past `rows` repeat the first (never written)
+          pair[j] = order[off + (j < rows ? j : 0)];
+          token[j] = pair[j] / K;  // 32-bit: no 64-bit division routine per row
         }
+#pragma unroll 1
+        for (int m = 0; m < tb.n_mats; ++m)
+          write_moe_item(tb, m, tb.mats[m].data[e], tb.mats[m].scales[e], rows, pair, token, group[e] + g);
       }
     }
     if (threadIdx.x == 0) *tb.count = n_groups * tb.n_mats;

@@ -70,6 +70,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"routed_full_edge", &CudaKernelPaths::routed_full_edge, true, false},
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
+      {"warp_items", &CudaKernelPaths::warp_items, true, false},
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {

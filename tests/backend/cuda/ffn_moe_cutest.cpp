@@ -277,14 +277,11 @@ TEST(CudaRouter, RejectsBadArguments) {
 
 // ---- dispatch items --------------------------------------------------------------------------------
 
-TEST(CudaMoeDispatch, ItemsGroupPairsByExpertInOrder) {
-  CEDAR_REQUIRE_GPU();
-  const int64_t n = 7, K = 3, E = 12, P = n * K;
-  std::vector<int32_t> experts(P);
-  std::mt19937 rng(9);
-  for (auto& e : experts) e = static_cast<int32_t>(rng() % 4);  // few experts: some get > 8 pairs
-  experts[5] = 11;
-  experts[6] = -1;  // invalid: skipped
+// The item tables of given expert ids against the host's grouping (experts ascending, their pairs
+// ascending, cut into groups of <= 8), by the warp builder (P <= kMoeWarpBuildPairs) and the block builder.
+void check_items_grouping(int64_t n, int64_t K, const std::vector<int32_t>& experts) {
+  const int64_t E = 12, P = n * K;
+  ASSERT_EQ(static_cast<int64_t>(experts.size()), P);
   // Fake weight "pointers" identify the expert (never dereferenced here).
   std::vector<const uint8_t*> w1(E), s1(E), w3(E), s3(E);
   for (int64_t e = 0; e < E; ++e) {
@@ -314,44 +311,78 @@ TEST(CudaMoeDispatch, ItemsGroupPairsByExpertInOrder) {
       2 * P};
   a.tables[1] = MoeItemTable{
       1, {{dw3.get(), ds3.get()}, {}}, {y2, nullptr}, codes, scales, true, items2.get(), count.get() + 1, P};
-  ASSERT_TRUE(moe_build_items(a, nullptr).ok());
-  const auto got = download(items);
-  const auto got2 = download(items2);
-  const auto cnt = download(count);
-  // Expected: experts ascending, their pairs ascending, cut into groups of <= 8.
-  std::vector<std::pair<int32_t, std::vector<int32_t>>> groups;
-  for (int32_t e = 0; e < E; ++e) {
-    std::vector<int32_t> pairs;
-    for (int32_t p = 0; p < P; ++p)
-      if (experts[p] == e) pairs.push_back(p);
-    for (size_t i = 0; i < pairs.size(); i += 8)
-      groups.push_back({e, std::vector<int32_t>(pairs.begin() + i, pairs.begin() + std::min(pairs.size(), i + 8))});
-  }
-  ASSERT_EQ(cnt[0], static_cast<int32_t>(2 * groups.size()));
-  ASSERT_EQ(cnt[1], static_cast<int32_t>(groups.size()));
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const auto& [e, pairs] = groups[gi];
-    for (int m = 0; m < 2; ++m) {
-      const DeviceGemvItem& it = got[2 * gi + m];
-      EXPECT_EQ(it.data, m == 0 ? w1[e] : w3[e]) << "group " << gi << " mat " << m;
-      EXPECT_EQ(it.scales, m == 0 ? s1[e] : s3[e]);
-      EXPECT_EQ(it.y, m == 0 ? y1 : y3);
-      EXPECT_EQ(it.act_codes, codes);
-      ASSERT_EQ(it.n, static_cast<int32_t>(pairs.size())) << "group " << gi;
-      for (size_t j = 0; j < pairs.size(); ++j) {
-        EXPECT_EQ(it.y_row[j], pairs[j]);
-        EXPECT_EQ(it.act_row[j], pairs[j] / K) << "activation row = token";
-      }
+  for (const bool block_build : {false, true}) {
+    SCOPED_TRACE(block_build ? "block builder" : "warp builder");
+    a.block_build = block_build;
+    ASSERT_TRUE(items.zero().ok() && items2.zero().ok() && count.zero().ok());
+    ASSERT_TRUE(moe_build_items(a, nullptr).ok());
+    const auto got = download(items);
+    const auto got2 = download(items2);
+    const auto cnt = download(count);
+    // Expected: experts ascending, their pairs ascending, cut into groups of <= 8.
+    std::vector<std::pair<int32_t, std::vector<int32_t>>> groups;
+    for (int32_t e = 0; e < E; ++e) {
+      std::vector<int32_t> pairs;
+      for (int32_t p = 0; p < P; ++p)
+        if (experts[p] == e) pairs.push_back(p);
+      for (size_t i = 0; i < pairs.size(); i += 8)
+        groups.push_back({e, std::vector<int32_t>(pairs.begin() + i, pairs.begin() + std::min(pairs.size(), i + 8))});
     }
-    const DeviceGemvItem& it2 = got2[gi];
-    EXPECT_EQ(it2.data, w3[e]);
-    EXPECT_EQ(it2.y, y2);
-    for (size_t j = 0; j < pairs.size(); ++j) EXPECT_EQ(it2.act_row[j], pairs[j]) << "activation row = pair";
+    ASSERT_EQ(cnt[0], static_cast<int32_t>(2 * groups.size()));
+    ASSERT_EQ(cnt[1], static_cast<int32_t>(groups.size()));
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const auto& [e, pairs] = groups[gi];
+      for (int m = 0; m < 2; ++m) {
+        const DeviceGemvItem& it = got[2 * gi + m];
+        EXPECT_EQ(it.data, m == 0 ? w1[e] : w3[e]) << "group " << gi << " mat " << m;
+        EXPECT_EQ(it.scales, m == 0 ? s1[e] : s3[e]);
+        EXPECT_EQ(it.y, m == 0 ? y1 : y3);
+        EXPECT_EQ(it.act_codes, codes);
+        ASSERT_EQ(it.n, static_cast<int32_t>(pairs.size())) << "group " << gi;
+        for (size_t j = 0; j < pairs.size(); ++j) {
+          EXPECT_EQ(it.y_row[j], pairs[j]);
+          EXPECT_EQ(it.act_row[j], pairs[j] / K) << "activation row = token";
+        }
+      }
+      const DeviceGemvItem& it2 = got2[gi];
+      EXPECT_EQ(it2.data, w3[e]);
+      EXPECT_EQ(it2.y, y2);
+      for (size_t j = 0; j < pairs.size(); ++j) EXPECT_EQ(it2.act_row[j], pairs[j]) << "activation row = pair";
+    }
+  }
+}
+
+TEST(CudaMoeDispatch, ItemsGroupPairsByExpertInOrder) {
+  CEDAR_REQUIRE_GPU();
+  {  // 21 pairs over few experts, one id past E and one negative (skipped)
+    std::vector<int32_t> experts(21);
+    std::mt19937 rng(9);
+    for (auto& e : experts) e = static_cast<int32_t>(rng() % 4);
+    experts[5] = 11;
+    experts[6] = -1;
+    SCOPED_TRACE("n=7 K=3");
+    check_items_grouping(7, 3, experts);
+  }
+  {  // 32 pairs (the warp builder's most): expert 2 takes 23 of them (items of 8, 8, 7), ids 12 and -3 skipped
+    std::vector<int32_t> experts(32);
+    for (int32_t p = 0; p < 32; ++p) experts[static_cast<size_t>(p)] = p % 5 == 1 ? 9 - p % 3 : 2;
+    experts[29] = 5;
+    experts[30] = 12;
+    experts[31] = -3;
+    SCOPED_TRACE("n=8 K=4");
+    check_items_grouping(8, 4, experts);
+  }
+  {  // 48 pairs: the block builder either way
+    std::vector<int32_t> experts(48);
+    for (int32_t p = 0; p < 48; ++p) experts[static_cast<size_t>(p)] = (p * 7) % 11;
+    SCOPED_TRACE("n=8 K=6");
+    check_items_grouping(8, 6, experts);
   }
 }
 
 // The fused router's last block builds the items of the ids it selected (moe_route with a dispatch):
-// the same bytes as moe_route, then moe_build_items. Cases: fused at 1 and 8 tokens; past the fused
+// the same bytes as moe_route, then moe_build_items with the block-wide builder. Cases: fused at 1 and 8
+// tokens (n = 1 and 3 within kMoeWarpBuildPairs: one warp builds them unless block_build); past the fused
 // shape (n·E > 5120, and E > 1024 experts for the block's scans) moe_route runs the two kernels itself.
 TEST(CudaMoeDispatch, RouterLaunchBuildsTheItemsOfItsSelection) {
   CEDAR_REQUIRE_GPU();
@@ -390,8 +421,9 @@ TEST(CudaMoeDispatch, RouterLaunchBuildsTheItemsOfItsSelection) {
     da.tables[1] = MoeItemTable{
         1, {{dw2.get(), ds2.get()}, {}}, {reinterpret_cast<float*>(0x7000), nullptr}, codes, scales, true,
         items2.get(), count.get() + 1, P};
-    auto run = [&](bool fused) {
+    auto run = [&](bool fused, bool block_build) {
       EXPECT_TRUE(items13.zero().ok() && items2.zero().ok() && count.zero().ok());
+      da.block_build = block_build;
       const Status st = fused ? moe_route(dv.args, nullptr, &da) : moe_route(dv.args, nullptr);
       EXPECT_TRUE(st.ok()) << what << ": " << st.error().message;
       if (!fused) {
@@ -399,19 +431,22 @@ TEST(CudaMoeDispatch, RouterLaunchBuildsTheItemsOfItsSelection) {
       }
       return std::make_tuple(download(dv.experts), download(items13), download(items2), download(count));
     };
-    const auto [e_a, i13_a, i2_a, n_a] = run(true);
-    const auto [e_b, i13_b, i2_b, n_b] = run(false);
-    ASSERT_EQ(e_a, e_b) << what << ": the selection changed";
-    std::map<int32_t, int32_t> pairs_of;
-    for (const int32_t e : e_a) ++pairs_of[e];
-    int32_t groups = 0;
-    for (const auto& [e, m] : pairs_of) groups += (m + kGemvItemRows - 1) / kGemvItemRows;
-    EXPECT_EQ(n_a, (std::vector<int32_t>{2 * groups, groups})) << what << ": item counts";
-    EXPECT_EQ(n_a, n_b) << what;
-    EXPECT_EQ(std::memcmp(i13_a.data(), i13_b.data(), i13_a.size() * sizeof(DeviceGemvItem)), 0)
-        << what << ": w1/w3 items differ from moe_build_items'";
-    EXPECT_EQ(std::memcmp(i2_a.data(), i2_b.data(), i2_a.size() * sizeof(DeviceGemvItem)), 0)
-        << what << ": w2 items differ from moe_build_items'";
+    const auto [e_b, i13_b, i2_b, n_b] = run(false, true);  // the reference: two launches, block builder
+    for (const bool block_build : {false, true}) {
+      SCOPED_TRACE(block_build ? "fused, block builder" : "fused, default builder");
+      const auto [e_a, i13_a, i2_a, n_a] = run(true, block_build);
+      ASSERT_EQ(e_a, e_b) << what << ": the selection changed";
+      std::map<int32_t, int32_t> pairs_of;
+      for (const int32_t e : e_a) ++pairs_of[e];
+      int32_t groups = 0;
+      for (const auto& [e, m] : pairs_of) groups += (m + kGemvItemRows - 1) / kGemvItemRows;
+      EXPECT_EQ(n_a, (std::vector<int32_t>{2 * groups, groups})) << what << ": item counts";
+      EXPECT_EQ(n_a, n_b) << what;
+      EXPECT_EQ(std::memcmp(i13_a.data(), i13_b.data(), i13_a.size() * sizeof(DeviceGemvItem)), 0)
+          << what << ": w1/w3 items differ from moe_build_items'";
+      EXPECT_EQ(std::memcmp(i2_a.data(), i2_b.data(), i2_a.size() * sizeof(DeviceGemvItem)), 0)
+          << what << ": w2 items differ from moe_build_items'";
+    }
   }
 }
 
