@@ -5,11 +5,12 @@
 # packed MoE GEMV's first 12 launches; NCU_KBENCH_ARGS] (Nsight Compute on cuda_kernels_bench --once: ncu_details.txt
 # and ncu_source.csv.xz for tools/device/ncu_sass_summary.py). Outputs land in $OUT (bench.txt, tests.log).
 # PACK=FILE runs another bundle than .dev/pack.tar.xz and TAG=NAME suffixes the output files (bench$TAG.txt, ...):
-# two builds A/B in one device call (run.sh twice).
+# builds A/B in one device call (run.sh once per bundle; a bundle of binaries alone keeps the libraries of the
+# one before it, so the others can be small: `tar -cJf .dev/packB.tar.xz -C DIR bin`).
 set -u
 cd "$(dirname "$0")/.."
 T=${TAG:-}
-rm -rf /tmp/dev/bin /tmp/dev/lib && mkdir -p /tmp/dev && tar -xJf "${PACK:-.dev/pack.tar.xz}" -C /tmp/dev
+rm -rf /tmp/dev/bin && mkdir -p /tmp/dev && tar -xJf "${PACK:-.dev/pack.tar.xz}" -C /tmp/dev
 B=/tmp/dev/bin
 export LD_LIBRARY_PATH=/tmp/dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT"

@@ -288,8 +288,8 @@ __global__ void __launch_bounds__(kRlThreads)
       const int c = c0 + u * kRlWarps;
       ok[u] = c < c_end && static_cast<int64_t>(c) * kRlChunk + 8 * t < d;  // d % 8 == 0: 8 values all in or out
       off[u] = static_cast<int64_t>(ok[u] ? c : c_begin) * kRlChunk;
-      wl[u] = __ldg(reinterpret_cast<const uint4*>(w_lo + off[u]));
-      wh[u] = __ldg(reinterpret_cast<const uint4*>(w_hi + off[u]));
+      wl[u] = detail::ld_weight(reinterpret_cast<const uint4*>(w_lo + off[u]));
+      wh[u] = detail::ld_weight(reinterpret_cast<const uint4*>(w_hi + off[u]));
       dep ^= wl[u].x ^ wl[u].y ^ wl[u].z ^ wl[u].w ^ wh[u].x ^ wh[u].y ^ wh[u].z ^ wh[u].w;
       if constexpr (kXUpFront) {
         xa[u][0] = __ldg(reinterpret_cast<const float4*>(x_tile[0] + off[u]));

@@ -148,16 +148,16 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
     act[u] = __ldg(reinterpret_cast<const uint4*>(ap + off * 32));
     if constexpr (kFp4) {
       // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order.
-      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
-      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
+      const uint32_t lo = detail::ld_weight(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
+      const uint32_t hi = detail::ld_weight(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
       e2m1x8_to_e4m3(lo, w_lo[u][0], w_lo[u][1]);  // values 0..3, 4..7
       e2m1x8_to_e4m3(hi, w_hi[u][0], w_hi[u][1]);
       // 2^6 undoes the e2m1 → e4m3 exponent shift.
       sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + kbc));
       sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + kbc));
     } else {
-      const uint2 lo = __ldg(reinterpret_cast<const uint2*>(wl + off * kWBytes));
-      const uint2 hi = __ldg(reinterpret_cast<const uint2*>(wh + off * kWBytes));
+      const uint2 lo = detail::ld_weight(reinterpret_cast<const uint2*>(wl + off * kWBytes));
+      const uint2 hi = detail::ld_weight(reinterpret_cast<const uint2*>(wh + off * kWBytes));
       w_lo[u][0] = lo.x;
       w_lo[u][1] = lo.y;
       w_hi[u][0] = hi.x;

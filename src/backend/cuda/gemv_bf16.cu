@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
         const int64_t k = static_cast<int64_t>(c) * kChunk + 8 * t;
         ok[u] = c < c_end && k < p.in;
         const int64_t off = static_cast<int64_t>(ok[u] ? c : c_begin) * kChunk;
-        bl[u] = __ldg(reinterpret_cast<const uint2*>(w8_lo + off));
-        bh[u] = __ldg(reinterpret_cast<const uint2*>(w8_hi + off));
+        bl[u] = detail::ld_weight(reinterpret_cast<const uint2*>(w8_lo + off));
+        bh[u] = detail::ld_weight(reinterpret_cast<const uint2*>(w8_hi + off));
         sl[u] = __ldg(s8_lo + ((off + 8 * t) >> p.block_in_shift));
         sh[u] = __ldg(s8_hi + ((off + 8 * t) >> p.block_in_shift));
       }
@@ -227,9 +227,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
         const int c = c0 + u * kWarps;
         const int64_t k = static_cast<int64_t>(c) * kChunk + 8 * t;
         ok[u] = c < c_end && k < p.in;  // in % 8 == 0: a thread's 8 values are all inside or all outside
-        wl[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(w_lo + static_cast<int64_t>(c) * kChunk))
+        wl[u] = ok[u] ? detail::ld_weight(reinterpret_cast<const uint4*>(w_lo + static_cast<int64_t>(c) * kChunk))
                       : make_uint4(0, 0, 0, 0);
-        wh[u] = ok[u] ? __ldg(reinterpret_cast<const uint4*>(w_hi + static_cast<int64_t>(c) * kChunk))
+        wh[u] = ok[u] ? detail::ld_weight(reinterpret_cast<const uint4*>(w_hi + static_cast<int64_t>(c) * kChunk))
                       : make_uint4(0, 0, 0, 0);
       }
     }

@@ -74,8 +74,8 @@ __device__ __forceinline__ void load_group(const uint8_t* const (&wp)[4], const 
                                            GroupLoads& L) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    L.w[i] = __ldg(reinterpret_cast<const uint4*>(wp[i] + q * 64));
-    L.s[i] = __ldg(reinterpret_cast<const uint32_t*>(sp[i] + q * 4));
+    L.w[i] = detail::ld_weight(reinterpret_cast<const uint4*>(wp[i] + q * 64));
+    L.s[i] = detail::ld_weight(reinterpret_cast<const uint32_t*>(sp[i] + q * 4));
   }
 #pragma unroll
   for (int u = 0; u < 4; ++u) L.act[u] = __ldg(reinterpret_cast<const uint4*>(a_row + (q * 4 + u) * 32));
