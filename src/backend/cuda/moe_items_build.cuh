@@ -1,6 +1,7 @@
-// The routed experts' grouped-GEMV item tables (ffn_kernels.h "MoE dispatch") built by one block: the
-// body of moe_build_items_kernel, and of the fused router's last block (moe_route with a dispatch), which
-// builds them right after its selection instead of handing the expert ids to a second launch.
+// The routed experts' grouped-GEMV item tables (ffn_kernels.h "MoE dispatch") built by one block (or, up to
+// kMoeWarpBuildPairs pairs, by its first warp): the body of moe_build_items_kernel, and of the fused router's
+// last block (moe_route with a dispatch), which builds them right after its selection instead of handing the
+// expert ids to a second launch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -126,21 +127,23 @@ __device__ inline void build_moe_items_warp(const MoeDispatchArgs& a, ExpertOf e
       token[j] = pair[j] / K;
       rest &= rest - 1;
     }
-    const uint8_t* data[2][2] = {};
-    const uint8_t* scales[2][2] = {};
+    constexpr int kTables = sizeof(MoeDispatchArgs::tables) / sizeof(MoeItemTable);
+    constexpr int kMats = sizeof(MoeItemTable::mats) / sizeof(ExpertWeightTable);
+    const uint8_t* data[kTables][kMats] = {};
+    const uint8_t* scales[kTables][kMats] = {};
 #pragma unroll
-    for (int ti = 0; ti < 2; ++ti)
+    for (int ti = 0; ti < kTables; ++ti)
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < kMats; ++m)
         if (ti < a.n_tables && m < a.tables[ti].n_mats) {
           data[ti][m] = a.tables[ti].mats[m].data[e];
           scales[ti][m] = a.tables[ti].mats[m].scales[e];
         }
     const int32_t item = group + place / kGemvItemRows;
 #pragma unroll
-    for (int ti = 0; ti < 2; ++ti)
+    for (int ti = 0; ti < kTables; ++ti)
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < kMats; ++m)
         if (ti < a.n_tables && m < a.tables[ti].n_mats)
           write_moe_item(a.tables[ti], m, data[ti][m], scales[ti][m], rows, pair, token, item);
   }
