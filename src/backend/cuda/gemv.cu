@@ -147,9 +147,11 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
     const int kbc = kb0 + off;
     act[u] = __ldg(reinterpret_cast<const uint4*>(ap + off * 32));
     if constexpr (kFp4) {
-      // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order.
-      const uint32_t lo = detail::ld_weight(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
-      const uint32_t hi = detail::ld_weight(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
+      // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order. Plain
+      // loads: with ld_weight's L2 hint these 4-byte loads ran 4-6 % slower alone (s14 kernel rows), and
+      // decode reads the experts through the packed GEMV (gemv_packed.cu), which has the hint.
+      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
+      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
       e2m1x8_to_e4m3(lo, w_lo[u][0], w_lo[u][1]);  // values 0..3, 4..7
       e2m1x8_to_e4m3(hi, w_hi[u][0], w_hi[u][1]);
       // 2^6 undoes the e2m1 → e4m3 exponent shift.
