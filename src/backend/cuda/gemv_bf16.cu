@@ -201,8 +201,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bf16_kernel(Bf16Params p) {
         const int64_t k = static_cast<int64_t>(c) * kChunk + 8 * t;
         ok[u] = c < c_end && k < p.in;
         const int64_t off = static_cast<int64_t>(ok[u] ? c : c_begin) * kChunk;
-        bl[u] = detail::ld_weight(reinterpret_cast<const uint2*>(w8_lo + off));
-        bh[u] = detail::ld_weight(reinterpret_cast<const uint2*>(w8_hi + off));
+        // Plain loads: with ld_weight's L2 hint this path (wo_a_f16=0) measured +0.13 ms per step (s14 run 2:
+        // A/B wo_a_f16=0 +0.264 ms against s10-s12's +0.12..0.14); decode's default stages wo_a for gemv.cu.
+        bl[u] = __ldg(reinterpret_cast<const uint2*>(w8_lo + off));
+        bh[u] = __ldg(reinterpret_cast<const uint2*>(w8_hi + off));
         sl[u] = __ldg(s8_lo + ((off + 8 * t) >> p.block_in_shift));
         sh[u] = __ldg(s8_hi + ((off + 8 * t) >> p.block_in_shift));
       }
