@@ -40,6 +40,7 @@ namespace {
 // The f16 HMMA and the exact e4m3 / e2m1 conversions of the decode GEMVs.
 using gemv_detail::e2m1x4_to_e4m3x4;
 using gemv_detail::e4m3x2_to_f16x2;
+using gemv_detail::e4m3x2_hi_to_f16x2;
 using gemv_detail::mma_f16;
 
 template <bool kFp4_, int kWarpsM_, int kJ_>
@@ -300,23 +301,23 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) gemm_kernel(const 
           const uint32_t h0 = __byte_perm(hi_e, hi_o, 0x5140), h1 = __byte_perm(hi_e, hi_o, 0x7362);
           a[i][0][0] = e4m3x2_to_f16x2(l0);
           a[i][0][1] = e4m3x2_to_f16x2(h0);
-          a[i][0][2] = e4m3x2_to_f16x2(l0 >> 16);
-          a[i][0][3] = e4m3x2_to_f16x2(h0 >> 16);
+          a[i][0][2] = e4m3x2_hi_to_f16x2(l0);
+          a[i][0][3] = e4m3x2_hi_to_f16x2(h0);
           a[i][1][0] = e4m3x2_to_f16x2(l1);
           a[i][1][1] = e4m3x2_to_f16x2(h1);
-          a[i][1][2] = e4m3x2_to_f16x2(l1 >> 16);
-          a[i][1][3] = e4m3x2_to_f16x2(h1 >> 16);
+          a[i][1][2] = e4m3x2_hi_to_f16x2(l1);
+          a[i][1][3] = e4m3x2_hi_to_f16x2(h1);
         } else {
           const uint2 lo = *reinterpret_cast<const uint2*>(w_sm + w_off[s] + i * 16 * C::kWRow);
           const uint2 hi = *reinterpret_cast<const uint2*>(w_sm + w_off[s] + i * 16 * C::kWRow + 8 * C::kWRow);
           a[i][0][0] = e4m3x2_to_f16x2(lo.x);
           a[i][0][1] = e4m3x2_to_f16x2(hi.x);
-          a[i][0][2] = e4m3x2_to_f16x2(lo.x >> 16);
-          a[i][0][3] = e4m3x2_to_f16x2(hi.x >> 16);
+          a[i][0][2] = e4m3x2_hi_to_f16x2(lo.x);
+          a[i][0][3] = e4m3x2_hi_to_f16x2(hi.x);
           a[i][1][0] = e4m3x2_to_f16x2(lo.y);
           a[i][1][1] = e4m3x2_to_f16x2(hi.y);
-          a[i][1][2] = e4m3x2_to_f16x2(lo.y >> 16);
-          a[i][1][3] = e4m3x2_to_f16x2(hi.y >> 16);
+          a[i][1][2] = e4m3x2_hi_to_f16x2(lo.y);
+          a[i][1][3] = e4m3x2_hi_to_f16x2(hi.y);
         }
       }
       // Weight scales: MXFP4 per row (g, g+8 of each tile); FP8 per 32-row block (a tile pair).

@@ -112,7 +112,7 @@ struct GemvParams {
   int warps;                      // = blockDim.x / 32 (gemv_warps)
 };
 
-struct ChunkPointers {
+struct ChunkPointers {  // this thread's operands at K block 0
   const uint8_t* w_lo;   // row g, this thread's bytes of K block 0
   const uint8_t* w_hi;   // row g + 8
   const uint8_t* s_lo;   // weight scale row of row g (FP8: of the tile)
@@ -122,62 +122,58 @@ struct ChunkPointers {
   const float* as1;
 };
 
-// kU consecutive K blocks from kb0 into acc (the MMA accumulator layout). kFull: all inside the range.
-template <bool kFp4, bool kFull>
+// kU consecutive K blocks from kb0 into acc (the MMA accumulator layout); `c` points at kb0. kFull: all
+// inside the range, so every operand sits at a constant offset (immediate in the loads). kScaleStep:
+// one weight scale per K block (MXFP4; FP8 with 32-wide blocks), also at constant offsets; otherwise
+// FP8's scale of block kb is s_lo[kb >> kb_shift] from the row's first scale.
+template <bool kFp4, bool kFull, bool kScaleStep>
 __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
-                                           float (&acc)[4]) {
+                                           const uint8_t* s_row, float (&acc)[4]) {
   constexpr int kU = kUnroll<kFp4>;
+  constexpr int kWBytes = kFp4 ? 16 : 32;
   // Per K block, thread t holds values 8t..8t+7 of rows g, g+8 (w01: values 0..3, w23: 4..7, e4m3 bytes)
   // and of token g (act: 8 f16). Two m16n8k16 MMAs: the first takes values 8t+{0,1} in k slots
   // 2t, 2t+1 and 8t+{2,3} in 2t+8, 2t+9; the second values 8t+{4..7} alike.
   uint32_t w_lo[kU][2], w_hi[kU][2];
   uint4 act[kU];
   float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
-  // Bases at kb0; a full chunk then addresses block u at the constant offset u (immediate offsets).
-  constexpr int kWBytes = kFp4 ? 16 : 32;
-  const uint8_t* wl = c.w_lo + kb0 * kWBytes;
-  const uint8_t* wh = c.w_hi + kb0 * kWBytes;
-  const uint16_t* ap = c.act + kb0 * 32;
-  const float* a0p = c.as0 + kb0;
-  const float* a1p = c.as1 + kb0;
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     const bool k_ok = kFull || kb0 + u < kb_end;
     const int off = k_ok ? u : kb_begin - kb0;  // past the range: a valid block, zeroed by sa = 0 below
-    const int kbc = kb0 + off;
-    act[u] = __ldg(reinterpret_cast<const uint4*>(ap + off * 32));
+    act[u] = __ldg(reinterpret_cast<const uint4*>(c.act + off * 32));
     if constexpr (kFp4) {
       // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order. Plain
       // loads: with ld_weight's L2 hint these 4-byte loads ran 4-6 % slower alone (s14 kernel rows), and
       // decode reads the experts through the packed GEMV (gemv_packed.cu), which has the hint.
-      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(wl + off * kWBytes));
-      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(wh + off * kWBytes));
+      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(c.w_lo + off * kWBytes));
+      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(c.w_hi + off * kWBytes));
       e2m1x8_to_e4m3(lo, w_lo[u][0], w_lo[u][1]);  // values 0..3, 4..7
       e2m1x8_to_e4m3(hi, w_hi[u][0], w_hi[u][1]);
       // 2^6 undoes the e2m1 → e4m3 exponent shift.
-      sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + kbc));
-      sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + kbc));
+      sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + off));
+      sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + off));
     } else {
-      const uint2 lo = detail::ld_weight(reinterpret_cast<const uint2*>(wl + off * kWBytes));
-      const uint2 hi = detail::ld_weight(reinterpret_cast<const uint2*>(wh + off * kWBytes));
+      const uint2 lo = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_lo + off * kWBytes));
+      const uint2 hi = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_hi + off * kWBytes));
       w_lo[u][0] = lo.x;
       w_lo[u][1] = lo.y;
       w_hi[u][0] = hi.x;
       w_hi[u][1] = hi.y;
-      sw_lo[u] = detail::ue8m0_scale(__ldg(c.s_lo + (kbc >> kb_shift)));
+      sw_lo[u] = detail::ue8m0_scale(kScaleStep ? __ldg(c.s_lo + off) : __ldg(s_row + ((kb0 + off) >> kb_shift)));
       sw_hi[u] = sw_lo[u];
     }
-    sa0[u] = k_ok ? __ldg(a0p + off) : 0.0f;
-    sa1[u] = k_ok ? __ldg(a1p + off) : 0.0f;
+    sa0[u] = k_ok ? __ldg(c.as0 + off) : 0.0f;
+    sa1[u] = k_ok ? __ldg(c.as1 + off) : 0.0f;
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const uint32_t a1[4] = {e4m3x2_to_f16x2(w_lo[u][0]), e4m3x2_to_f16x2(w_hi[u][0]),
-                            e4m3x2_to_f16x2(w_lo[u][0] >> 16), e4m3x2_to_f16x2(w_hi[u][0] >> 16)};
+                            e4m3x2_hi_to_f16x2(w_lo[u][0]), e4m3x2_hi_to_f16x2(w_hi[u][0])};
     mma_f16(a1, act[u].x, act[u].y, d);
     const uint32_t a2[4] = {e4m3x2_to_f16x2(w_lo[u][1]), e4m3x2_to_f16x2(w_hi[u][1]),
-                            e4m3x2_to_f16x2(w_lo[u][1] >> 16), e4m3x2_to_f16x2(w_hi[u][1] >> 16)};
+                            e4m3x2_hi_to_f16x2(w_lo[u][1]), e4m3x2_hi_to_f16x2(w_hi[u][1])};
     mma_f16(a2, act[u].z, act[u].w, d);
     // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
     // A block past the K range has sa = 0 (its finite MMA result vanishes).
@@ -186,6 +182,44 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
     acc[2] += d[2] * (sw_hi[u] * sa0[u]);
     acc[3] += d[3] * (sw_hi[u] * sa1[u]);
   }
+}
+
+// One warp's chunks of the K range [kb_begin, kb_end): kU blocks from `first`, then every `step` blocks,
+// summed in that order. The operand pointers are loop-carried and advance by constant strides, so each
+// chunk costs a few adds; computed from the chunk's index instead, the compiler re-derived every row's
+// address (its clamp, 64-bit multiply and adds) per chunk — a third of the FP8 loop's instructions
+// (SASS, s15). Only the last chunk can reach past kb_end.
+template <bool kFp4, bool kScaleStep>
+__device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
+                                            int kb_shift, float (&acc)[4]) {
+  constexpr int kU = kUnroll<kFp4>;
+  constexpr int kWBytes = kFp4 ? 16 : 32;
+  const bool scale_step = kFp4 || kScaleStep;
+  ChunkPointers c{at0.w_lo + first * kWBytes, at0.w_hi + first * kWBytes,
+                  scale_step ? at0.s_lo + first : at0.s_lo, scale_step ? at0.s_hi + first : at0.s_hi,
+                  at0.act + first * 32, at0.as0 + first, at0.as1 + first};
+  int kb0 = first;
+  for (; kb0 + kU <= kb_end; kb0 += step) {
+    gemv_chunk<kFp4, true, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
+    c.w_lo += step * kWBytes;
+    c.w_hi += step * kWBytes;
+    if (scale_step) {
+      c.s_lo += step;
+      c.s_hi += step;
+    }
+    c.act += step * 32;
+    c.as0 += step;
+    c.as1 += step;
+  }
+  if (kb0 < kb_end) gemv_chunk<kFp4, false, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
+}
+
+// FP8 with one scale per K block (block_in 32, V4.1) walks its scales like the other operands.
+template <bool kFp4>
+__device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
+                                            int kb_shift, float (&acc)[4]) {
+  if (kFp4 || kb_shift == 0) gemv_warp_k<kFp4, true>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+  else gemv_warp_k<kFp4, false>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
 }
 
 // Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
@@ -241,14 +275,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
     }
   }
   detail::pdl_wait();
-  ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
+  const ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  // Whole chunks take constant offsets from one base (no per-block address math or clamping); only a
-  // chunk reaching past the K range clamps its block indices.
-  for (int kb0 = kb_begin + warp * kU; kb0 < kb_end; kb0 += p.warps * kU) {
-    if (kb0 + kU <= kb_end) gemv_chunk<kFp4, true>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
-    else gemv_chunk<kFp4, false>(cp, kb0, kb_begin, kb_end, p.kb_shift, acc);
-  }
+  gemv_warp_k<kFp4>(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, acc);
   partial[warp][g][tok0] = acc[0];
   partial[warp][g][tok1] = acc[1];
   partial[warp][g + 8][tok0] = acc[2];
@@ -326,10 +355,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
     ChunkPointers cp{w + r_lo * w_stride + t * (kFp4 ? 4 : 8), w + r_hi * w_stride + t * (kFp4 ? 4 : 8), s_lo, s_hi,
                      a_row, as0, as1};
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int kb0 = warp * kU; kb0 < n_kb; kb0 += p.warps * kU) {
-      if (kb0 + kU <= n_kb) gemv_chunk<kFp4, true>(cp, kb0, 0, n_kb, p.kb_shift, acc);
-      else gemv_chunk<kFp4, false>(cp, kb0, 0, n_kb, p.kb_shift, acc);
-    }
+    gemv_warp_k<kFp4>(cp, warp * kU, p.warps * kU, 0, n_kb, p.kb_shift, acc);
     partial[warp][g][tok0] = acc[0];
     partial[warp][g][tok1] = acc[1];
     partial[warp][g + 8][tok0] = acc[2];

@@ -52,6 +52,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// The high two e4m3 bytes (bits 16..31) → f16x2, exact: cvt reads the register's upper half (SASS
+// F2FP ... R.H1), where e4m3x2_to_f16x2(v >> 16) costs a shift first.
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t v) {
+  uint32_t r;
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(r) : "r"(v));
+  return r;
+}
+
 // 4 packed e2m1 codes (one per byte, low nibble) → 4 e4m3 bytes of value e2m1 · 2^-6.
 __device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t v) {
   return ((v & 0x07070707u) << 2) | ((v & 0x08080808u) << 4);

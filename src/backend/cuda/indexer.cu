@@ -73,6 +73,7 @@ constexpr int kTileKeys = kScoreWarps * 32;  // one n-tile column of 8 keys per 
 // The f16 HMMA and the exact e4m3 / e2m1 conversions of the decode GEMVs.
 using gemv_detail::e2m1x4_to_e4m3x4;
 using gemv_detail::e4m3x2_to_f16x2;
+using gemv_detail::e4m3x2_hi_to_f16x2;
 using gemv_detail::mma_f16;
 
 
@@ -194,8 +195,8 @@ __global__ void __launch_bounds__(kScoreThreads)
           const uint32_t even = e2m1x4_to_e4m3x4(w & 0x0F0F0F0Fu), odd = e2m1x4_to_e4m3x4((w >> 4) & 0x0F0F0F0Fu);
           const uint32_t w0 = __byte_perm(even, odd, 0x5140), w1 = __byte_perm(even, odd, 0x7362);
           float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma_f16(a1, e4m3x2_to_f16x2(w0), e4m3x2_to_f16x2(w0 >> 16), d);
-          mma_f16(a2, e4m3x2_to_f16x2(w1), e4m3x2_to_f16x2(w1 >> 16), d);
+          mma_f16(a1, e4m3x2_to_f16x2(w0), e4m3x2_hi_to_f16x2(w0), d);
+          mma_f16(a2, e4m3x2_to_f16x2(w1), e4m3x2_hi_to_f16x2(w1), d);
           const float sk0 = detail::ue8m0_to_float(rec[kc * rb_pad + hd / 2 + b]);
           const float sk1 = detail::ue8m0_to_float(rec[(kc + 1) * rb_pad + hd / 2 + b]);
           // d = 2^-6·Σ q_code·k_code exactly; the scales are powers of two.
