@@ -12,7 +12,6 @@ namespace cedar::cuda {
 const void* quantize_act_fp8_kernel_ptr();
 const void* stage_act_f16_kernel_ptr();
 const void* gemv_fp8_kernel_ptr();
-const void* gemv_fp8_pair_kernel_ptr();
 const void* gemv_mxfp4_kernel_ptr();
 const void* mhc_fused_kernel_ptr();
 const void* mhc_stream_kernel_ptr();
@@ -40,8 +39,6 @@ const Entry kEntries[] = {
     {"stage_act_f16", "bf16 activations as exact f16 codes, power-of-two scale per 32-block (wo_a GEMV)",
      stage_act_f16_kernel_ptr},
     {"gemv_fp8_block", "FP8 block-scaled GEMV, <=8 tokens/tile, exact f16 HMMA, split-K, grouped", gemv_fp8_kernel_ptr},
-    {"gemv_fp8_block_pair", "FP8 block-scaled GEMV, 32-row blocks (block_out % 32 == 0): one activation load per two tiles",
-     gemv_fp8_pair_kernel_ptr},
     {"gemv_mxfp4", "MXFP4 expert GEMV: e2m1 dequantized in registers (exact), f16 HMMA, grouped", gemv_mxfp4_kernel_ptr},
     {"mhc_fused", "fused single-pass mHC: expand + collapse + coefficients + Sinkhorn", mhc_fused_kernel_ptr},
     {"mhc_stream", "fused mHC, prefill: 64-token tiles streamed per channel split, 3xTF32 tensor-core dot products",

@@ -112,31 +112,29 @@ struct GemvParams {
   int warps;                      // = blockDim.x / 32 (gemv_warps)
 };
 
-template <int kR>
-struct ChunkPointers {    // this thread's operands at the current K block
-  const uint8_t* w_lo[kR];  // row 16r + g of each 16-row tile r, this thread's bytes
-  const uint8_t* w_hi[kR];  // row 16r + g + 8
-  const uint8_t* s_lo;      // weight scales: FP8 the tiles' scale row, MXFP4 (kR = 1) row g's
-  const uint8_t* s_hi;      // MXFP4: row g + 8's
-  const uint16_t* act;      // token g, this thread's values
-  const float* as0;         // activation scales of tokens 2t, 2t+1
+struct ChunkPointers {  // this thread's operands at K block 0
+  const uint8_t* w_lo;   // row g, this thread's bytes of K block 0
+  const uint8_t* w_hi;   // row g + 8
+  const uint8_t* s_lo;   // weight scale row of row g (FP8: of the tile)
+  const uint8_t* s_hi;
+  const uint16_t* act;   // token g, this thread's values of K block 0
+  const float* as0;      // activation scales of tokens 2t, 2t+1
   const float* as1;
 };
 
-// kU consecutive K blocks from kb0 into acc (the MMA accumulator layout of each row tile); `c` points
-// at kb0. kFull: all inside the range, so every operand sits at a constant offset (immediate in the
-// loads). kScaleStep: one weight scale per K block (MXFP4; FP8 with 32-wide blocks), also at constant
-// offsets; otherwise FP8's scale of block kb is s_row[kb >> kb_shift].
-template <bool kFp4, int kR, bool kFull, bool kScaleStep>
-__device__ __forceinline__ void gemv_chunk(const ChunkPointers<kR>& c, int kb0, int kb_begin, int kb_end,
-                                           int kb_shift, const uint8_t* s_row, float (&acc)[kR][4]) {
-  static_assert(!kFp4 || kR == 1, "MXFP4 scales are per row: one row tile per block");
-  constexpr int kU = kUnroll<kFp4, kR>;
+// kU consecutive K blocks from kb0 into acc (the MMA accumulator layout); `c` points at kb0. kFull: all
+// inside the range, so every operand sits at a constant offset (immediate in the loads). kScaleStep:
+// one weight scale per K block (MXFP4; FP8 with 32-wide blocks), also at constant offsets; otherwise
+// FP8's scale of block kb is s_lo[kb >> kb_shift] from the row's first scale.
+template <bool kFp4, bool kFull, bool kScaleStep>
+__device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
+                                           const uint8_t* s_row, float (&acc)[4]) {
+  constexpr int kU = kUnroll<kFp4>;
   constexpr int kWBytes = kFp4 ? 16 : 32;
-  // Per K block, thread t holds values 8t..8t+7 of rows g, g+8 of each tile (w01: values 0..3, w23:
-  // 4..7, e4m3 bytes) and of token g (act: 8 f16). Two m16n8k16 MMAs per tile: the first takes values
-  // 8t+{0,1} in k slots 2t, 2t+1 and 8t+{2,3} in 2t+8, 2t+9; the second values 8t+{4..7} alike.
-  uint32_t w_lo[kR][kU][2], w_hi[kR][kU][2];
+  // Per K block, thread t holds values 8t..8t+7 of rows g, g+8 (w01: values 0..3, w23: 4..7, e4m3 bytes)
+  // and of token g (act: 8 f16). Two m16n8k16 MMAs: the first takes values 8t+{0,1} in k slots
+  // 2t, 2t+1 and 8t+{2,3} in 2t+8, 2t+9; the second values 8t+{4..7} alike.
+  uint32_t w_lo[kU][2], w_hi[kU][2];
   uint4 act[kU];
   float sw_lo[kU], sw_hi[kU], sa0[kU], sa1[kU];
 #pragma unroll
@@ -148,23 +146,20 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers<kR>& c, int kb0, 
       // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order. Plain
       // loads: with ld_weight's L2 hint these 4-byte loads ran 4-6 % slower alone (s14 kernel rows), and
       // decode reads the experts through the packed GEMV (gemv_packed.cu), which has the hint.
-      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(c.w_lo[0] + off * kWBytes));
-      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(c.w_hi[0] + off * kWBytes));
-      e2m1x8_to_e4m3(lo, w_lo[0][u][0], w_lo[0][u][1]);  // values 0..3, 4..7
-      e2m1x8_to_e4m3(hi, w_hi[0][u][0], w_hi[0][u][1]);
+      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(c.w_lo + off * kWBytes));
+      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(c.w_hi + off * kWBytes));
+      e2m1x8_to_e4m3(lo, w_lo[u][0], w_lo[u][1]);  // values 0..3, 4..7
+      e2m1x8_to_e4m3(hi, w_hi[u][0], w_hi[u][1]);
       // 2^6 undoes the e2m1 → e4m3 exponent shift.
       sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + off));
       sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + off));
     } else {
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const uint2 lo = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_lo[r] + off * kWBytes));
-        const uint2 hi = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_hi[r] + off * kWBytes));
-        w_lo[r][u][0] = lo.x;
-        w_lo[r][u][1] = lo.y;
-        w_hi[r][u][0] = hi.x;
-        w_hi[r][u][1] = hi.y;
-      }
+      const uint2 lo = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_lo + off * kWBytes));
+      const uint2 hi = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_hi + off * kWBytes));
+      w_lo[u][0] = lo.x;
+      w_lo[u][1] = lo.y;
+      w_hi[u][0] = hi.x;
+      w_hi[u][1] = hi.y;
       sw_lo[u] = detail::ue8m0_scale(kScaleStep ? __ldg(c.s_lo + off) : __ldg(s_row + ((kb0 + off) >> kb_shift)));
       sw_hi[u] = sw_lo[u];
     }
@@ -173,22 +168,19 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers<kR>& c, int kb0, 
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const uint32_t a1[4] = {e4m3x2_to_f16x2(w_lo[r][u][0]), e4m3x2_to_f16x2(w_hi[r][u][0]),
-                              e4m3x2_hi_to_f16x2(w_lo[r][u][0]), e4m3x2_hi_to_f16x2(w_hi[r][u][0])};
-      mma_f16(a1, act[u].x, act[u].y, d);
-      const uint32_t a2[4] = {e4m3x2_to_f16x2(w_lo[r][u][1]), e4m3x2_to_f16x2(w_hi[r][u][1]),
-                              e4m3x2_hi_to_f16x2(w_lo[r][u][1]), e4m3x2_hi_to_f16x2(w_hi[r][u][1])};
-      mma_f16(a2, act[u].z, act[u].w, d);
-      // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
-      // A block past the K range has sa = 0 (its finite MMA result vanishes).
-      acc[r][0] += d[0] * (sw_lo[u] * sa0[u]);
-      acc[r][1] += d[1] * (sw_lo[u] * sa1[u]);
-      acc[r][2] += d[2] * (sw_hi[u] * sa0[u]);
-      acc[r][3] += d[3] * (sw_hi[u] * sa1[u]);
-    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t a1[4] = {e4m3x2_to_f16x2(w_lo[u][0]), e4m3x2_to_f16x2(w_hi[u][0]),
+                            e4m3x2_hi_to_f16x2(w_lo[u][0]), e4m3x2_hi_to_f16x2(w_hi[u][0])};
+    mma_f16(a1, act[u].x, act[u].y, d);
+    const uint32_t a2[4] = {e4m3x2_to_f16x2(w_lo[u][1]), e4m3x2_to_f16x2(w_hi[u][1]),
+                            e4m3x2_hi_to_f16x2(w_lo[u][1]), e4m3x2_hi_to_f16x2(w_hi[u][1])};
+    mma_f16(a2, act[u].z, act[u].w, d);
+    // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
+    // A block past the K range has sa = 0 (its finite MMA result vanishes).
+    acc[0] += d[0] * (sw_lo[u] * sa0[u]);
+    acc[1] += d[1] * (sw_lo[u] * sa1[u]);
+    acc[2] += d[2] * (sw_hi[u] * sa0[u]);
+    acc[3] += d[3] * (sw_hi[u] * sa1[u]);
   }
 }
 
@@ -197,34 +189,21 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers<kR>& c, int kb0, 
 // chunk costs a few adds; computed from the chunk's index instead, the compiler re-derived every row's
 // address (its clamp, 64-bit multiply and adds) per chunk — a third of the FP8 loop's instructions
 // (SASS, s15). Only the last chunk can reach past kb_end.
-template <bool kFp4, int kR, bool kScaleStep>
-__device__ __forceinline__ void gemv_warp_k(const ChunkPointers<kR>& at0, int first, int step, int kb_begin,
-                                            int kb_end, int kb_shift, float (&acc)[kR][4]) {
-  constexpr int kU = kUnroll<kFp4, kR>;
+template <bool kFp4, bool kScaleStep>
+__device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
+                                            int kb_shift, float (&acc)[4]) {
+  constexpr int kU = kUnroll<kFp4>;
   constexpr int kWBytes = kFp4 ? 16 : 32;
-  constexpr bool kStepScales = kFp4 || kScaleStep;
-  ChunkPointers<kR> c = at0;
-#pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    c.w_lo[r] += first * kWBytes;
-    c.w_hi[r] += first * kWBytes;
-  }
-  if (kStepScales) {
-    c.s_lo += first;
-    c.s_hi += first;
-  }
-  c.act += first * 32;
-  c.as0 += first;
-  c.as1 += first;
+  const bool scale_step = kFp4 || kScaleStep;
+  ChunkPointers c{at0.w_lo + first * kWBytes, at0.w_hi + first * kWBytes,
+                  scale_step ? at0.s_lo + first : at0.s_lo, scale_step ? at0.s_hi + first : at0.s_hi,
+                  at0.act + first * 32, at0.as0 + first, at0.as1 + first};
   int kb0 = first;
   for (; kb0 + kU <= kb_end; kb0 += step) {
-    gemv_chunk<kFp4, kR, true, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      c.w_lo[r] += step * kWBytes;
-      c.w_hi[r] += step * kWBytes;
-    }
-    if (kStepScales) {
+    gemv_chunk<kFp4, true, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
+    c.w_lo += step * kWBytes;
+    c.w_hi += step * kWBytes;
+    if (scale_step) {
       c.s_lo += step;
       c.s_hi += step;
     }
@@ -232,155 +211,102 @@ __device__ __forceinline__ void gemv_warp_k(const ChunkPointers<kR>& at0, int fi
     c.as0 += step;
     c.as1 += step;
   }
-  if (kb0 < kb_end) gemv_chunk<kFp4, kR, false, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
+  if (kb0 < kb_end) gemv_chunk<kFp4, false, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
 }
 
 // FP8 with one scale per K block (block_in 32, V4.1) walks its scales like the other operands.
-template <bool kFp4, int kR>
-__device__ __forceinline__ void gemv_warp_k(const ChunkPointers<kR>& at0, int first, int step, int kb_begin,
-                                            int kb_end, int kb_shift, float (&acc)[kR][4]) {
-  if (kFp4 || kb_shift == 0) gemv_warp_k<kFp4, kR, true>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
-  else gemv_warp_k<kFp4, kR, false>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+template <bool kFp4>
+__device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
+                                            int kb_shift, float (&acc)[4]) {
+  if (kFp4 || kb_shift == 0) gemv_warp_k<kFp4, true>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+  else gemv_warp_k<kFp4, false>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
 }
 
-// This thread's operands at K block 0 for the kR row tiles from row0 (the tile's shared FP8 scale row:
-// block_out is a multiple of 16 · kR, checked on the host). Rows past `out` and tokens past `n` read
-// row 0 / token 0 (valid memory) instead of predicating every load: an MMA row or column only feeds
-// its own outputs, and those are never written.
-template <bool kFp4, int kR>
-__device__ __forceinline__ ChunkPointers<kR> tile_pointers(const GemvOperands& op, int64_t row0, int64_t out,
-                                                           int64_t in, int64_t block_out, int64_t scale_cols, int n,
-                                                           const int32_t* act_row_of = nullptr) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t w_stride = kFp4 ? in / 2 : in;
-  const int64_t n_kb = in / 32;
-  ChunkPointers<kR> c;
-#pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    const int64_t lo = row0 + 16 * r + g, hi = lo + 8;
-    c.w_lo[r] = op.w + (lo < out ? lo : 0) * w_stride + t * (kFp4 ? 4 : 8);
-    c.w_hi[r] = op.w + (hi < out ? hi : 0) * w_stride + t * (kFp4 ? 4 : 8);
-  }
-  if constexpr (kFp4) {
-    const int64_t lo = row0 + g, hi = lo + 8;
-    c.s_lo = op.w_scales + (lo < out ? lo : 0) * n_kb;
-    c.s_hi = op.w_scales + (hi < out ? hi : 0) * n_kb;
-  } else {
-    c.s_lo = c.s_hi = op.w_scales + (row0 / block_out) * scale_cols;
-  }
-  const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
-  const int a = g < n ? g : 0, s0 = tok0 < n ? tok0 : 0, s1 = tok1 < n ? tok1 : 0;
-  c.act = op.act + static_cast<int64_t>(act_row_of ? act_row_of[a] : a) * op.act_stride + t * 8;  // B operand
-  c.as0 = op.act_scales + static_cast<int64_t>(act_row_of ? act_row_of[s0] : s0) * op.scale_stride;
-  c.as1 = op.act_scales + static_cast<int64_t>(act_row_of ? act_row_of[s1] : s1) * op.scale_stride;
-  return c;
-}
-
-// The warps' accumulators into `partial` ([warp][row of the block][token]).
-template <int kR>
-__device__ __forceinline__ void store_partials(float (*partial)[kRowsPerBlock * kR][kTokensPerTile],
-                                               const float (&acc)[kR][4]) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    partial[warp][16 * r + g][2 * t] = acc[r][0];
-    partial[warp][16 * r + g][2 * t + 1] = acc[r][1];
-    partial[warp][16 * r + g + 8][2 * t] = acc[r][2];
-    partial[warp][16 * r + g + 8][2 * t + 1] = acc[r][3];
-  }
-}
-
-// Block (x, y, z): 16·kR weight rows (x) × the y-th K range of matrix z; its warps take runs of kUnroll
-// consecutive K blocks (whole 128-byte lines per row for FP8 at kU = 4), each accumulating kR 16×8 tiles
-// in the MMA's accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 of each tile ×
-// tokens 2t, 2t+1). kR = 2 (FP8): one activation load (as many bytes per K block as a tile's weights)
-// feeds two tiles. With ksplit > 1 the K ranges' sums meet in split_partials and the last block of the
-// row tile (atomic ticket) adds them in split order, so the result does not depend on scheduling.
-template <bool kFp4, int kR>
-__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4, kR>) gemv_quantized_kernel(GemvParams p) {
-  constexpr int kU = kUnroll<kFp4, kR>;
-  constexpr int kRows = kRowsPerBlock * kR;
-  constexpr int kOutputs = kRows * kTokensPerTile;
-  constexpr int kPerThread = (kOutputs + 127) / 128;  // outputs per thread at the fewest warps (4)
-  __shared__ float partial[kGemvWarps][kRows][kTokensPerTile];
+// Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
+// consecutive K blocks (whole 128-byte lines per row for FP8), each accumulating a 16×8 tile in the MMA's
+// accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
+// ksplit > 1 the K ranges' sums meet in split_partials and the last block of the row tile (atomic
+// ticket) adds them in split order, so the result does not depend on scheduling.
+template <bool kFp4>
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
+  constexpr int kU = kUnroll<kFp4>;
+  __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
   __shared__ bool is_last;
-  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const GemvOperands& op = p.ops[blockIdx.z];
   // gemv_quantized_multi: matrices of different heights share the grid (p.out = the tallest); the row
   // tiles past this matrix's rows have nothing to do (the whole block leaves: no barrier follows).
   const int64_t out = op.out > 0 ? op.out : p.out;
   if (row0 >= out) return;
+  // Rows past `out` and tokens past `n` read row 0 / token 0 (valid memory) instead of predicating
+  // every load: an MMA row or column only feeds its own outputs, and those are never written.
+  const int64_t r_lo = row0 + g < out ? row0 + g : 0;
+  const int64_t r_hi = row0 + g + 8 < out ? row0 + g + 8 : 0;
   const int n_kb = static_cast<int>(p.in / 32);
   const int kb_begin = static_cast<int>(blockIdx.y) * p.kb_per_split;
   const int kb_end = min(n_kb, kb_begin + p.kb_per_split);
-  const ChunkPointers<kR> cp = tile_pointers<kFp4, kR>(op, row0, out, p.in, p.block_out, p.scale_cols, p.n);
+  const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
+  const uint8_t* w_lo_ptr = op.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
+  const uint8_t* w_hi_ptr = op.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
+  // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
+  const uint8_t* s_lo = op.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
+  const uint8_t* s_hi = kFp4 ? op.w_scales + r_hi * n_kb : s_lo;
+  const uint16_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * op.act_stride + t * 8;  // B operand: token g
+  const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
+  const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * op.scale_stride;
+  const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * op.scale_stride;
 
   detail::pdl_launch_dependents();
-  {  // PDL: the first chunk's weight lines (the first and the last byte's lines of each row's run)
-     // into L2 while the previous kernel finishes — the weights do not depend on it; activations,
-     // outputs and the split-K workspace wait for it.
+  {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
+     // the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
+     // on it; activations, outputs and the split-K workspace wait for it.
     constexpr int kWBytes = kFp4 ? 16 : 32;
     const int kb0 = kb_begin + warp * kU;
     if (kb0 < kb_end) {
       const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * (kFp4 ? 4 : 8);
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        detail::prefetch_l2(cp.w_lo[r] + first);
-        detail::prefetch_l2(cp.w_hi[r] + first);
-        if (kb0 + kU <= kb_end) {
-          detail::prefetch_l2(cp.w_lo[r] + last);
-          detail::prefetch_l2(cp.w_hi[r] + last);
-        }
+      detail::prefetch_l2(w_lo_ptr + first);
+      detail::prefetch_l2(w_hi_ptr + first);
+      if (kb0 + kU <= kb_end) {
+        detail::prefetch_l2(w_lo_ptr + last);
+        detail::prefetch_l2(w_hi_ptr + last);
       }
     }
   }
   detail::pdl_wait();
-  float acc[kR][4] = {};
-  gemv_warp_k<kFp4, kR>(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, acc);
-  store_partials<kR>(partial, acc);
+  const ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  gemv_warp_k<kFp4>(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, acc);
+  partial[warp][g][tok0] = acc[0];
+  partial[warp][g][tok1] = acc[1];
+  partial[warp][g + 8][tok0] = acc[2];
+  partial[warp][g + 8][tok1] = acc[3];
   __syncthreads();
-  // Thread i sums outputs i, i + blockDim.x, ... (row = index / 8, token = index % 8) in warp order.
-  float sum[kPerThread];
-  bool writer[kPerThread];
+  const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
+  const bool writer = threadIdx.x < kRowsPerBlock * kTokensPerTile && tok < p.n && row0 + row < out;
+  float sum = 0.0f;
+  if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int i = threadIdx.x + j * blockDim.x, row = i / kTokensPerTile, tok = i % kTokensPerTile;
-    writer[j] = i < kOutputs && tok < p.n && row0 + row < out;
-    sum[j] = 0.0f;
-    if (i < kOutputs)
-      for (int w = 0; w < p.warps; ++w) sum[j] += partial[w][row][tok];
+    for (int w = 0; w < p.warps; ++w) sum += partial[w][row][tok];
   }
   if (p.ksplit > 1) {
     float* split_partials = p.split_partials + static_cast<int64_t>(blockIdx.z) * p.ksplit * kTokensPerTile * p.out;
     unsigned* split_counters = p.split_counters + static_cast<int64_t>(blockIdx.z) * gridDim.x;
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int i = threadIdx.x + j * blockDim.x, row = i / kTokensPerTile, tok = i % kTokensPerTile;
-      if (writer[j]) split_partials[(static_cast<int64_t>(blockIdx.y) * kTokensPerTile + tok) * p.out + row0 + row] = sum[j];
-    }
+    if (writer) split_partials[(static_cast<int64_t>(blockIdx.y) * kTokensPerTile + tok) * p.out + row0 + row] = sum;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) is_last = atomicAdd(split_counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int i = threadIdx.x + j * blockDim.x, row = i / kTokensPerTile, tok = i % kTokensPerTile;
-      sum[j] = 0.0f;
-      if (writer[j])
-        for (int z = 0; z < p.ksplit; ++z)
-          sum[j] += __ldcg(split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
-    }
+    sum = 0.0f;
+    if (writer)
+      for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
     if (threadIdx.x == 0) split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
   }
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int i = threadIdx.x + j * blockDim.x, row = i / kTokensPerTile, tok = i % kTokensPerTile;
-    if (writer[j])
-      op.y[static_cast<int64_t>(tok) * op.y_stride + row0 + row] = p.bf16_output ? detail::round_bf16(sum[j]) : sum[j];
-  }
+  if (writer)
+    op.y[static_cast<int64_t>(tok) * op.y_stride + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
 }
 
 // gemv_quantized_kernel over a device item table (DeviceGemvItem): the same tile computation (same K
@@ -405,8 +331,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
   detail::pdl_launch_dependents();
   detail::pdl_wait();  // under PDL: the item table and the activations come from the previous kernels
-  const int warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int tok0 = 2 * t, tok1 = 2 * t + 1;
   const int n_kb = static_cast<int>(p.in / 32);
+  const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
   int64_t count = *p.count;
   count = count < 0 ? 0 : (count > p.capacity ? p.capacity : count);
   const int64_t units = count * p.tiles;
@@ -414,14 +343,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
     const DeviceGemvItem* it = p.items + unit / p.tiles;
     const int64_t row0 = (unit % p.tiles) * kRowsPerBlock;
     const int n = min(max(it->n, 0), kTokensPerTile);
-    GemvOperands op{it->data, it->scales, it->act_codes, it->act_scales, nullptr, p.out};
-    op.act_stride = static_cast<int32_t>(p.in);
-    op.scale_stride = n_kb;
-    const ChunkPointers<1> cp =
-        tile_pointers<kFp4, 1>(op, row0, p.out, p.in, p.block_out, p.scale_cols, n, it->act_row);
-    float acc[1][4] = {};
-    gemv_warp_k<kFp4, 1>(cp, warp * kU, p.warps * kU, 0, n_kb, p.kb_shift, acc);
-    store_partials<1>(partial, acc);
+    const uint8_t* w = it->data;
+    const uint8_t* ws = it->scales;
+    const int64_t r_lo = row0 + g < p.out ? row0 + g : 0;
+    const int64_t r_hi = row0 + g + 8 < p.out ? row0 + g + 8 : 0;
+    const uint8_t* s_lo = ws + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
+    const uint8_t* s_hi = kFp4 ? ws + r_hi * n_kb : s_lo;
+    const uint16_t* a_row = it->act_codes + static_cast<int64_t>(it->act_row[g < n ? g : 0]) * p.in + t * 8;
+    const float* as0 = it->act_scales + static_cast<int64_t>(it->act_row[tok0 < n ? tok0 : 0]) * n_kb;
+    const float* as1 = it->act_scales + static_cast<int64_t>(it->act_row[tok1 < n ? tok1 : 0]) * n_kb;
+    ChunkPointers cp{w + r_lo * w_stride + t * (kFp4 ? 4 : 8), w + r_hi * w_stride + t * (kFp4 ? 4 : 8), s_lo, s_hi,
+                     a_row, as0, as1};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    gemv_warp_k<kFp4>(cp, warp * kU, p.warps * kU, 0, n_kb, p.kb_shift, acc);
+    partial[warp][g][tok0] = acc[0];
+    partial[warp][g][tok1] = acc[1];
+    partial[warp][g + 8][tok0] = acc[2];
+    partial[warp][g + 8][tok1] = acc[3];
     __syncthreads();
     if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
       const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
@@ -467,17 +405,16 @@ Status check_weight(const QuantWeightView& w) {
 //   (512 blocks of 32 chunks) is 2 waves × 4 rounds at 8 warps, 1 wave × 6 rounds at 6 (4 per SM).
 // * Longer K otherwise keeps 8: its tail is amortized, and fewer warps per block only lengthen it
 //   (16384² went 78 → 101 µs at 4 warps); a grid within one wave has nothing to gain from fewer warps.
-template <bool kFp4, int kR>
-int gemv_warps(int64_t kb_range, int64_t blocks) {
-  if (kFp4) return kGemvWarps;
-  const int64_t chunks = (kb_range + kUnroll<kFp4, kR> - 1) / kUnroll<kFp4, kR>;
+int gemv_warps(bool fp4, int64_t kb_range, int64_t blocks) {
+  const int64_t chunks = (kb_range + kUnroll<false> - 1) / kUnroll<false>;
+  if (fp4) return kGemvWarps;
   const bool short_k = chunks <= 2 * kGemvWarps;
   const int sms = device_sm_count();
   int best = kGemvWarps;
   double best_cost = 0;
   for (int w = kGemvWarps; w >= 4; --w) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quantized_kernel<kFp4, kR>, w * 32, 0) != cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_quantized_kernel<false>, w * 32, 0) != cudaSuccess ||
         per_sm <= 0) {
       (void)cudaGetLastError();
       return kGemvWarps;
@@ -495,47 +432,17 @@ int gemv_warps(int64_t kb_range, int64_t blocks) {
   return best;
 }
 
-// FP8 row tiles in pairs (32 rows per block, gemv_quantized_kernel<false, 2>) where both share a scale
-// row; the switch is for A/B builds.
-constexpr bool kFp8Pairs = true;
-
-// 16-row tiles per block of a launch over weights of w's format and block.
-int row_tiles(const QuantWeightView& w) {
-  return kFp8Pairs && w.format == QuantWeightFormat::FP8Block && w.block_out % (2 * kRowsPerBlock) == 0 ? 2 : 1;
-}
-int64_t row_blocks(const QuantWeightView& w, int64_t out) {
-  const int64_t rows = kRowsPerBlock * row_tiles(w);
-  return (out + rows - 1) / rows;
-}
-
-// One launch of gemv_quantized_kernel for weights of w's format and block (p.warps chosen here).
-template <bool kFp4, int kR>
-Status launch_gemv_kernel(GemvParams p, dim3 grid, cudaStream_t stream, bool programmatic_launch, const char* name) {
-  p.warps = gemv_warps<kFp4, kR>(p.kb_per_split, static_cast<int64_t>(grid.x) * grid.y * grid.z);
-  return launch_kernel(gemv_quantized_kernel<kFp4, kR>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
-                       name, p);
-}
-Status launch_gemv(const QuantWeightView& w, const GemvParams& p, dim3 grid, cudaStream_t stream,
-                   bool programmatic_launch) {
-  if (w.format == QuantWeightFormat::MXFP4)
-    return launch_gemv_kernel<true, 1>(p, grid, stream, programmatic_launch, "gemv_quantized_kernel<MXFP4>");
-  if (row_tiles(w) == 2)
-    return launch_gemv_kernel<false, 2>(p, grid, stream, programmatic_launch, "gemv_quantized_kernel<FP8Block, 32 rows>");
-  return launch_gemv_kernel<false, 1>(p, grid, stream, programmatic_launch, "gemv_quantized_kernel<FP8Block>");
-}
-
 // K splits: when the row tiles of all matrices of a launch fill less than one wave (the blocks one
 // wave holds on a 132-SM H200), K is split so the whole GPU streams the weights; whole waves only
 // (floor), each split keeping >= 32 K blocks (1 KiB per FP8 row) so the partial traffic stays small.
 int64_t choose_ksplit_tiles(const QuantWeightView& w, int64_t tiles) {
-  const int64_t wave = (w.format == QuantWeightFormat::MXFP4 ? kMinBlocksPerSm<true>
-                        : row_tiles(w) == 2              ? kMinBlocksPerSm<false, 2>
-                                                         : kMinBlocksPerSm<false>) *
-                       132;
+  const int64_t wave = (w.format == QuantWeightFormat::MXFP4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * 132;
   const int64_t most = std::max<int64_t>(1, (w.in / 32) / 32);
   return std::max<int64_t>(1, std::min(wave / tiles, most));
 }
-int64_t choose_ksplit(const QuantWeightView& w, int64_t count) { return choose_ksplit_tiles(w, row_blocks(w, w.out) * count); }
+int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
+  return choose_ksplit_tiles(w, (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count);
+}
 
 // An item's token row strides (GemvGroupItem: 0 = contiguous), checked: the codes' rows stay 16-byte
 // aligned (the kernel's uint4 loads) and no two tokens' rows overlap in y.
@@ -652,7 +559,7 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
   count = std::min<int64_t>(std::max<int64_t>(count, 1), kMaxGroup);
   const int64_t ksplit = choose_ksplit(w, count);
   if (ksplit <= 1) return {};
-  return SplitKSize{count * ksplit * kTokensPerTile * w.out, count * row_blocks(w, w.out)};
+  return SplitKSize{count * ksplit * kTokensPerTile * w.out, count * ((w.out + kRowsPerBlock - 1) / kRowsPerBlock)};
 }
 
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
@@ -679,7 +586,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
                        splitk.partial_floats < need.partial_floats || splitk.counter_count < need.counters))
       ksplit = 1;  // no (or too small a) workspace: one block per row tile
     const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
-    const dim3 grid(static_cast<unsigned>(row_blocks(shape, shape.out)),
+    const dim3 grid(static_cast<unsigned>((shape.out + kRowsPerBlock - 1) / kRowsPerBlock),
                     static_cast<unsigned>(ksplit), static_cast<unsigned>(group));
     for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
       GemvParams p{};
@@ -695,8 +602,16 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.kb_per_split = static_cast<int>(kb_per_split);
       p.split_partials = splitk.partials;
       p.split_counters = splitk.counters;
+      p.warps = gemv_warps(shape.format == QuantWeightFormat::MXFP4, kb_per_split,
+                           static_cast<int64_t>(grid.x) * grid.y * grid.z);
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
-      CEDAR_RETURN_IF_ERROR(launch_gemv(shape, p, grid, stream, programmatic_launch));
+      if (shape.format == QuantWeightFormat::MXFP4) {
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
+                                            programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
+      } else {
+        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream,
+                                            programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
+      }
     }
   }
   return Status::Ok();
@@ -706,14 +621,14 @@ SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t coun
   if (count < 1 || count > kMaxGroup || mats == nullptr) return {};
   int64_t tiles = 0, out = 0;
   for (int64_t i = 0; i < count; ++i) {
-    tiles += row_blocks(mats[i], mats[i].out);
+    tiles += (mats[i].out + kRowsPerBlock - 1) / kRowsPerBlock;
     out = std::max(out, mats[i].out);
   }
   QuantWeightView tallest = mats[0];
   tallest.out = out;
   const int64_t ksplit = choose_ksplit_tiles(tallest, tiles);
   if (ksplit <= 1) return {};
-  return SplitKSize{count * ksplit * kTokensPerTile * out, count * row_blocks(tallest, out)};
+  return SplitKSize{count * ksplit * kTokensPerTile * out, count * ((out + kRowsPerBlock - 1) / kRowsPerBlock)};
 }
 
 Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
@@ -735,7 +650,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
          (w.block_out != mats[0].block_out || w.block_in != mats[0].block_in)))
       return make_error("cuda::gemv_quantized_multi: matrix " + std::to_string(i) +
                         " differs from matrix 0 in format, in or blocks (only out may differ)");
-    tiles += row_blocks(w, w.out);
+    tiles += (w.out + kRowsPerBlock - 1) / kRowsPerBlock;
     out = std::max(out, w.out);
   }
   QuantWeightView tallest = mats[0];
@@ -748,7 +663,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
   const int64_t n_kb = tallest.in / 32;
   int kb_shift = 0;
   while ((int64_t{32} << kb_shift) < tallest.block_in) ++kb_shift;
-  const dim3 grid(static_cast<unsigned>(row_blocks(tallest, out)), static_cast<unsigned>(ksplit),
+  const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(ksplit),
                   static_cast<unsigned>(count));
   for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
     GemvParams p{};
@@ -764,7 +679,15 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
     p.split_partials = splitk.partials;
     p.split_counters = splitk.counters;
-    CEDAR_RETURN_IF_ERROR(launch_gemv(tallest, p, grid, stream, programmatic_launch));
+    p.warps = gemv_warps(tallest.format == QuantWeightFormat::MXFP4, p.kb_per_split,
+                         static_cast<int64_t>(grid.x) * grid.y * grid.z);
+    if (tallest.format == QuantWeightFormat::MXFP4) {
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
+                                          programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
+    } else {
+      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream,
+                                          programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
+    }
   }
   return Status::Ok();
 }
@@ -799,7 +722,7 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   const bool fp4 = shape.format == QuantWeightFormat::MXFP4;
   // The rule of gemv_quantized over this launch's units (the same W, so the same bits, wherever both
   // see the same number of waves).
-  p.warps = fp4 ? gemv_warps<true, 1>(shape.in / 32, capacity * p.tiles) : gemv_warps<false, 1>(shape.in / 32, capacity * p.tiles);
+  p.warps = gemv_warps(fp4, shape.in / 32, capacity * p.tiles);
   const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   if (fp4)
@@ -829,9 +752,8 @@ Status linear_quantized(const QuantWeightView& w, const float* x, int64_t n, con
 // Exposed to catalog.cu for the loadability check.
 const void* quantize_act_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&quantize_act_fp8_kernel); }
 const void* stage_act_f16_kernel_ptr() { return reinterpret_cast<const void*>(&stage_act_f16_kernel); }
-const void* gemv_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<false, 1>); }
-const void* gemv_fp8_pair_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<false, 2>); }
-const void* gemv_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<true, 1>); }
+const void* gemv_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<false>); }
+const void* gemv_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_quantized_kernel<true>); }
 const void* gemv_items_fp8_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_items_kernel<false>); }
 const void* gemv_items_mxfp4_kernel_ptr() { return reinterpret_cast<const void*>(&gemv_items_kernel<true>); }
 

@@ -18,13 +18,11 @@ constexpr int kTokensPerTile = 8;  // the MMA's N
 // kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
 // FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 4 K blocks in flight, 80 registers
 // without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 122 registers (ptxas -v; MXFP4 at 3
-// blocks/SM spills). kR: 16-row tiles per block (FP8 pairs, gemv.cu: twice the weight registers per K
-// block, so fewer K blocks or fewer blocks per SM).
-constexpr int kFp8PairUnroll = 4, kFp8PairBlocksPerSm = 2;
-template <bool kFp4, int kR = 1>
-constexpr int kUnroll = kFp4 ? 8 : (kR == 1 ? 4 : kFp8PairUnroll);
-template <bool kFp4, int kR = 1>
-constexpr int kMinBlocksPerSm = kFp4 ? 2 : (kR == 1 ? 3 : kFp8PairBlocksPerSm);
+// blocks/SM spills).
+template <bool kFp4>
+constexpr int kUnroll = kFp4 ? 8 : 4;
+template <bool kFp4>
+constexpr int kMinBlocksPerSm = kFp4 ? 2 : 3;
 
 constexpr int kMaxGroup = 16;  // matrices per launch (blockIdx.z)
 
