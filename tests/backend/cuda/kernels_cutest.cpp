@@ -131,7 +131,8 @@ struct QuantWeightHost {
   std::vector<uint8_t> data, scales;
 };
 
-QuantWeightHost random_fp8_weight(int64_t out, int64_t in, int64_t block, uint32_t seed) {
+QuantWeightHost random_fp8_weight(int64_t out, int64_t in, int64_t block, uint32_t seed, int64_t block_out = 0) {
+  block_out = block_out > 0 ? block_out : block;
   std::mt19937 rng(seed);
   QuantWeightHost w;
   w.data.resize(out * in);
@@ -139,11 +140,11 @@ QuantWeightHost random_fp8_weight(int64_t out, int64_t in, int64_t block, uint32
     c = static_cast<uint8_t>(rng());
     if ((c & 0x7F) == 0x7F) c ^= 1;  // no NaN codes
   }
-  const int64_t sr = (out + block - 1) / block, sc = (in + block - 1) / block;
+  const int64_t sr = (out + block_out - 1) / block_out, sc = (in + block - 1) / block;
   w.scales.resize(sr * sc);
   for (auto& s : w.scales) s = static_cast<uint8_t>(118 + rng() % 8);  // 2^-9 .. 2^-2
   w.cpu = {.format = WeightFormat::FP8Block, .out = out, .in = in, .data = w.data.data(),
-           .scale = w.scales.data(), .block_out = block, .block_in = block};
+           .scale = w.scales.data(), .block_out = block_out, .block_in = block};
   return w;
 }
 
@@ -225,6 +226,9 @@ TEST(CudaGemvFp8, MatchesCpuLinear) {
   // 9 per split: 5 warps).
   check_gemv(random_fp8_weight(256, 1280, 32, 49), 1, 50, "gemv_fp8");
   check_gemv(random_fp8_weight(64, 2304, 32, 51), 2, 52, "gemv_fp8");
+  // 16-row scale blocks (block_out 16, block_in 32): a scale row per row tile.
+  check_gemv(random_fp8_weight(48, 256, 32, 53, 16), 3, 54, "gemv_fp8_b16x32");
+  check_gemv(random_fp8_weight(1040, 2048, 32, 55, 16), 1, 56, "gemv_fp8_b16x32");
 }
 
 TEST(CudaGemvMxfp4, MatchesCpuLinear) {
