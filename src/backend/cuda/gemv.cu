@@ -126,7 +126,7 @@ struct ChunkPointers {  // this thread's operands at K block 0
 // inside the range, so every operand sits at a constant offset (immediate in the loads). kScaleStep:
 // one weight scale per K block (MXFP4; FP8 with 32-wide blocks), also at constant offsets; otherwise
 // FP8's scale of block kb is s_lo[kb >> kb_shift] from the row's first scale.
-template <bool kFp4, bool kFull, bool kScaleStep>
+template <bool kFp4, bool kFull, bool kScaleStep, bool kOne>
 __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
                                            const uint8_t* s_row, float (&acc)[4]) {
   constexpr int kU = kUnroll<kFp4>;
@@ -164,7 +164,7 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
       sw_hi[u] = sw_lo[u];
     }
     sa0[u] = k_ok ? __ldg(c.as0 + off) : 0.0f;
-    sa1[u] = k_ok ? __ldg(c.as1 + off) : 0.0f;
+    sa1[u] = k_ok && !kOne ? __ldg(c.as1 + off) : 0.0f;
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -178,9 +178,11 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
     // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
     // A block past the K range has sa = 0 (its finite MMA result vanishes).
     acc[0] += d[0] * (sw_lo[u] * sa0[u]);
-    acc[1] += d[1] * (sw_lo[u] * sa1[u]);
     acc[2] += d[2] * (sw_hi[u] * sa0[u]);
-    acc[3] += d[3] * (sw_hi[u] * sa1[u]);
+    if (!kOne) {  // kOne: one token, so the accumulator columns of odd tokens are never stored
+      acc[1] += d[1] * (sw_lo[u] * sa1[u]);
+      acc[3] += d[3] * (sw_hi[u] * sa1[u]);
+    }
   }
 }
 
@@ -189,7 +191,7 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
 // chunk costs a few adds; computed from the chunk's index instead, the compiler re-derived every row's
 // address (its clamp, 64-bit multiply and adds) per chunk — a third of the FP8 loop's instructions
 // (SASS, s15). Only the last chunk can reach past kb_end.
-template <bool kFp4, bool kScaleStep>
+template <bool kFp4, bool kScaleStep, bool kOne>
 __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
                                             int kb_shift, float (&acc)[4]) {
   constexpr int kU = kUnroll<kFp4>;
@@ -200,7 +202,7 @@ __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first,
                   at0.act + first * 32, at0.as0 + first, at0.as1 + first};
   int kb0 = first;
   for (; kb0 + kU <= kb_end; kb0 += step) {
-    gemv_chunk<kFp4, true, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
+    gemv_chunk<kFp4, true, kScaleStep, kOne>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
     c.w_lo += step * kWBytes;
     c.w_hi += step * kWBytes;
     if (scale_step) {
@@ -211,15 +213,15 @@ __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first,
     c.as0 += step;
     c.as1 += step;
   }
-  if (kb0 < kb_end) gemv_chunk<kFp4, false, kScaleStep>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
+  if (kb0 < kb_end) gemv_chunk<kFp4, false, kScaleStep, kOne>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
 }
 
 // FP8 with one scale per K block (block_in 32, V4.1) walks its scales like the other operands.
-template <bool kFp4>
+template <bool kFp4, bool kOne = false>
 __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
                                             int kb_shift, float (&acc)[4]) {
-  if (kFp4 || kb_shift == 0) gemv_warp_k<kFp4, true>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
-  else gemv_warp_k<kFp4, false>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+  if (kFp4 || kb_shift == 0) gemv_warp_k<kFp4, true, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+  else gemv_warp_k<kFp4, false, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
 }
 
 // Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
@@ -227,7 +229,9 @@ __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first,
 // accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
 // ksplit > 1 the K ranges' sums meet in split_partials and the last block of the row tile (atomic
 // ticket) adds them in split order, so the result does not depend on scheduling.
-template <bool kFp4>
+// kOne (FP8, n = 1: every decode GEMV at batch 1): the odd tokens' accumulator columns are never
+// stored, so their activation scales and scale math are skipped (the MMA computes them regardless).
+template <bool kFp4, bool kOne = false>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
   constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
@@ -277,7 +281,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   detail::pdl_wait();
   const ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  gemv_warp_k<kFp4>(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, acc);
+  gemv_warp_k<kFp4, kOne>(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, acc);
   partial[warp][g][tok0] = acc[0];
   partial[warp][g][tok1] = acc[1];
   partial[warp][g + 8][tok0] = acc[2];
@@ -442,6 +446,15 @@ int64_t choose_ksplit_tiles(const QuantWeightView& w, int64_t tiles) {
 }
 int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
   return choose_ksplit_tiles(w, (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count);
+}
+
+// gemv_quantized_kernel<FP8Block> for one token tile (one token: the kOne instance).
+Status launch_fp8_gemv(const GemvParams& p, dim3 grid, cudaStream_t stream, bool programmatic_launch) {
+  if (p.n == 1)
+    return launch_kernel(gemv_quantized_kernel<false, true>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
+                         "gemv_quantized_kernel<FP8Block, one token>", p);
+  return launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
+                       "gemv_quantized_kernel<FP8Block>", p);
 }
 
 // An item's token row strides (GemvGroupItem: 0 = contiguous), checked: the codes' rows stay 16-byte
@@ -609,8 +622,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
         CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
                                             programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
       } else {
-        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream,
-                                            programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
+        CEDAR_RETURN_IF_ERROR(launch_fp8_gemv(p, grid, stream, programmatic_launch));
       }
     }
   }
@@ -685,8 +697,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
       CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
                                           programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
     } else {
-      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream,
-                                          programmatic_launch, "gemv_quantized_kernel<FP8Block>", p));
+      CEDAR_RETURN_IF_ERROR(launch_fp8_gemv(p, grid, stream, programmatic_launch));
     }
   }
   return Status::Ok();
