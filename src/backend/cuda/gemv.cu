@@ -125,7 +125,7 @@ struct ChunkPointers {  // this thread's operands at K block 0
 // kU consecutive K blocks from kb0 into acc (the MMA accumulator layout); `c` points at kb0. kFull: all
 // inside the range, so every operand sits at a constant offset (immediate in the loads). kScaleStep:
 // one weight scale per K block (MXFP4; FP8 with 32-wide blocks), also at constant offsets; otherwise
-// FP8's scale of block kb is s_lo[kb >> kb_shift] from the row's first scale.
+// FP8's scale of block kb is s_row[kb >> kb_shift] (s_row: the tile's first scale).
 template <bool kFp4, bool kFull, bool kScaleStep, bool kOne>
 __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
                                            const uint8_t* s_row, float (&acc)[4]) {
@@ -194,18 +194,18 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
 template <bool kFp4, bool kScaleStep, bool kOne>
 __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
                                             int kb_shift, float (&acc)[4]) {
+  static_assert(!kFp4 || kScaleStep, "MXFP4 has one scale per K block");
   constexpr int kU = kUnroll<kFp4>;
   constexpr int kWBytes = kFp4 ? 16 : 32;
-  const bool scale_step = kFp4 || kScaleStep;
   ChunkPointers c{at0.w_lo + first * kWBytes, at0.w_hi + first * kWBytes,
-                  scale_step ? at0.s_lo + first : at0.s_lo, scale_step ? at0.s_hi + first : at0.s_hi,
+                  kScaleStep ? at0.s_lo + first : at0.s_lo, kScaleStep ? at0.s_hi + first : at0.s_hi,
                   at0.act + first * 32, at0.as0 + first, at0.as1 + first};
   int kb0 = first;
   for (; kb0 + kU <= kb_end; kb0 += step) {
     gemv_chunk<kFp4, true, kScaleStep, kOne>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
     c.w_lo += step * kWBytes;
     c.w_hi += step * kWBytes;
-    if (scale_step) {
+    if (kScaleStep) {
       c.s_lo += step;
       c.s_hi += step;
     }
@@ -220,8 +220,9 @@ __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first,
 template <bool kFp4, bool kOne = false>
 __device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
                                             int kb_shift, float (&acc)[4]) {
-  if (kFp4 || kb_shift == 0) gemv_warp_k<kFp4, true, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
-  else gemv_warp_k<kFp4, false, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+  if constexpr (kFp4) gemv_warp_k<true, true, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+  else if (kb_shift == 0) gemv_warp_k<false, true, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+  else gemv_warp_k<false, false, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
 }
 
 // Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
@@ -448,8 +449,12 @@ int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
   return choose_ksplit_tiles(w, (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count);
 }
 
-// gemv_quantized_kernel<FP8Block> for one token tile (one token: the kOne instance).
-Status launch_fp8_gemv(const GemvParams& p, dim3 grid, cudaStream_t stream, bool programmatic_launch) {
+// gemv_quantized_kernel for one token tile of `format` (FP8 with one token: the kOne instance).
+Status launch_gemv(QuantWeightFormat format, const GemvParams& p, dim3 grid, cudaStream_t stream,
+                   bool programmatic_launch) {
+  if (format == QuantWeightFormat::MXFP4)
+    return launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
+                         "gemv_quantized_kernel<MXFP4>", p);
   if (p.n == 1)
     return launch_kernel(gemv_quantized_kernel<false, true>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
                          "gemv_quantized_kernel<FP8Block, one token>", p);
@@ -618,12 +623,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.warps = gemv_warps(shape.format == QuantWeightFormat::MXFP4, kb_per_split,
                            static_cast<int64_t>(grid.x) * grid.y * grid.z);
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
-      if (shape.format == QuantWeightFormat::MXFP4) {
-        CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
-                                            programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
-      } else {
-        CEDAR_RETURN_IF_ERROR(launch_fp8_gemv(p, grid, stream, programmatic_launch));
-      }
+      CEDAR_RETURN_IF_ERROR(launch_gemv(shape.format, p, grid, stream, programmatic_launch));
     }
   }
   return Status::Ok();
@@ -693,12 +693,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.split_counters = splitk.counters;
     p.warps = gemv_warps(tallest.format == QuantWeightFormat::MXFP4, p.kb_per_split,
                          static_cast<int64_t>(grid.x) * grid.y * grid.z);
-    if (tallest.format == QuantWeightFormat::MXFP4) {
-      CEDAR_RETURN_IF_ERROR(launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream,
-                                          programmatic_launch, "gemv_quantized_kernel<MXFP4>", p));
-    } else {
-      CEDAR_RETURN_IF_ERROR(launch_fp8_gemv(p, grid, stream, programmatic_launch));
-    }
+    CEDAR_RETURN_IF_ERROR(launch_gemv(tallest.format, p, grid, stream, programmatic_launch));
   }
   return Status::Ok();
 }

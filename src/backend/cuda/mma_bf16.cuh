@@ -74,8 +74,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefe
 // weights leave L2 first and do not evict what the next kernels reuse: their code (each runs once per
 // layer; instructions are fetched through L2), activations, pointer tables, norm weights and scales.
 // Measured on the H200 (s14): decode batch 1 7.734 -> 7.592 ms (ld.global.cs, evict-first in L1 too and
-// off the read-only path: 7.644); alone the packed expert GEMVs gain ~5 %, the FP8 GEMVs lose 1-4 %. Same
-// values: a cache hint only.
+// off the read-only path: 7.644); alone the packed expert GEMVs gain ~5 %. Same values: a cache hint only.
+// The FP8 GEMV loads through ld_weight_folded_policy (below).
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t p;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -84,13 +84,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 __device__ __forceinline__ uint32_t ld_weight(const uint32_t* a) {
   uint32_t v;
   asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(a), "l"(l2_evict_first_policy()));
-  return v;
-}
-__device__ __forceinline__ uint2 ld_weight(const uint2* a) {
-  uint2 v;
-  asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-      : "=r"(v.x), "=r"(v.y)
-      : "l"(a), "l"(l2_evict_first_policy()));
   return v;
 }
 __device__ __forceinline__ uint4 ld_weight(const uint4* a) {
