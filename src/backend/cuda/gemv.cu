@@ -519,7 +519,7 @@ Status gemv_stream_items(const QuantWeightView& shape, const int64_t* mats_out, 
     tiles += (mats_out[i] + kRowsPerBlock - 1) / kRowsPerBlock;
     p.tile_end[i] = static_cast<int32_t>(tiles);
   }
-  const StreamPlan plan = plan_gemv_stream(tiles, shape.in);
+  const StreamPlan plan = plan_gemv_stream(tiles, shape.in, splitk.stream_chunk_kb);
   if (plan.units <= 0 || plan.units > 0x7FFFFFFF) return Status::Ok();
   if (plan.pieces_max > 1 &&
       (splitk.partials == nullptr || splitk.counters == nullptr || splitk.counter_count < tiles ||
@@ -532,15 +532,17 @@ Status gemv_stream_items(const QuantWeightView& shape, const int64_t* mats_out, 
   while ((int64_t{32} << p.kb_shift) < shape.block_in) ++p.kb_shift;
   p.bf16_output = bf16_output;
   p.chunks = static_cast<int32_t>(plan.chunks);
-  p.units = plan.units;
+  p.units = static_cast<int32_t>(plan.units);
   p.warps_total = static_cast<int32_t>(plan.warps_total);
+  p.per_warp = static_cast<int32_t>(plan.units / plan.warps_total);
+  p.extra = static_cast<int32_t>(plan.units % plan.warps_total);
   p.pieces_max = static_cast<int32_t>(plan.pieces_max);
   p.partials = splitk.partials;
   p.counters = splitk.counters;
   for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
     for (int64_t i = 0; i < count; ++i) p.ops[i] = tile_operands(items[i], shape.in, mats_out[i], t0, mats_out[i]);
     p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
-    CEDAR_RETURN_IF_ERROR(launch_gemv_stream(p, plan.blocks, p.kb_shift == 0, stream, programmatic_launch));
+    CEDAR_RETURN_IF_ERROR(launch_gemv_stream(p, plan, p.kb_shift == 0, stream, programmatic_launch));
   }
   *used = true;
   return Status::Ok();

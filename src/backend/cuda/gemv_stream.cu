@@ -28,13 +28,25 @@
 namespace cedar::cuda::gemv_detail {
 namespace {
 
-constexpr int kStreamWarps = 4;        // per block (warps never wait on each other: no block barrier)
-constexpr int kStreamBlocksPerSm = 6;  // 24 warps per SM at 80 registers (30 KiB of rings per block)
-constexpr int kStages = 3;             // chunks per warp's ring: two in flight while one is computed
-constexpr int kChunkKb = 4;            // K blocks per chunk: 128 bytes of each row
-constexpr int kRowPitch = kChunkKb * 32 + 32;                // a row's 128 bytes + 32 of padding
-constexpr int kChunkBytes = kRowsPerBlock * kRowPitch;        // 2 KiB of weights per stage
+constexpr int kStreamWarps = 4;  // per block (warps never wait on each other: no block barrier)
+constexpr int kStages = 3;       // chunks per warp's ring: two in flight while one is computed
+constexpr int kGroupKb = 4;      // K blocks per compute group (gemv.cu's chunk)
 constexpr int kTileFloats = kRowsPerBlock * kTokensPerTile;
+
+// A chunk: 16 rows × kChunkKb K blocks (32·kChunkKb bytes of each row). Rows sit 32·kChunkKb + 32 bytes
+// apart in the stage, so the MMA-order reads (thread (g, t): 8 bytes at row g, column 8t) of any 16
+// threads hit distinct banks. Wider chunks read longer runs of each row per request (DRAM pages) with
+// fewer warps: the rings fill the SM's shared memory at 6 / 4 / 2 blocks.
+template <int kChunkKb_>
+struct Geometry {
+  static constexpr int kChunkKb = kChunkKb_;
+  static constexpr int kRowBytes = kChunkKb * 32;
+  static constexpr int kRowPitch = kRowBytes + 32;
+  static constexpr int kChunkBytes = kRowsPerBlock * kRowPitch;
+  static constexpr int kRingBytes = kStreamWarps * kStages * kChunkBytes;  // per block
+  static constexpr int kBlocksPerSm = kChunkKb <= 4 ? 6 : kChunkKb <= 8 ? 4 : 2;
+  static_assert(kChunkKb % kGroupKb == 0);
+};
 
 // 16 bytes global → shared, L2 evict-first (the weights are read once per step: detail::ld_weight);
 // src_bytes 0 fills zeros without reading (rows past `out`, K past `in`).
@@ -63,16 +75,19 @@ __device__ __forceinline__ void locate_tile(const StreamParams& p, int T, int& z
   x = T - (z > 0 ? p.tile_end[z - 1] : 0);
 }
 
-// The first warp whose run holds unit a: the largest w with ⌊w·U/W⌋ <= a.
-__device__ __forceinline__ int first_warp_of(int64_t a, const StreamParams& p) {
-  return static_cast<int>(((a + 1) * p.warps_total - 1) / p.units);
+// Warp w's run: units start(w) .. start(w + 1), start(w) = w·q + min(w, r) (q = ⌊U/W⌋, r = U mod W: the
+// first r runs hold one unit more). All in 32 bits (U < 2^31), no 64-bit division on the warp's path.
+__device__ __forceinline__ int run_start(int w, const StreamParams& p) { return w * p.per_warp + min(w, p.extra); }
+// The warp whose run holds unit a.
+__device__ __forceinline__ int warp_of(int a, const StreamParams& p) {
+  const int long_units = p.extra * (p.per_warp + 1);
+  return a < long_units ? a / (p.per_warp + 1) : p.extra + (a - long_units) / p.per_warp;
 }
 
-// This lane's share of one chunk's copy: row lane / 2, bytes 32j + 16·(lane % 2) (j = 0..3) of the
-// row's 128 — each copy instruction takes one whole 32-byte sector of all 16 rows. Rows sit
-// kRowPitch = 160 bytes apart in the stage, so the MMA-order reads (thread (g, t): 8 bytes at row g,
-// column 8t) of any 16 threads hit distinct banks, and every address on both sides is a lane base plus
-// an immediate.
+// This lane's share of one chunk's copy: row lane / 2, bytes 32j + 16·(lane % 2) (j < kChunkKb) of the
+// row's chunk — each copy instruction takes one whole 32-byte sector of all 16 rows; every address on
+// both sides is a lane base plus an immediate.
+template <class G>
 struct Producer {
   const uint8_t* src;  // this lane's row and piece at the next chunk
   const uint8_t* row;  // the same at K 0 (valid memory: the source of zero-filled pieces)
@@ -86,22 +101,22 @@ struct Producer {
     const int r = x * kRowsPerBlock + (lane >> 1);
     row_ok = r < op.out;
     row = op.w + static_cast<int64_t>(row_ok ? r : 0) * p.in + (lane & 1) * 16;
-    src = row + c * (kChunkKb * 32);
-    k_left = static_cast<int>(p.in) - c * (kChunkKb * 32);
+    src = row + c * G::kRowBytes;
+    k_left = static_cast<int>(p.in) - c * G::kRowBytes;
   }
   __device__ __forceinline__ void issue(uint32_t dst) {
-    if (row_ok && k_left >= kChunkKb * 32) {
+    if (row_ok && k_left >= G::kRowBytes) {
 #pragma unroll
-      for (int j = 0; j < kChunkKb; ++j) cp_async_weight16(dst + j * 32, src + j * 32, 16u);
+      for (int j = 0; j < G::kChunkKb; ++j) cp_async_weight16(dst + j * 32, src + j * 32, 16u);
     } else {  // a partial tile's missing rows or the K tail: zero fill (in % 32 == 0: whole sectors)
 #pragma unroll
-      for (int j = 0; j < kChunkKb; ++j) {
+      for (int j = 0; j < G::kChunkKb; ++j) {
         const bool ok = row_ok && 32 * j < k_left;
         cp_async_weight16(dst + j * 32, ok ? src + j * 32 : row, ok ? 16u : 0u);
       }
     }
-    src += kChunkKb * 32;
-    k_left -= kChunkKb * 32;
+    src += G::kRowBytes;
+    k_left -= G::kRowBytes;
   }
 };
 
@@ -117,22 +132,21 @@ struct TileOperands {
   int32_t y_stride;
   int32_t row0, out;
 
-  __device__ __forceinline__ void next_chunk(bool scale_step) {
-    act += kChunkKb * 32;
-    as0 += kChunkKb;
-    as1 += kChunkKb;
-    if (scale_step) s_row += kChunkKb;
-    kb0 += kChunkKb;
+  __device__ __forceinline__ void advance(int kb, bool scale_step) {
+    act += kb * 32;
+    as0 += kb;
+    as1 += kb;
+    if (scale_step) s_row += kb;
+    kb0 += kb;
   }
 };
 
-__device__ __forceinline__ TileOperands tile_operands_of(const StreamParams& p, int T, int c, int lane,
+__device__ __forceinline__ TileOperands tile_operands_of(const StreamParams& p, int T, int kb0, int lane,
                                                          bool scale_step) {
   int z, x;
   locate_tile(p, T, z, x);
   const GemvOperands& op = p.ops[z];
   const int g = lane >> 2, t = lane & 3;
-  const int kb0 = c * kChunkKb;
   TileOperands o;
   o.row0 = x * kRowsPerBlock;
   o.out = static_cast<int32_t>(op.out);
@@ -146,17 +160,17 @@ __device__ __forceinline__ TileOperands tile_operands_of(const StreamParams& p, 
   return o;
 }
 
-// One chunk (K blocks kb0 .. kb0+3 of the tile) from its stage (at this lane's row g, column 8t) into
+// One group (K blocks kb0 .. kb0+3 of the tile) from its stage (at this lane's row g, column 8t) into
 // acc: gemv.cu's gemv_chunk with the weights from shared memory. kFull: all four blocks inside K;
 // otherwise blocks past K have zero weights (cp.async zero fill) and sa = 0.
-template <bool kFull, bool kScaleStep, bool kOne>
-__device__ __forceinline__ void compute_chunk(uint32_t w_at, const TileOperands& o, int n_kb, int kb_shift,
+template <int kRowPitch, bool kFull, bool kScaleStep, bool kOne>
+__device__ __forceinline__ void compute_group(uint32_t w_at, const TileOperands& o, int n_kb, int kb_shift,
                                               float (&acc)[4]) {
-  uint2 w_lo[kChunkKb], w_hi[kChunkKb];
-  uint4 act[kChunkKb];
-  float sw[kChunkKb], sa0[kChunkKb], sa1[kChunkKb];
+  uint2 w_lo[kGroupKb], w_hi[kGroupKb];
+  uint4 act[kGroupKb];
+  float sw[kGroupKb], sa0[kGroupKb], sa1[kGroupKb];
 #pragma unroll
-  for (int u = 0; u < kChunkKb; ++u) {
+  for (int u = 0; u < kGroupKb; ++u) {
     const bool k_ok = kFull || o.kb0 + u < n_kb;
     const int off = k_ok ? u : -o.kb0;  // past K: block 0 (valid memory; sa = 0 drops it)
     act[u] = __ldg(reinterpret_cast<const uint4*>(o.act + off * 32));
@@ -167,7 +181,7 @@ __device__ __forceinline__ void compute_chunk(uint32_t w_at, const TileOperands&
     sa1[u] = k_ok && !kOne ? __ldg(o.as1 + off) : 0.0f;
   }
 #pragma unroll
-  for (int u = 0; u < kChunkKb; ++u) {
+  for (int u = 0; u < kGroupKb; ++u) {
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const uint32_t a1[4] = {e4m3x2_to_f16x2(w_lo[u].x), e4m3x2_to_f16x2(w_hi[u].x), e4m3x2_hi_to_f16x2(w_lo[u].x),
                             e4m3x2_hi_to_f16x2(w_hi[u].x)};
@@ -187,9 +201,9 @@ __device__ __forceinline__ void compute_chunk(uint32_t w_at, const TileOperands&
 // This warp's sums of tile T: stored, or met with the other warps' partials (ticket; slot order).
 __device__ __forceinline__ void finish_tile(const StreamParams& p, int T, const TileOperands& o, int warp_id,
                                             int lane, float (&acc)[4]) {
-  const int64_t first_unit = static_cast<int64_t>(T) * p.chunks;
-  const int w_first = first_warp_of(first_unit, p);
-  const int pieces = first_warp_of(first_unit + p.chunks - 1, p) - w_first + 1;
+  const int first_unit = T * p.chunks;
+  const int w_first = warp_of(first_unit, p);
+  const int pieces = warp_of(first_unit + p.chunks - 1, p) - w_first + 1;
   float v[4] = {acc[0], acc[1], acc[2], acc[3]};
   if (pieces > 1) {
     float* slots = p.partials + static_cast<int64_t>(T) * p.pieces_max * kTileFloats;
@@ -223,31 +237,33 @@ __device__ __forceinline__ void finish_tile(const StreamParams& p, int T, const 
   }
 }
 
-template <bool kScaleStep, bool kOne>
-__global__ void __launch_bounds__(kStreamWarps * 32, kStreamBlocksPerSm) gemv_stream_kernel(StreamParams p) {
-  __shared__ __align__(128) uint8_t ring[kStreamWarps][kStages][kChunkBytes];
+template <class G, bool kScaleStep, bool kOne>
+__global__ void __launch_bounds__(kStreamWarps * 32, G::kBlocksPerSm) gemv_stream_kernel(StreamParams p) {
+  extern __shared__ __align__(128) uint8_t ring[];  // [kStreamWarps][kStages][kChunkBytes]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int warp_id = static_cast<int>(blockIdx.x) * kStreamWarps + warp;
   if (warp_id >= p.warps_total) return;  // whole warps; nothing below waits on another warp
-  const int64_t u_begin = static_cast<int64_t>(warp_id) * p.units / p.warps_total;
-  const int run = static_cast<int>(static_cast<int64_t>(warp_id + 1) * p.units / p.warps_total - u_begin);
-  const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(&ring[warp][0][0]));
+  const int u_begin = run_start(warp_id, p);
+  const int run = run_start(warp_id + 1, p) - u_begin;
+  const uint32_t ring0 =
+      static_cast<uint32_t>(__cvta_generic_to_shared(ring)) + warp * (kStages * G::kChunkBytes);
   const int n_kb = static_cast<int>(p.in / 32);
   // This lane's stage offsets: its copy destination (row lane / 2, piece lane % 2) and its MMA read
   // position (row g, column 8t).
-  const uint32_t copy_at = (lane >> 1) * kRowPitch + (lane & 1) * 16;
-  const uint32_t read_at = (lane >> 2) * kRowPitch + (lane & 3) * 8;
+  const uint32_t copy_at = (lane >> 1) * G::kRowPitch + (lane & 1) * 16;
+  const uint32_t read_at = (lane >> 2) * G::kRowPitch + (lane & 3) * 8;
 
   detail::pdl_launch_dependents();
   // The first kStages − 1 chunks are requested before the wait: weights never depend on the previous
   // kernel. Every step commits a group (empty past the run), so wait_group counts stay uniform.
-  Producer prod;
-  int pt = static_cast<int>(u_begin / p.chunks), pc = static_cast<int>(u_begin % p.chunks);
+  Producer<G> prod;
+  const int tile0 = u_begin / p.chunks, c0 = u_begin - tile0 * p.chunks;
+  int pt = tile0, pc = c0;
   prod.set_tile(p, pt, pc, lane);
   int to_issue = run;
   auto issue_next = [&](int slot) {
     if (to_issue-- > 0) {
-      prod.issue(ring0 + slot * kChunkBytes + copy_at);
+      prod.issue(ring0 + slot * G::kChunkBytes + copy_at);
       if (++pc == p.chunks && to_issue > 0) {
         pc = 0;
         prod.set_tile(p, ++pt, 0, lane);
@@ -259,22 +275,25 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamBlocksPerSm) gemv_st
   for (int s = 0; s < kStages - 1; ++s) issue_next(s);
   detail::pdl_wait();
 
-  int tile = static_cast<int>(u_begin / p.chunks), c = static_cast<int>(u_begin % p.chunks);
-  TileOperands o = tile_operands_of(p, tile, c, lane, kScaleStep);
+  int tile = tile0, c = c0;
+  TileOperands o = tile_operands_of(p, tile, c * G::kChunkKb, lane, kScaleStep);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int slot = 0;
   for (int i = 0; i < run; ++i) {
     issue_next(slot == 0 ? kStages - 1 : slot - 1);  // the stage computed last step
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const uint32_t w_at = ring0 + slot * kChunkBytes + read_at;
-    if (o.kb0 + kChunkKb <= n_kb)
-      compute_chunk<true, kScaleStep, kOne>(w_at, o, n_kb, p.kb_shift, acc);
-    else
-      compute_chunk<false, kScaleStep, kOne>(w_at, o, n_kb, p.kb_shift, acc);
+    const uint32_t w_at = ring0 + slot * G::kChunkBytes + read_at;
+#pragma unroll
+    for (int gi = 0; gi < G::kChunkKb / kGroupKb; ++gi) {
+      if (o.kb0 + kGroupKb <= n_kb)
+        compute_group<G::kRowPitch, true, kScaleStep, kOne>(w_at + gi * kGroupKb * 32, o, n_kb, p.kb_shift, acc);
+      else if (o.kb0 < n_kb)
+        compute_group<G::kRowPitch, false, kScaleStep, kOne>(w_at + gi * kGroupKb * 32, o, n_kb, p.kb_shift, acc);
+      o.advance(kGroupKb, kScaleStep);
+    }
     __syncwarp();  // every lane has read the stage before it is refilled
     slot = slot == kStages - 1 ? 0 : slot + 1;
-    o.next_chunk(kScaleStep);
     if (++c == p.chunks || i + 1 == run) {
       finish_tile(p, tile, o, warp_id, lane, acc);
       acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
@@ -285,55 +304,94 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kStreamBlocksPerSm) gemv_st
   cp_async_wait<0>();  // no copy may outlive the warp's shared memory
 }
 
-template <bool kScaleStep, bool kOne>
+// The rings' dynamic shared memory, and the largest carveout (the SM's unified L1 / shared memory given
+// to shared memory: kBlocksPerSm rings must fit; the activations are small enough for the L1 left).
+template <class G, bool kScaleStep, bool kOne>
+Status prepare(const char* name) {
+  const auto kernel = gemv_stream_kernel<G, kScaleStep, kOne>;
+  CEDAR_RETURN_IF_ERROR(
+      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kRingBytes), name));
+  return cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+      name);
+}
+
+template <class G>
 int occupancy_of() {
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<kScaleStep, kOne>,
-                                                    kStreamWarps * 32, 0) != cudaSuccess ||
+  if (!prepare<G, true, true>("gemv_stream_kernel").ok() ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<G, true, true>, kStreamWarps * 32,
+                                                    G::kRingBytes) != cudaSuccess ||
       per_sm <= 0) {
     (void)cudaGetLastError();
-    return kStreamBlocksPerSm;
+    return G::kBlocksPerSm;
   }
   return per_sm;
 }
 
-}  // namespace
-
-StreamPlan plan_gemv_stream(int64_t tiles, int64_t in) {
+template <class G>
+StreamPlan plan_for(int64_t tiles, int64_t in) {
   StreamPlan s;
-  s.chunks = (in / 32 + kChunkKb - 1) / kChunkKb;
+  s.chunk_kb = G::kChunkKb;
+  s.chunks = (in / 32 + G::kChunkKb - 1) / G::kChunkKb;
   s.units = tiles * s.chunks;
   if (s.units <= 0) return s;
-  // Resident warps (every instance has the same budget: 80 registers, 30 KiB of rings per block), but at
-  // least kMinUnits chunks per warp so a tile's partials stay few.
-  static_assert(kStages >= 2);
-  const int64_t resident = static_cast<int64_t>(occupancy_of<true, true>()) * device_sm_count() * kStreamWarps;
+  // The resident warps, but at least kStreamMinUnits chunks per warp so a tile's partials stay few.
+  const int64_t resident = static_cast<int64_t>(occupancy_of<G>()) * device_sm_count() * kStreamWarps;
   s.warps_total = std::max<int64_t>(1, std::min(resident, s.units / kStreamMinUnits));
-  const int64_t least = s.units / s.warps_total;  // every run holds at least this many units
+  const int64_t least = s.units / s.warps_total;  // every run holds at least this many units (run_start)
   s.pieces_max = std::min<int64_t>(s.chunks, 1 + (s.chunks - 1 + least - 1) / least);
   s.blocks = (s.warps_total + kStreamWarps - 1) / kStreamWarps;
   return s;
 }
 
-SplitKSize stream_workspace_size(int64_t tiles, int64_t in) {
-  const StreamPlan s = plan_gemv_stream(tiles, in);
-  if (s.units <= 0 || s.pieces_max <= 1) return {};
-  return SplitKSize{tiles * s.pieces_max * kTileFloats, tiles};
+template <class G>
+Status launch_for(const StreamParams& p, int64_t blocks, bool scale_step, cudaStream_t stream, bool pdl) {
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kStreamWarps * 32);
+  const size_t smem = G::kRingBytes;
+  if (scale_step) {
+    if (p.n == 1) {
+      CEDAR_RETURN_IF_ERROR((prepare<G, true, true>("gemv_stream_kernel<one token>")));
+      return launch_kernel(gemv_stream_kernel<G, true, true>, grid, block, smem, stream, pdl,
+                           "gemv_stream_kernel<one token>", p);
+    }
+    CEDAR_RETURN_IF_ERROR((prepare<G, true, false>("gemv_stream_kernel")));
+    return launch_kernel(gemv_stream_kernel<G, true, false>, grid, block, smem, stream, pdl, "gemv_stream_kernel", p);
+  }
+  if (p.n == 1) {
+    CEDAR_RETURN_IF_ERROR((prepare<G, false, true>("gemv_stream_kernel<wide scale blocks, one token>")));
+    return launch_kernel(gemv_stream_kernel<G, false, true>, grid, block, smem, stream, pdl,
+                         "gemv_stream_kernel<wide scale blocks, one token>", p);
+  }
+  CEDAR_RETURN_IF_ERROR((prepare<G, false, false>("gemv_stream_kernel<wide scale blocks>")));
+  return launch_kernel(gemv_stream_kernel<G, false, false>, grid, block, smem, stream, pdl,
+                       "gemv_stream_kernel<wide scale blocks>", p);
 }
 
-Status launch_gemv_stream(const StreamParams& p, int64_t blocks, bool scale_step, cudaStream_t stream, bool pdl) {
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kStreamWarps * 32);
-  if (scale_step) {
-    if (p.n == 1)
-      return launch_kernel(gemv_stream_kernel<true, true>, grid, block, 0, stream, pdl,
-                           "gemv_stream_kernel<one token>", p);
-    return launch_kernel(gemv_stream_kernel<true, false>, grid, block, 0, stream, pdl, "gemv_stream_kernel", p);
+}  // namespace
+
+StreamPlan plan_gemv_stream(int64_t tiles, int64_t in, int chunk_kb) {
+  if (chunk_kb == 4) return plan_for<Geometry<4>>(tiles, in);
+  if (chunk_kb == 8) return plan_for<Geometry<8>>(tiles, in);
+  return plan_for<Geometry<16>>(tiles, in);
+}
+
+SplitKSize stream_workspace_size(int64_t tiles, int64_t in) {
+  SplitKSize most;
+  for (const int kb : {4, 8, 16}) {
+    const StreamPlan s = plan_gemv_stream(tiles, in, kb);
+    if (s.units <= 0 || s.pieces_max <= 1) continue;
+    most.partial_floats = std::max(most.partial_floats, tiles * s.pieces_max * kTileFloats);
+    most.counters = std::max(most.counters, tiles);
   }
-  if (p.n == 1)
-    return launch_kernel(gemv_stream_kernel<false, true>, grid, block, 0, stream, pdl,
-                         "gemv_stream_kernel<wide scale blocks, one token>", p);
-  return launch_kernel(gemv_stream_kernel<false, false>, grid, block, 0, stream, pdl,
-                       "gemv_stream_kernel<wide scale blocks>", p);
+  return most;
+}
+
+Status launch_gemv_stream(const StreamParams& p, const StreamPlan& plan, bool scale_step, cudaStream_t stream,
+                          bool pdl) {
+  if (plan.chunk_kb == 4) return launch_for<Geometry<4>>(p, plan.blocks, scale_step, stream, pdl);
+  if (plan.chunk_kb == 8) return launch_for<Geometry<8>>(p, plan.blocks, scale_step, stream, pdl);
+  return launch_for<Geometry<16>>(p, plan.blocks, scale_step, stream, pdl);
 }
 
 }  // namespace cedar::cuda::gemv_detail

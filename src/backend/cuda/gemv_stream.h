@@ -21,22 +21,26 @@ struct StreamParams {
   int n;                          // tokens in this tile (1..8)
   bool bf16_output;
   int32_t chunks;       // chunks (4 K blocks) per row
-  int64_t units;        // tiles × chunks
-  int32_t warps_total;  // <= units
+  int32_t units;        // tiles × chunks (< 2^31)
+  int32_t warps_total;  // <= units / 2
+  int32_t per_warp;     // ⌊units / warps_total⌋
+  int32_t extra;        // units mod warps_total: runs 0 .. extra − 1 hold per_warp + 1 units
   int32_t pieces_max;   // partial slots per tile in `partials`
   float* partials;      // [tiles][pieces_max][16 × 8]
   unsigned* counters;   // [tiles], zero between launches
 };
 
 struct StreamPlan {
+  int chunk_kb = 0;  // K blocks per weight chunk (4, 8, 16: 128, 256, 512 bytes of each of 16 rows)
   int64_t chunks = 0, units = 0, warps_total = 0, pieces_max = 0, blocks = 0;
 };
-// The schedule for `tiles` row tiles of K = in on the current device (the workspace and the launch
-// must agree: both call this).
-StreamPlan plan_gemv_stream(int64_t tiles, int64_t in);
-// Partials / counters the stream schedule needs ({} when no tile is shared by two warps).
+// The schedule for `tiles` row tiles of K = in at chunk width chunk_kb on the current device (the
+// workspace and the launch must agree: both call this).
+StreamPlan plan_gemv_stream(int64_t tiles, int64_t in, int chunk_kb);
+// Partials / counters the stream schedule needs at any chunk width ({} when no tile is ever shared).
 SplitKSize stream_workspace_size(int64_t tiles, int64_t in);
 // scale_step: one weight scale per K block (block_in 32).
-Status launch_gemv_stream(const StreamParams& p, int64_t blocks, bool scale_step, cudaStream_t stream, bool pdl);
+Status launch_gemv_stream(const StreamParams& p, const StreamPlan& plan, bool scale_step, cudaStream_t stream,
+                          bool pdl);
 
 }  // namespace cedar::cuda::gemv_detail
