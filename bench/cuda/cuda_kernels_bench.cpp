@@ -206,25 +206,20 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
       rows.push_back(v);
     };
     add("", us, bytes);
-    if (!fp4) {  // the stream schedule (gemv_stream.cu) at each chunk width, same workspace
-      for (const int kb : {4, 8, 16}) {
-        SplitKWorkspace streamed = splitk;
-        streamed.schedule = GemvSchedule::Stream;
-        streamed.stream_chunk_kb = kb;
-        const std::string tag = "_stream" + std::to_string(kb);
-        if (n != 1) {
-          if (kb == 16)
-            add(tag.c_str(), time_graph_us(stream, copies, [&](int i) {
-                  must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, streamed));
-                }),
-                bytes);
-          continue;
-        }
-        add((tag + "_pdl").c_str(), try_time_graph_us(stream, copies, [&](int i) {
+    if (!fp4) {  // the stream schedule (gemv_stream.cu), same workspace
+      SplitKWorkspace streamed = splitk;
+      streamed.schedule = GemvSchedule::Stream;
+      if (n != 1) {
+        add("_stream", time_graph_us(stream, copies, [&](int i) {
+              must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, streamed));
+            }),
+            bytes);
+      } else {
+        add("_stream_pdl", try_time_graph_us(stream, copies, [&](int i) {
               return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, streamed, true);
             }),
             bytes);
-        add((tag + "_pdl_l2hot").c_str(), try_time_graph_us(stream, copies, [&](int) {
+        add("_stream_pdl_l2hot", try_time_graph_us(stream, copies, [&](int) {
               return gemv_quantized(view(0), codes.get(), ascales.get(), n, y.get(), true, stream, streamed, true);
             }),
             bytes);

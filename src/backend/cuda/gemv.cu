@@ -503,45 +503,57 @@ SplitKSize larger(const SplitKSize& a, const SplitKSize& b) {
 }
 
 // The stream schedule (gemv_stream.cu) for `count` FP8 matrices (item i: mats_out[i] rows, `shape`'s in
-// and blocks) when the workspace asks for it and it applies: 16-byte aligned weights (cp.async), a
+// and blocks) when the workspace asks for it and it applies: operands aligned for its 16-byte copies
+// (weights, codes and their rows, activation scales and their rows; 4-byte weight-scale rows), a
 // workspace large enough for the plan's shared tiles. `*used` says whether it ran.
 Status gemv_stream_items(const QuantWeightView& shape, const int64_t* mats_out, const GemvGroupItem* items,
                          int64_t count, int64_t n, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
                          bool programmatic_launch, bool* used) {
   *used = false;
   if (splitk.schedule != GemvSchedule::Stream || shape.format != QuantWeightFormat::FP8Block || count < 1 ||
-      count > kMaxGroup)
+      count > kMaxGroup || n < 1)
     return Status::Ok();
+  auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
+  const int64_t scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
   int64_t tiles = 0;
   StreamParams p{};
   for (int64_t i = 0; i < count; ++i) {
-    if (reinterpret_cast<uintptr_t>(items[i].data) % 16 != 0) return Status::Ok();
+    const GemvGroupItem& it = items[i];
+    const int64_t ss = it.act_scale_row_stride ? it.act_scale_row_stride : shape.in / 32;
+    if (!aligned(it.data, 16) || !aligned(it.act_codes, 16) || !aligned(it.act_scales, 16) || ss % 4 != 0 ||
+        (shape.block_in == 32 && (!aligned(it.scales, 4) || scale_cols % 4 != 0)))
+      return Status::Ok();
     tiles += (mats_out[i] + kRowsPerBlock - 1) / kRowsPerBlock;
     p.tile_end[i] = static_cast<int32_t>(tiles);
   }
-  const StreamPlan plan = plan_gemv_stream(tiles, shape.in, splitk.stream_chunk_kb);
-  if (plan.units <= 0 || plan.units > 0x7FFFFFFF) return Status::Ok();
-  if (plan.pieces_max > 1 &&
-      (splitk.partials == nullptr || splitk.counters == nullptr || splitk.counter_count < tiles ||
-       splitk.partial_floats < tiles * plan.pieces_max * kRowsPerBlock * kTokensPerTile))
-    return Status::Ok();
   p.count = static_cast<int>(count);
   p.in = shape.in;
   p.block_out = shape.block_out;
-  p.scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
+  p.scale_cols = scale_cols;
   while ((int64_t{32} << p.kb_shift) < shape.block_in) ++p.kb_shift;
   p.bf16_output = bf16_output;
-  p.chunks = static_cast<int32_t>(plan.chunks);
-  p.units = static_cast<int32_t>(plan.units);
-  p.warps_total = static_cast<int32_t>(plan.warps_total);
-  p.per_warp = static_cast<int32_t>(plan.units / plan.warps_total);
-  p.extra = static_cast<int32_t>(plan.units % plan.warps_total);
-  p.pieces_max = static_cast<int32_t>(plan.pieces_max);
   p.partials = splitk.partials;
   p.counters = splitk.counters;
+  // Every token tile's plan first (one kind: the schedule applies to all of the call or none of it).
+  std::vector<StreamPlan> plans;
   for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+    const StreamPlan plan = plan_gemv_stream(tiles, shape.in, std::min<int64_t>(kTokensPerTile, n - t0));
+    if (plan.items <= 0 || plan.items > 0x7FFFFFFF) return Status::Ok();
+    if (plan.ksplit > 1 &&
+        (splitk.partials == nullptr || splitk.counters == nullptr || splitk.counter_count < tiles ||
+         splitk.partial_floats < tiles * plan.ksplit * kRowsPerBlock * kTokensPerTile))
+      return Status::Ok();
+    plans.push_back(plan);
+  }
+  for (int64_t t0 = 0, k = 0; t0 < n; t0 += kTokensPerTile, ++k) {
+    const StreamPlan& plan = plans[static_cast<size_t>(k)];
     for (int64_t i = 0; i < count; ++i) p.ops[i] = tile_operands(items[i], shape.in, mats_out[i], t0, mats_out[i]);
     p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+    p.chunks = static_cast<int32_t>(plan.chunks);
+    p.item_chunks = static_cast<int32_t>(plan.item_chunks);
+    p.ksplit = static_cast<int32_t>(plan.ksplit);
+    p.items = static_cast<int32_t>(plan.items);
+    p.warps_total = static_cast<int32_t>(plan.warps_total);
     CEDAR_RETURN_IF_ERROR(launch_gemv_stream(p, plan, p.kb_shift == 0, stream, programmatic_launch));
   }
   *used = true;

@@ -71,7 +71,6 @@ struct SplitKWorkspace {
   unsigned* counters = nullptr;
   int64_t partial_floats = 0, counter_count = 0;
   GemvSchedule schedule = GemvSchedule::Tiles;
-  int stream_chunk_kb = 16;  // Stream: K blocks per weight chunk of 16 rows (4, 8 or 16)
 };
 struct SplitKSize {
   int64_t partial_floats = 0, counters = 0;  // zeros: this weight is never split
