@@ -206,25 +206,6 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
       rows.push_back(v);
     };
     add("", us, bytes);
-    if (!fp4) {  // the stream schedule (gemv_stream.cu), same workspace
-      SplitKWorkspace streamed = splitk;
-      streamed.schedule = GemvSchedule::Stream;
-      if (n != 1) {
-        add("_stream", time_graph_us(stream, copies, [&](int i) {
-              must(gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, streamed));
-            }),
-            bytes);
-      } else {
-        add("_stream_pdl", try_time_graph_us(stream, copies, [&](int i) {
-              return gemv_quantized(view(i), codes.get(), ascales.get(), n, y.get(), true, stream, streamed, true);
-            }),
-            bytes);
-        add("_stream_pdl_l2hot", try_time_graph_us(stream, copies, [&](int) {
-              return gemv_quantized(view(0), codes.get(), ascales.get(), n, y.get(), true, stream, streamed, true);
-            }),
-            bytes);
-      }
-    }
     // The whole linear(): activation quantization + GEMV (two graph nodes).
     const double us2 = time_graph_us(stream, copies, [&](int i) {
       must(linear_quantized(view(i), x.get(), n, ActWorkspace{codes.get(), ascales.get(), n * s.in, splitk}, y.get(), true,
@@ -982,16 +963,6 @@ void bench_attn_input(double copy_gbps, cudaStream_t stream, std::vector<Row>& r
     must(gemv_quantized_multi(mats, items, 2, 1, true, stream, ws));
   });
   rows.push_back(make_row("gemv_fp8_multi wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
-  SplitKWorkspace streamed = ws;
-  streamed.schedule = GemvSchedule::Stream;
-  us = try_time_graph_us(stream, copies, [&](int c) {
-    GemvGroupItem items[2];
-    for (int i = 0; i < 2; ++i)
-      items[i] = GemvGroupItem{base(c, i), base(c, i) + wb[i], codes.get(), ascales.get(), i == 0 ? y0.get() : y1.get()};
-    return gemv_quantized_multi(mats, items, 2, 1, true, stream, streamed, true);
-  });
-  if (us > 0)
-    rows.push_back(make_row("gemv_fp8_multi_stream_pdl wq_a+wkv", "1280+512 x5120 (1 launch)", 1, us, bytes, copy_gbps));
 }
 
 // wo_a (8 groups of [1024, 4096] over o's slices): gemv_bf16 on the BF16 weight (67 MB, the reference's
@@ -1084,27 +1055,6 @@ void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
     if (us > 0)
       rows.push_back(make_row("gemv_fp8_f16act_pdl wo_a", "8x1024x4096 fp8 (staged)", n, us,
                               w8 + s8 + n * groups * in * (2.0 + 4.0 / 32) + 4.0 * n * total, copy_gbps));
-    {  // the same on the stream schedule
-      const QuantWeightView shape{QuantWeightFormat::FP8Block, out, in, nullptr, nullptr, 32, 32};
-      const SplitKSize need = splitk_workspace_size(shape, groups);
-      auto part = must(DeviceBuffer<float>::allocate(std::max<int64_t>(need.partial_floats, 1)));
-      auto cnt = must(DeviceBuffer<unsigned>::allocate(std::max<int64_t>(need.counters, 1)));
-      must(cnt.zero());
-      const SplitKWorkspace streamed{part.get(), cnt.get(), need.partial_floats, need.counters, GemvSchedule::Stream};
-      us = try_time_graph_us(stream, copies8, [&](int c) {
-        const StagedGemvArgs a = staged(c);
-        std::vector<GemvGroupItem> items(groups);
-        for (int64_t g = 0; g < groups; ++g)
-          items[g] = GemvGroupItem{a.w.data + g * out * in, a.w.scales + g * (out / 32) * (in / 32),
-                                   codes.get() + g * in,    cscales.get() + g * in / 32,
-                                   y.get() + g * out,       groups * in,
-                                   groups * in / 32,        groups * out};
-        return gemv_quantized_grouped(shape, items.data(), groups, n, true, stream, streamed, true);
-      });
-      if (us > 0)
-        rows.push_back(make_row("gemv_fp8_f16act_stream_pdl wo_a", "8x1024x4096 fp8 (staged)", n, us,
-                                w8 + s8 + n * groups * in * (2.0 + 4.0 / 32) + 4.0 * n * total, copy_gbps));
-    }
     us = try_time_graph_us(stream, copies8, [&](int) {
       return stage_act_f16(x.get(), n, groups * in, codes.get(), cscales.get(), stream, true);
     });

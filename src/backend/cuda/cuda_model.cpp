@@ -360,7 +360,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.attn_stage_wo_a = false;
   p.site_combine = false;
   p.warp_items = false;
-  p.gemv_stream = false;
   return p;
 }
 
@@ -398,7 +397,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"site_combine", &p.site_combine, nullptr},
           {"warp_items", &p.warp_items, nullptr},
-          {"gemv_stream", &p.gemv_stream, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},

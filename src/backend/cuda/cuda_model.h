@@ -166,10 +166,6 @@ struct CudaKernelPaths {
   // tail the block builder's ~12 barriers, two scans and three serial pointer-load round trips were the
   // longest stage (s13 stamps: 13 k of 23 k cycles at batch 1). The same items, byte for byte.
   bool warp_items = true;
-  // The FP8 GEMVs on the stream schedule (GemvSchedule::Stream, gemv_stream.cu): warp-persistent, each warp
-  // pipelining its run of 2 KiB weight chunks through shared memory (cp.async), its first chunks requested
-  // before the PDL wait; instead of a block per 16-row tile whose warps wait out an HBM round trip per chunk.
-  bool gemv_stream = false;
   static CudaKernelPaths legacy();
 };
 
@@ -396,8 +392,7 @@ class CudaModel {
   Result<std::vector<StageTime>> collect_profile(double* total_us);
   // The stream the layer loop launches on (the aux stream inside a branch) and its split-K scratch.
   cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
-  // The split-K scratch of the current stream, with the FP8 GEMV schedule of the paths.
-  SplitKWorkspace splitk() const;
+  const SplitKWorkspace& splitk() const;
   bool branches(const Rows& r) const;
   // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
   // main_critical: main() is the longer branch, so its first kernel may keep a programmatic edge

@@ -48,11 +48,7 @@ Status CudaModel::debug(const std::string& name, const Rows& r, const float* dat
   return Status::Ok();
 }
 
-SplitKWorkspace CudaModel::splitk() const {
-  SplitKWorkspace s = cur_ ? ws_->splitk_aux : ws_->splitk;
-  s.schedule = options_.paths.gemv_stream ? GemvSchedule::Stream : GemvSchedule::Tiles;
-  return s;
-}
+const SplitKWorkspace& CudaModel::splitk() const { return cur_ ? ws_->splitk_aux : ws_->splitk; }
 
 bool CudaModel::branches(const Rows& r) const {
   // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace).
@@ -444,8 +440,6 @@ Status CudaModel::fork_engram(const Rows& r) {
   Workspace& w = *ws_;
   Tables& t = *tables_;
   const cudaStream_t s = stream_.get(), e = t.engram.get();
-  SplitKWorkspace engram_splitk = w.splitk_engram;  // the serial path's schedule: the same bits
-  engram_splitk.schedule = splitk().schedule;
   const int64_t last = r.tail ? plan().num_layers() - 1 : plan().last_kv_source;
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(t.engram_fork_ev, s));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(e, t.engram_fork_ev, 0));
@@ -464,7 +458,7 @@ Status CudaModel::fork_engram(const Rows& r) {
     const bool pdl_gemv = pdl_rows_ && options_.paths.programmatic_launch && !profiler_;
     if (st.ok())
       st = gemv_quantized(E.wkv.quant(), w.ahead_codes[si], w.ahead_scales[si], r.n, w.ahead_kv[si], true, e,
-                          engram_splitk, pdl_gemv);
+                          w.splitk_engram, pdl_gemv);
     const cudaError_t rec = cudaEventRecord(t.engram_done_ev[si], e);
     if (!st.ok()) return st.error().with_context("Engram layer " + str(l) + " (ahead)");
     CEDAR_CUDA_RETURN_IF_ERROR(rec);

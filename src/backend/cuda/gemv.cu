@@ -30,7 +30,6 @@
 #include "backend/cuda/f16_stage.h"
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/gemv_common.cuh"
-#include "backend/cuda/gemv_stream.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -498,68 +497,6 @@ GemvOperands tile_operands(const GemvGroupItem& it, int64_t in, int64_t out, int
   return o;
 }
 
-SplitKSize larger(const SplitKSize& a, const SplitKSize& b) {
-  return SplitKSize{std::max(a.partial_floats, b.partial_floats), std::max(a.counters, b.counters)};
-}
-
-// The stream schedule (gemv_stream.cu) for `count` FP8 matrices (item i: mats_out[i] rows, `shape`'s in
-// and blocks) when the workspace asks for it and it applies: operands aligned for its 16-byte copies
-// (weights, codes and their rows, activation scales and their rows; 4-byte weight-scale rows), a
-// workspace large enough for the plan's shared tiles. `*used` says whether it ran.
-Status gemv_stream_items(const QuantWeightView& shape, const int64_t* mats_out, const GemvGroupItem* items,
-                         int64_t count, int64_t n, bool bf16_output, cudaStream_t stream, const SplitKWorkspace& splitk,
-                         bool programmatic_launch, bool* used) {
-  *used = false;
-  if (splitk.schedule != GemvSchedule::Stream || shape.format != QuantWeightFormat::FP8Block || count < 1 ||
-      count > kMaxGroup || n < 1)
-    return Status::Ok();
-  auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
-  const int64_t scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
-  int64_t tiles = 0;
-  StreamParams p{};
-  for (int64_t i = 0; i < count; ++i) {
-    const GemvGroupItem& it = items[i];
-    const int64_t ss = it.act_scale_row_stride ? it.act_scale_row_stride : shape.in / 32;
-    if (!aligned(it.data, 16) || !aligned(it.act_codes, 16) || !aligned(it.act_scales, 16) || ss % 4 != 0 ||
-        (shape.block_in == 32 && (!aligned(it.scales, 4) || scale_cols % 4 != 0)))
-      return Status::Ok();
-    tiles += (mats_out[i] + kRowsPerBlock - 1) / kRowsPerBlock;
-    p.tile_end[i] = static_cast<int32_t>(tiles);
-  }
-  p.count = static_cast<int>(count);
-  p.in = shape.in;
-  p.block_out = shape.block_out;
-  p.scale_cols = scale_cols;
-  while ((int64_t{32} << p.kb_shift) < shape.block_in) ++p.kb_shift;
-  p.bf16_output = bf16_output;
-  p.partials = splitk.partials;
-  p.counters = splitk.counters;
-  // Every token tile's plan first (one kind: the schedule applies to all of the call or none of it).
-  std::vector<StreamPlan> plans;
-  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
-    const StreamPlan plan = plan_gemv_stream(tiles, shape.in, std::min<int64_t>(kTokensPerTile, n - t0));
-    if (plan.items <= 0 || plan.items > 0x7FFFFFFF) return Status::Ok();
-    if (plan.ksplit > 1 &&
-        (splitk.partials == nullptr || splitk.counters == nullptr || splitk.counter_count < tiles ||
-         splitk.partial_floats < tiles * plan.ksplit * kRowsPerBlock * kTokensPerTile))
-      return Status::Ok();
-    plans.push_back(plan);
-  }
-  for (int64_t t0 = 0, k = 0; t0 < n; t0 += kTokensPerTile, ++k) {
-    const StreamPlan& plan = plans[static_cast<size_t>(k)];
-    for (int64_t i = 0; i < count; ++i) p.ops[i] = tile_operands(items[i], shape.in, mats_out[i], t0, mats_out[i]);
-    p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
-    p.chunks = static_cast<int32_t>(plan.chunks);
-    p.item_chunks = static_cast<int32_t>(plan.item_chunks);
-    p.ksplit = static_cast<int32_t>(plan.ksplit);
-    p.items = static_cast<int32_t>(plan.items);
-    p.warps_total = static_cast<int32_t>(plan.warps_total);
-    CEDAR_RETURN_IF_ERROR(launch_gemv_stream(p, plan, p.kb_shift == 0, stream, programmatic_launch));
-  }
-  *used = true;
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status quantize_act_fp8(const float* x, int64_t n, int64_t in, uint16_t* codes, float* scales, cudaStream_t stream,
@@ -639,10 +576,8 @@ Status gemv_fp8_staged(const StagedGemvArgs& a, cudaStream_t stream, const Split
 SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
   count = std::min<int64_t>(std::max<int64_t>(count, 1), kMaxGroup);
   const int64_t ksplit = choose_ksplit(w, count);
-  const int64_t tiles = count * ((w.out + kRowsPerBlock - 1) / kRowsPerBlock);
-  const SplitKSize tiled = ksplit <= 1 ? SplitKSize{} : SplitKSize{count * ksplit * kTokensPerTile * w.out, tiles};
-  if (w.format != QuantWeightFormat::FP8Block) return tiled;
-  return larger(tiled, stream_workspace_size(tiles, w.in));
+  if (ksplit <= 1) return {};
+  return SplitKSize{count * ksplit * kTokensPerTile * w.out, count * ((w.out + kRowsPerBlock - 1) / kRowsPerBlock)};
 }
 
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
@@ -663,11 +598,6 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
   while ((int64_t{32} << kb_shift) < shape.block_in) ++kb_shift;
   for (int64_t g0 = 0; g0 < count; g0 += kMaxGroup) {
     const int64_t group = std::min<int64_t>(kMaxGroup, count - g0);
-    const std::vector<int64_t> outs(static_cast<size_t>(group), shape.out);
-    bool streamed = false;
-    CEDAR_RETURN_IF_ERROR(gemv_stream_items(shape, outs.data(), items + g0, group, n, bf16_output, stream, splitk,
-                                            programmatic_launch, &streamed));
-    if (streamed) continue;
     int64_t ksplit = choose_ksplit(shape, group);
     const SplitKSize need = splitk_workspace_size(shape, group);
     if (ksplit > 1 && (splitk.partials == nullptr || splitk.counters == nullptr ||
@@ -709,11 +639,8 @@ SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t coun
   QuantWeightView tallest = mats[0];
   tallest.out = out;
   const int64_t ksplit = choose_ksplit_tiles(tallest, tiles);
-  const SplitKSize tiled = ksplit <= 1 ? SplitKSize{}
-                                       : SplitKSize{count * ksplit * kTokensPerTile * out,
-                                                    count * ((out + kRowsPerBlock - 1) / kRowsPerBlock)};
-  if (tallest.format != QuantWeightFormat::FP8Block) return tiled;
-  return larger(tiled, stream_workspace_size(tiles, tallest.in));
+  if (ksplit <= 1) return {};
+  return SplitKSize{count * ksplit * kTokensPerTile * out, count * ((out + kRowsPerBlock - 1) / kRowsPerBlock)};
 }
 
 Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
@@ -740,14 +667,6 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
   }
   QuantWeightView tallest = mats[0];
   tallest.out = out;
-  {
-    std::vector<int64_t> outs(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) outs[static_cast<size_t>(i)] = mats[i].out;
-    bool streamed = false;
-    CEDAR_RETURN_IF_ERROR(gemv_stream_items(tallest, outs.data(), items, count, n, bf16_output, stream, splitk,
-                                            programmatic_launch, &streamed));
-    if (streamed) return Status::Ok();
-  }
   int64_t ksplit = choose_ksplit_tiles(tallest, tiles);
   const SplitKSize need = splitk_workspace_size_multi(mats, count);
   if (ksplit > 1 && (splitk.partials == nullptr || splitk.counters == nullptr ||

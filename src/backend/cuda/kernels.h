@@ -61,21 +61,15 @@ struct QuantWeightView {
 // kernel splits K over several blocks so the whole GPU streams the weight; their sums meet here.
 // Counters must be zero before the first call (the kernel re-arms them: graph-replayable). Without
 // it (or when too small) the GEMV runs unsplit — same result, fewer blocks.
-// The FP8 GEMV's schedule: Tiles — a block per 16-row tile, its warps splitting K (split-K across blocks
-// for few tiles); Stream — warp-persistent, each warp pipelining a contiguous run of 2 KiB weight chunks
-// through shared memory (gemv_stream.cu). Same arithmetic per K block; the block sums are added in
-// another order. MXFP4 always takes Tiles.
-enum class GemvSchedule : uint8_t { Tiles, Stream };
 struct SplitKWorkspace {
   float* partials = nullptr;
   unsigned* counters = nullptr;
   int64_t partial_floats = 0, counter_count = 0;
-  GemvSchedule schedule = GemvSchedule::Tiles;
 };
 struct SplitKSize {
   int64_t partial_floats = 0, counters = 0;  // zeros: this weight is never split
 };
-// For `count` matrices of w's shape launched together (gemv_quantized_grouped), either schedule.
+// For `count` matrices of w's shape launched together (gemv_quantized_grouped).
 SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count = 1);
 
 // y[t, out] = Σ_kblocks (Σ q_a·q_w) · s_a · s_w for n tokens of quantized activations (quantize_act_fp8);

@@ -913,18 +913,6 @@ TEST_P(CudaModelParity, LegacyPathsMatchCpu) {
   check_scenario(GetParam() + " legacy paths 77", sc);
 }
 
-TEST_P(CudaModelParity, StreamScheduledGemvsMatchCpu) {
-  CEDAR_REQUIRE_MODEL(m, GetParam());
-  PathsGuard guard(*m->gpu);
-  // Every FP8 GEMV of prefill tiles and decode on the stream schedule (gemv_stream.cu): its block sums
-  // are added in another order, so the CPU oracle's bounds apply.
-  CudaKernelPaths p;
-  p.gemv_stream = true;
-  m->gpu->set_paths(p);
-  const Scenario sc = run_scenario(*m, prompt(21, 36), {}, 6, false);
-  check_scenario(GetParam() + " stream gemv 21", sc);
-}
-
 TEST_P(CudaModelParity, RoutedItemTablesAboveTheGemvTileMatchCpu) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   std::string error;

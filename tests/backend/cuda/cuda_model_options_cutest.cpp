@@ -71,7 +71,6 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
       {"warp_items", &CudaKernelPaths::warp_items, true, false},
-      {"gemv_stream", &CudaKernelPaths::gemv_stream, false, false},  // s16: until measured
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {

@@ -212,16 +212,6 @@ void check_gemv(const QuantWeightHost& w, int64_t n, uint32_t seed, const std::s
     ASSERT_TRUE(s.ok()) << s.error().message;
     EXPECT_TRUE(parity(tag + " unsplit", download(dy), want, tol, bound));
   }
-  if (view.format == QuantWeightFormat::FP8Block) {  // the stream schedule, the same workspace
-    SplitKWorkspace streamed = ws.splitk;
-    streamed.schedule = GemvSchedule::Stream;
-    for (int rep = 0; rep < 2; ++rep) {  // the second run checks that the tile tickets re-armed
-      ASSERT_TRUE(dy.zero().ok());
-      const Status s = gemv_quantized(view, dcodes.get(), dscales.get(), n, dy.get(), true, nullptr, streamed);
-      ASSERT_TRUE(s.ok()) << s.error().message;
-      EXPECT_TRUE(parity(tag + " stream", download(dy), want, tol, bound));
-    }
-  }
 }
 
 TEST(CudaGemvFp8, MatchesCpuLinear) {
@@ -249,8 +239,7 @@ TEST(CudaGemvMxfp4, MatchesCpuLinear) {
 }
 
 // Several matrices in one launch (the routed experts of a token): each item against cpu::linear.
-void check_grouped(bool fp4, int64_t count, int64_t out, int64_t in, int64_t n, bool with_splitk, uint32_t seed,
-                   GemvSchedule schedule = GemvSchedule::Tiles) {
+void check_grouped(bool fp4, int64_t count, int64_t out, int64_t in, int64_t n, bool with_splitk, uint32_t seed) {
   std::vector<QuantWeightHost> hw;
   std::vector<std::vector<float>> xs, want(count), bound(count);
   for (int64_t i = 0; i < count; ++i) {
@@ -285,17 +274,15 @@ void check_grouped(bool fp4, int64_t count, int64_t out, int64_t in, int64_t n, 
   auto dpart = alloc<float>(split.partial_floats);
   auto dcount = alloc<unsigned>(split.counters);
   ASSERT_TRUE(dcount.zero().ok());
-  const Status s =
-      gemv_quantized_grouped(shape, items.data(), count, n, true, nullptr,
-                             SplitKWorkspace{dpart.get(), dcount.get(), split.partial_floats, split.counters, schedule});
+  const Status s = gemv_quantized_grouped(shape, items.data(), count, n, true, nullptr,
+                                          SplitKWorkspace{dpart.get(), dcount.get(), split.partial_floats, split.counters});
   ASSERT_TRUE(s.ok()) << s.error().message;
   // Same tolerance and reasons as check_gemv.
   Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
   for (int64_t i = 0; i < count; ++i)
     EXPECT_TRUE(parity(std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + " grouped " + std::to_string(i) + "/" +
                            std::to_string(count) + " " + std::to_string(out) + "x" + std::to_string(in) +
-                           " n=" + std::to_string(n) + (with_splitk ? " splitk" : "") +
-                           (schedule == GemvSchedule::Stream ? " stream" : ""),
+                           " n=" + std::to_string(n) + (with_splitk ? " splitk" : ""),
                        download(dy[i]), want[i], tol, bound[i]));
 }
 
@@ -304,10 +291,6 @@ TEST(CudaGemvGrouped, MatchesCpuPerMatrix) {
   check_grouped(true, 3, 128, 2048, 3, true, 61);   // MXFP4 experts, split-K per group member
   check_grouped(false, 2, 72, 1024, 1, false, 62);  // FP8, partial row tile
   check_grouped(true, 18, 32, 64, 9, false, 63);    // more than one launch of 16, two token tiles
-  // The stream schedule: tiles of several matrices shared by warps (workspace), a partial last tile per
-  // matrix, K not a multiple of a chunk (1056 = 8 chunks + one block), two token tiles.
-  check_grouped(false, 3, 72, 1056, 9, true, 64, GemvSchedule::Stream);
-  check_grouped(false, 18, 40, 4096, 1, true, 65, GemvSchedule::Stream);
 }
 
 TEST(CudaGemv, RejectsBadShapes) {

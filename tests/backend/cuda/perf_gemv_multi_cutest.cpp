@@ -25,8 +25,7 @@ using testing::upload;
 // (tensor-core block sums and the K split's order).
 const Tolerance kGemvTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
 
-void check_multi(const std::vector<QuantWeightHost>& ws, int64_t n, bool splitk, const std::string& name,
-                 GemvSchedule schedule = GemvSchedule::Tiles) {
+void check_multi(const std::vector<QuantWeightHost>& ws, int64_t n, bool splitk, const std::string& name) {
   const int64_t in = ws[0].cpu.in;
   const auto x = testing::random_acts(static_cast<size_t>(n * in), 5);
   auto dx = upload(x);
@@ -53,7 +52,7 @@ void check_multi(const std::vector<QuantWeightHost>& ws, int64_t n, bool splitk,
   auto part = alloc<float>(static_cast<size_t>(std::max<int64_t>(need.partial_floats, 1)));
   auto cnt = alloc<unsigned>(static_cast<size_t>(std::max<int64_t>(need.counters, 1)));
   ASSERT_TRUE(cnt.zero().ok());
-  const SplitKWorkspace wsk{part.get(), cnt.get(), need.partial_floats, need.counters, schedule};
+  const SplitKWorkspace wsk{part.get(), cnt.get(), need.partial_floats, need.counters};
   std::vector<std::vector<float>> first;
   for (int rep = 0; rep < 2; ++rep) {
     const Status s =
@@ -65,8 +64,7 @@ void check_multi(const std::vector<QuantWeightHost>& ws, int64_t n, bool splitk,
         first.push_back(y);
         const auto ref = testing::reference_rows(ws[i], x, n, 0, ws[i].cpu.out, 32, true, nullptr);
         EXPECT_TRUE(parity(name + " matrix " + std::to_string(i) + " " + std::to_string(ws[i].cpu.out) + "x" +
-                               std::to_string(in) + " n=" + std::to_string(n) + (need.counters ? " splitk" : "") +
-                               (schedule == GemvSchedule::Stream ? " stream" : ""),
+                               std::to_string(in) + " n=" + std::to_string(n) + (need.counters ? " splitk" : ""),
                            y, ref.want, kGemvTol, ref.bound));
       } else {
         EXPECT_EQ(std::memcmp(y.data(), first[i].data(), y.size() * sizeof(float)), 0)
@@ -83,11 +81,7 @@ TEST(CudaGemvMulti, DifferentHeightsOneLaunch) {
   for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{9}}) {
     check_multi(attn, n, true, "gemv multi wq_a+wkv");
     check_multi(attn, n, false, "gemv multi wq_a+wkv");
-    check_multi(attn, n, true, "gemv multi wq_a+wkv", GemvSchedule::Stream);
   }
-  // wq_b + the indexer's wq_b (K = 1280: ten chunks per row) and a partial tile, on the stream schedule.
-  check_multi({testing::random_fp8_weight(4096, 1280, 32, 6), testing::random_fp8_weight(1000, 1280, 32, 7)}, 1, true,
-              "gemv multi stream", GemvSchedule::Stream);
   check_multi({testing::random_mxfp4_weight(64, 256, 3), testing::random_mxfp4_weight(96, 256, 4),
                testing::random_mxfp4_weight(16, 256, 5)},
               5, true, "gemv multi mxfp4");
