@@ -112,10 +112,12 @@ struct GemvParams {
   int warps;                      // = blockDim.x / 32 (gemv_warps)
 };
 
+// ---- MXFP4 (plain layout): thread (g = lane/4, t = lane%4) holds values 8t..8t+7 of each K block ----
+
 struct ChunkPointers {  // this thread's operands at K block 0
   const uint8_t* w_lo;   // row g, this thread's bytes of K block 0
   const uint8_t* w_hi;   // row g + 8
-  const uint8_t* s_lo;   // weight scale row of row g (FP8: of the tile)
+  const uint8_t* s_lo;   // weight scale row of row g
   const uint8_t* s_hi;
   const uint16_t* act;   // token g, this thread's values of K block 0
   const float* as0;      // activation scales of tokens 2t, 2t+1
@@ -123,14 +125,11 @@ struct ChunkPointers {  // this thread's operands at K block 0
 };
 
 // kU consecutive K blocks from kb0 into acc (the MMA accumulator layout); `c` points at kb0. kFull: all
-// inside the range, so every operand sits at a constant offset (immediate in the loads). kScaleStep:
-// one weight scale per K block (MXFP4; FP8 with 32-wide blocks), also at constant offsets; otherwise
-// FP8's scale of block kb is s_row[kb >> kb_shift] (s_row: the tile's first scale).
-template <bool kFp4, bool kFull, bool kScaleStep, bool kOne>
-__device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end, int kb_shift,
-                                           const uint8_t* s_row, float (&acc)[4]) {
-  constexpr int kU = kUnroll<kFp4>;
-  constexpr int kWBytes = kFp4 ? 16 : 32;
+// inside the range, so every operand sits at a constant offset (immediate in the loads).
+template <bool kFull>
+__device__ __forceinline__ void mxfp4_chunk(const ChunkPointers& c, int kb0, int kb_begin, int kb_end,
+                                            float (&acc)[4]) {
+  constexpr int kU = kUnroll<true>;
   // Per K block, thread t holds values 8t..8t+7 of rows g, g+8 (w01: values 0..3, w23: 4..7, e4m3 bytes)
   // and of token g (act: 8 f16). Two m16n8k16 MMAs: the first takes values 8t+{0,1} in k slots
   // 2t, 2t+1 and 8t+{2,3} in 2t+8, 2t+9; the second values 8t+{4..7} alike.
@@ -142,29 +141,18 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
     const bool k_ok = kFull || kb0 + u < kb_end;
     const int off = k_ok ? u : kb_begin - kb0;  // past the range: a valid block, zeroed by sa = 0 below
     act[u] = __ldg(reinterpret_cast<const uint4*>(c.act + off * 32));
-    if constexpr (kFp4) {
-      // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order. Plain
-      // loads: with ld_weight's L2 hint these 4-byte loads ran 4-6 % slower alone (s14 kernel rows), and
-      // decode reads the experts through the packed GEMV (gemv_packed.cu), which has the hint.
-      const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(c.w_lo + off * kWBytes));
-      const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(c.w_hi + off * kWBytes));
-      e2m1x8_to_e4m3(lo, w_lo[u][0], w_lo[u][1]);  // values 0..3, 4..7
-      e2m1x8_to_e4m3(hi, w_hi[u][0], w_hi[u][1]);
-      // 2^6 undoes the e2m1 → e4m3 exponent shift.
-      sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + off));
-      sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + off));
-    } else {
-      const uint2 lo = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_lo + off * kWBytes));
-      const uint2 hi = detail::ld_weight_folded_policy(reinterpret_cast<const uint2*>(c.w_hi + off * kWBytes));
-      w_lo[u][0] = lo.x;
-      w_lo[u][1] = lo.y;
-      w_hi[u][0] = hi.x;
-      w_hi[u][1] = hi.y;
-      sw_lo[u] = detail::ue8m0_scale(kScaleStep ? __ldg(c.s_lo + off) : __ldg(s_row + ((kb0 + off) >> kb_shift)));
-      sw_hi[u] = sw_lo[u];
-    }
+    // 16 bytes per row-block: one 32-bit word of 8 nibbles per thread, to e4m3 in value order. Plain
+    // loads: with ld_weight's L2 hint these 4-byte loads ran 4-6 % slower alone (s14 kernel rows), and
+    // decode reads the experts through the packed GEMV (gemv_packed.cu), which has the hint.
+    const uint32_t lo = __ldg(reinterpret_cast<const uint32_t*>(c.w_lo + off * 16));
+    const uint32_t hi = __ldg(reinterpret_cast<const uint32_t*>(c.w_hi + off * 16));
+    e2m1x8_to_e4m3(lo, w_lo[u][0], w_lo[u][1]);  // values 0..3, 4..7
+    e2m1x8_to_e4m3(hi, w_hi[u][0], w_hi[u][1]);
+    // 2^6 undoes the e2m1 → e4m3 exponent shift.
+    sw_lo[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_lo + off));
+    sw_hi[u] = 64.0f * detail::ue8m0_scale(__ldg(c.s_hi + off));
     sa0[u] = k_ok ? __ldg(c.as0 + off) : 0.0f;
-    sa1[u] = k_ok && !kOne ? __ldg(c.as1 + off) : 0.0f;
+    sa1[u] = k_ok ? __ldg(c.as1 + off) : 0.0f;
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -178,62 +166,205 @@ __device__ __forceinline__ void gemv_chunk(const ChunkPointers& c, int kb0, int 
     // Scales are powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w.
     // A block past the K range has sa = 0 (its finite MMA result vanishes).
     acc[0] += d[0] * (sw_lo[u] * sa0[u]);
+    acc[1] += d[1] * (sw_lo[u] * sa1[u]);
     acc[2] += d[2] * (sw_hi[u] * sa0[u]);
-    if (!kOne) {  // kOne: one token, so the accumulator columns of odd tokens are never stored
-      acc[1] += d[1] * (sw_lo[u] * sa1[u]);
-      acc[3] += d[3] * (sw_hi[u] * sa1[u]);
-    }
+    acc[3] += d[3] * (sw_hi[u] * sa1[u]);
   }
 }
 
 // One warp's chunks of the K range [kb_begin, kb_end): kU blocks from `first`, then every `step` blocks,
 // summed in that order. The operand pointers are loop-carried and advance by constant strides, so each
 // chunk costs a few adds; computed from the chunk's index instead, the compiler re-derived every row's
-// address (its clamp, 64-bit multiply and adds) per chunk — a third of the FP8 loop's instructions
-// (SASS, s15). Only the last chunk can reach past kb_end.
-template <bool kFp4, bool kScaleStep, bool kOne>
-__device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
-                                            int kb_shift, float (&acc)[4]) {
-  static_assert(!kFp4 || kScaleStep, "MXFP4 has one scale per K block");
-  constexpr int kU = kUnroll<kFp4>;
-  constexpr int kWBytes = kFp4 ? 16 : 32;
-  ChunkPointers c{at0.w_lo + first * kWBytes, at0.w_hi + first * kWBytes,
-                  kScaleStep ? at0.s_lo + first : at0.s_lo, kScaleStep ? at0.s_hi + first : at0.s_hi,
-                  at0.act + first * 32, at0.as0 + first, at0.as1 + first};
+// address (its clamp, 64-bit multiply and adds) per chunk (SASS, s15). Only the last chunk can reach
+// past kb_end.
+__device__ __forceinline__ void mxfp4_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
+                                             float (&acc)[4]) {
+  constexpr int kU = kUnroll<true>;
+  ChunkPointers c{at0.w_lo + first * 16, at0.w_hi + first * 16, at0.s_lo + first, at0.s_hi + first,
+                  at0.act + first * 32,  at0.as0 + first,       at0.as1 + first};
   int kb0 = first;
   for (; kb0 + kU <= kb_end; kb0 += step) {
-    gemv_chunk<kFp4, true, kScaleStep, kOne>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
-    c.w_lo += step * kWBytes;
-    c.w_hi += step * kWBytes;
-    if (kScaleStep) {
-      c.s_lo += step;
-      c.s_hi += step;
-    }
+    mxfp4_chunk<true>(c, kb0, kb_begin, kb_end, acc);
+    c.w_lo += step * 16;
+    c.w_hi += step * 16;
+    c.s_lo += step;
+    c.s_hi += step;
     c.act += step * 32;
     c.as0 += step;
     c.as1 += step;
   }
-  if (kb0 < kb_end) gemv_chunk<kFp4, false, kScaleStep, kOne>(c, kb0, kb_begin, kb_end, kb_shift, at0.s_lo, acc);
+  if (kb0 < kb_end) mxfp4_chunk<false>(c, kb0, kb_begin, kb_end, acc);
 }
 
-// FP8 with one scale per K block (block_in 32, V4.1) walks its scales like the other operands.
-template <bool kFp4, bool kOne = false>
-__device__ __forceinline__ void gemv_warp_k(const ChunkPointers& at0, int first, int step, int kb_begin, int kb_end,
-                                            int kb_shift, float (&acc)[4]) {
-  if constexpr (kFp4) gemv_warp_k<true, true, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
-  else if (kb_shift == 0) gemv_warp_k<false, true, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
-  else gemv_warp_k<false, false, kOne>(at0, first, step, kb_begin, kb_end, kb_shift, acc);
+// Thread (g, t)'s accumulators (rows g, g+8 × tokens 2t, 2t+1) into its warp's partial tile.
+__device__ __forceinline__ void mxfp4_store(float (&part)[kRowsPerBlock][kTokensPerTile], const float (&acc)[4], int g,
+                                            int t) {
+  part[g][2 * t] = acc[0];
+  part[g][2 * t + 1] = acc[1];
+  part[g + 8][2 * t] = acc[2];
+  part[g + 8][2 * t + 1] = acc[3];
 }
 
-// Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its 8 warps take runs of kUnroll
-// consecutive K blocks (whole 128-byte lines per row for FP8), each accumulating a 16×8 tile in the MMA's
-// accumulator layout (thread (g = lane/4, t = lane%4) holds rows g, g+8 × tokens 2t, 2t+1). With
-// ksplit > 1 the K ranges' sums meet in split_partials and the last block of the row tile (atomic
-// ticket) adds them in split order, so the result does not depend on scheduling.
-// kOne (FP8, n = 1: every decode GEMV at batch 1): the odd tokens' accumulator columns are never
-// stored, so their activation scales and scale math are skipped (the MMA computes them regardless).
-template <bool kFp4, bool kOne = false>
-__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
+// ---- FP8: K blocks in pairs, 16-byte weight loads ------------------------------------------------
+// A K-block pair is 64 bytes of a row; thread (g, t) loads bytes 16t..16t+15 of it — half (t & 1) of
+// block (t >> 1) — so one warp load covers 64 contiguous bytes of 8 rows: half the load instructions,
+// L1 wavefronts and L2 requests per weight byte of one 8-byte piece per lane (s16 ncu: the 8-byte form
+// kept L1's data pipe 75 % and L2's tags 61 % busy at 64 % of DRAM bandwidth). Each thread's 16 values
+// then belong to one block of the pair, and a block's scales must multiply its sum alone, so the MMA's
+// columns separate the blocks: column 2c + b holds token c's activations of block b in the k slots of
+// the lanes holding block b and zeros in the others, so D[row][2c + b] is Σ over block b exactly as a
+// block's own MMA would form it, and 4 chained MMAs (4 values per lane each) finish both blocks' sums.
+// Four tokens per pass: as many MMAs per weight byte as the one-block form for n <= 4 (every decode
+// GEMV at batch 1..4); a second pass over the same converted weights for tokens 4..7. Every (token,
+// block) sum is formed the same way in either pass, so a token's result does not depend on n.
+constexpr int kFp8PairBytes = 64;
+
+struct Fp8Lane {  // this thread's operands at K block 0
+  const uint8_t* w_lo;    // row g, bytes 16t.. of the pair
+  const uint8_t* w_hi;    // row g + 8
+  const uint8_t* s_row;   // the tile's weight-scale row (16 rows share it)
+  const uint16_t* act0;   // B operand: token g/2, values 16t.. of the pair (pass 0)
+  const uint16_t* act1;   // token 4 + g/2 (pass 1)
+  const float* as0;       // activation scales of accumulator token t (pass 0)
+  const float* as1;       // token 4 + t (pass 1)
+  bool live;              // (g & 1) == (t >> 1): this lane's column takes its own block (else zeros)
+};
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// kU consecutive K blocks from kb0 (kU / 2 pairs); `c` points at kb0. kFull: all inside the range
+// (constant offsets). kScaleStep: one weight scale per K block; else block kb's is s_row[kb >> kb_shift].
+template <bool kFull, bool kScaleStep, bool kTok8>
+__device__ __forceinline__ void fp8_chunk(const Fp8Lane& c, int kb0, int kb_begin, int kb_end, int kb_shift, int t,
+                                          uint64_t policy, float (&acc)[4]) {
+  constexpr int kPairs = kUnroll<false> / 2;
+  uint4 wl[kPairs], wh[kPairs], a0[kPairs][2], a1[kPairs][2];
+  float sw[kPairs][2], sa0[kPairs][2], sa1[kPairs][2];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const bool ok_e = kFull || kb0 + 2 * j < kb_end, ok_o = kFull || kb0 + 2 * j + 1 < kb_end;
+    // A block past the range reads block kb_begin (valid memory) and gets sa = 0 below.
+    const int off = ((t >> 1) ? ok_o : ok_e) ? kFp8PairBytes * j : 32 * (kb_begin - kb0) - 32 * (t >> 1);
+    wl[j] = detail::ld_weight(reinterpret_cast<const uint4*>(c.w_lo + off), policy);
+    wh[j] = detail::ld_weight(reinterpret_cast<const uint4*>(c.w_hi + off), policy);
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    a0[j][0] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act0 + off)) : zero;
+    a0[j][1] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act0 + off + 8)) : zero;
+    if constexpr (kTok8) {
+      a1[j][0] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act1 + off)) : zero;
+      a1[j][1] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act1 + off + 8)) : zero;
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const bool ok = b ? ok_o : ok_e;
+      const int ob = ok ? 2 * j + b : kb_begin - kb0;
+      sw[j][b] = detail::ue8m0_scale(kScaleStep ? __ldg(c.s_row + ob) : __ldg(c.s_row + ((kb0 + ob) >> kb_shift)));
+      sa0[j][b] = ok ? __ldg(c.as0 + ob) : 0.0f;
+      sa1[j][b] = kTok8 && ok ? __ldg(c.as1 + ob) : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {  // values 4m..4m+3 of the lane's 16: k slots 2t, 2t+1, 2t+8, 2t+9
+      const uint32_t lo = word(wl[j], m), hi = word(wh[j], m);
+      const uint32_t a[4] = {e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi), e4m3x2_hi_to_f16x2(lo), e4m3x2_hi_to_f16x2(hi)};
+      mma_f16(a, word(a0[j][m >> 1], 2 * (m & 1)), word(a0[j][m >> 1], 2 * (m & 1) + 1), d0);
+      if constexpr (kTok8) mma_f16(a, word(a1[j][m >> 1], 2 * (m & 1)), word(a1[j][m >> 1], 2 * (m & 1) + 1), d1);
+    }
+    // D columns 2t, 2t+1: token t's sums of the even and odd block, added in block order. Scales are
+    // powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w; a block past the K
+    // range has sa = 0 (its finite sum vanishes).
+    const float se = sw[j][0] * sa0[j][0], so = sw[j][1] * sa0[j][1];
+    acc[0] += d0[0] * se;
+    acc[0] += d0[1] * so;
+    acc[1] += d0[2] * se;
+    acc[1] += d0[3] * so;
+    if constexpr (kTok8) {
+      const float se1 = sw[j][0] * sa1[j][0], so1 = sw[j][1] * sa1[j][1];
+      acc[2] += d1[0] * se1;
+      acc[2] += d1[1] * so1;
+      acc[3] += d1[2] * se1;
+      acc[3] += d1[3] * so1;
+    }
+  }
+}
+
+// One warp's chunks (the MXFP4 schedule: kU blocks from `first`, then every `step`), pointers loop-carried.
+template <bool kScaleStep, bool kTok8>
+__device__ __forceinline__ void fp8_warp_k(const Fp8Lane& at0, int first, int step, int kb_begin, int kb_end,
+                                           int kb_shift, int t, float (&acc)[4]) {
+  constexpr int kU = kUnroll<false>;
+  Fp8Lane c = at0;
+  c.w_lo += first * 32;
+  c.w_hi += first * 32;
+  if (kScaleStep) c.s_row += first;
+  c.act0 += first * 32;
+  c.act1 += first * 32;
+  c.as0 += first;
+  c.as1 += first;
+  const uint64_t policy = detail::l2_evict_first_policy();
+  int kb0 = first;
+  for (; kb0 + kU <= kb_end; kb0 += step) {
+    fp8_chunk<true, kScaleStep, kTok8>(c, kb0, kb_begin, kb_end, kb_shift, t, policy, acc);
+    c.w_lo += step * 32;
+    c.w_hi += step * 32;
+    if (kScaleStep) c.s_row += step;
+    c.act0 += step * 32;
+    c.act1 += step * 32;
+    c.as0 += step;
+    c.as1 += step;
+  }
+  if (kb0 < kb_end) fp8_chunk<false, kScaleStep, kTok8>(c, kb0, kb_begin, kb_end, kb_shift, t, policy, acc);
+}
+
+// FP8 with one scale per K block (block_in 32, V4.1) walks its scales like the other operands; wider
+// blocks (V4: 128) index them by kb >> kb_shift from the row's start.
+template <bool kTok8>
+__device__ __forceinline__ void fp8_tile(const Fp8Lane& at0, int first, int step, int kb_begin, int kb_end,
+                                         int kb_shift, int t, float (&acc)[4]) {
+  if (kb_shift == 0) fp8_warp_k<true, kTok8>(at0, first, step, kb_begin, kb_end, kb_shift, t, acc);
+  else fp8_warp_k<false, kTok8>(at0, first, step, kb_begin, kb_end, kb_shift, t, acc);
+}
+
+// Thread (g, t)'s accumulators (rows g, g+8 × tokens t and, with kTok8, t + 4) into its warp's tile.
+template <bool kTok8>
+__device__ __forceinline__ void fp8_store(float (&part)[kRowsPerBlock][kTokensPerTile], const float (&acc)[4], int g,
+                                          int t) {
+  part[g][t] = acc[0];
+  part[g + 8][t] = acc[1];
+  if (kTok8) {
+    part[g][t + 4] = acc[2];
+    part[g + 8][t + 4] = acc[3];
+  }
+}
+
+// Adds the warps' tiles (warp order) for thread e's (row, token) of the block; tokens past n: 0.
+__device__ __forceinline__ float sum_partials(const float (&partial)[kGemvWarps][kRowsPerBlock][kTokensPerTile],
+                                              int warps, int row, int tok, int n) {
+  float sum = 0.0f;
+  if (tok < n)
+    for (int w = 0; w < warps; ++w) sum += partial[w][row][tok];
+  return sum;
+}
+
+// Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its warps take runs of kUnroll
+// consecutive K blocks (whole 128-byte lines per row for FP8), strided by the warp count, each
+// accumulating a 16-row tile. With ksplit > 1 the K ranges' sums meet in split_partials and the last
+// block of the row tile (atomic ticket) adds them in split order, so the result does not depend on
+// scheduling. kTok8 (FP8): tokens 4..7 present (a second MMA pass).
+// The kTok8 instance holds twice the activation fragments: at 3 blocks per SM (80 registers) it spilled
+// (ptxas -v), so it runs at 2 — the warp count per block (gemv_warps) is the one-token kernel's either way,
+// which keeps the summation order, and so the bits, independent of n.
+template <bool kFp4, bool kTok8>
+constexpr int kMinBlocks = kTok8 ? 2 : kMinBlocksPerSm<kFp4>;
+
+template <bool kFp4, bool kTok8 = false>
+__global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocks<kFp4, kTok8>)) gemv_quantized_kernel(GemvParams p) {
+  static_assert(!kFp4 || !kTok8, "kTok8 is an FP8 variant");
   constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
   __shared__ bool is_last;
@@ -253,24 +384,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
   const int kb_begin = static_cast<int>(blockIdx.y) * p.kb_per_split;
   const int kb_end = min(n_kb, kb_begin + p.kb_per_split);
   const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
-  const uint8_t* w_lo_ptr = op.w + r_lo * w_stride + t * (kFp4 ? 4 : 8);
-  const uint8_t* w_hi_ptr = op.w + r_hi * w_stride + t * (kFp4 ? 4 : 8);
-  // FP8: the tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
-  const uint8_t* s_lo = op.w_scales + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
-  const uint8_t* s_hi = kFp4 ? op.w_scales + r_hi * n_kb : s_lo;
-  const uint16_t* a_row = op.act + static_cast<int64_t>(g < p.n ? g : 0) * op.act_stride + t * 8;  // B operand: token g
-  const int tok0 = 2 * t, tok1 = 2 * t + 1;  // accumulator tokens
-  const float* as0 = op.act_scales + static_cast<int64_t>(tok0 < p.n ? tok0 : 0) * op.scale_stride;
-  const float* as1 = op.act_scales + static_cast<int64_t>(tok1 < p.n ? tok1 : 0) * op.scale_stride;
+  constexpr int kLaneBytes = kFp4 ? 4 : 16;  // a thread's bytes of a K block (MXFP4) / pair (FP8)
+  const uint8_t* w_lo_ptr = op.w + r_lo * w_stride + t * kLaneBytes;
+  const uint8_t* w_hi_ptr = op.w + r_hi * w_stride + t * kLaneBytes;
+  auto token = [&](int j) { return static_cast<int64_t>(j < p.n ? j : 0); };
 
   detail::pdl_launch_dependents();
-  {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row: the first and
-     // the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
+  {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row for FP8: the first
+     // and the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
      // on it; activations, outputs and the split-K workspace wait for it.
     constexpr int kWBytes = kFp4 ? 16 : 32;
     const int kb0 = kb_begin + warp * kU;
     if (kb0 < kb_end) {
-      const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * (kFp4 ? 4 : 8);
+      const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * kLaneBytes;
       detail::prefetch_l2(w_lo_ptr + first);
       detail::prefetch_l2(w_hi_ptr + first);
       if (kb0 + kU <= kb_end) {
@@ -280,21 +406,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
     }
   }
   detail::pdl_wait();
-  const ChunkPointers cp{w_lo_ptr, w_hi_ptr, s_lo, s_hi, a_row, as0, as1};
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  gemv_warp_k<kFp4, kOne>(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, acc);
-  partial[warp][g][tok0] = acc[0];
-  partial[warp][g][tok1] = acc[1];
-  partial[warp][g + 8][tok0] = acc[2];
-  partial[warp][g + 8][tok1] = acc[3];
+  if constexpr (kFp4) {
+    const ChunkPointers cp{w_lo_ptr,
+                           w_hi_ptr,
+                           op.w_scales + r_lo * n_kb,
+                           op.w_scales + r_hi * n_kb,
+                           op.act + token(g) * op.act_stride + t * 8,  // B operand: token g
+                           op.act_scales + token(2 * t) * op.scale_stride,
+                           op.act_scales + token(2 * t + 1) * op.scale_stride};
+    mxfp4_warp_k(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, acc);
+    mxfp4_store(partial[warp], acc, g, t);
+  } else {
+    // The tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
+    const Fp8Lane lane_ops{w_lo_ptr,
+                           w_hi_ptr,
+                           op.w_scales + (r_lo / p.block_out) * p.scale_cols,
+                           op.act + token(g >> 1) * op.act_stride + t * 16,
+                           op.act + token(4 + (g >> 1)) * op.act_stride + t * 16,
+                           op.act_scales + token(t) * op.scale_stride,
+                           op.act_scales + token(4 + t) * op.scale_stride,
+                           (g & 1) == (t >> 1)};
+    fp8_tile<kTok8>(lane_ops, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, t, acc);
+    fp8_store<kTok8>(partial[warp], acc, g, t);
+  }
   __syncthreads();
   const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
   const bool writer = threadIdx.x < kRowsPerBlock * kTokensPerTile && tok < p.n && row0 + row < out;
-  float sum = 0.0f;
-  if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
-#pragma unroll
-    for (int w = 0; w < p.warps; ++w) sum += partial[w][row][tok];
-  }
+  float sum = threadIdx.x < kRowsPerBlock * kTokensPerTile ? sum_partials(partial, p.warps, row, tok, p.n) : 0.0f;
   if (p.ksplit > 1) {
     float* split_partials = p.split_partials + static_cast<int64_t>(blockIdx.z) * p.ksplit * kTokensPerTile * p.out;
     unsigned* split_counters = p.split_counters + static_cast<int64_t>(blockIdx.z) * gridDim.x;
@@ -330,15 +469,15 @@ struct GemvItemsParams {
   int warps;  // = blockDim.x / 32 (gemv_warps)
 };
 
+// Both FP8 instances inlined (n per item) need kTok8's register budget: 2 blocks per SM.
 template <bool kFp4>
-__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_items_kernel(GemvItemsParams p) {
+__global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocks<kFp4, true>)) gemv_items_kernel(GemvItemsParams p) {
   constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
   detail::pdl_launch_dependents();
   detail::pdl_wait();  // under PDL: the item table and the activations come from the previous kernels
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int tok0 = 2 * t, tok1 = 2 * t + 1;
   const int n_kb = static_cast<int>(p.in / 32);
   const int64_t w_stride = kFp4 ? p.in / 2 : p.in;
   int64_t count = *p.count;
@@ -352,25 +491,41 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_i
     const uint8_t* ws = it->scales;
     const int64_t r_lo = row0 + g < p.out ? row0 + g : 0;
     const int64_t r_hi = row0 + g + 8 < p.out ? row0 + g + 8 : 0;
-    const uint8_t* s_lo = ws + (kFp4 ? r_lo * n_kb : (r_lo / p.block_out) * p.scale_cols);
-    const uint8_t* s_hi = kFp4 ? ws + r_hi * n_kb : s_lo;
-    const uint16_t* a_row = it->act_codes + static_cast<int64_t>(it->act_row[g < n ? g : 0]) * p.in + t * 8;
-    const float* as0 = it->act_scales + static_cast<int64_t>(it->act_row[tok0 < n ? tok0 : 0]) * n_kb;
-    const float* as1 = it->act_scales + static_cast<int64_t>(it->act_row[tok1 < n ? tok1 : 0]) * n_kb;
-    ChunkPointers cp{w + r_lo * w_stride + t * (kFp4 ? 4 : 8), w + r_hi * w_stride + t * (kFp4 ? 4 : 8), s_lo, s_hi,
-                     a_row, as0, as1};
+    auto act_row = [&](int j) { return static_cast<int64_t>(it->act_row[j < n ? j : 0]); };
+    const uint8_t* w_lo = w + r_lo * w_stride;
+    const uint8_t* w_hi = w + r_hi * w_stride;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    gemv_warp_k<kFp4>(cp, warp * kU, p.warps * kU, 0, n_kb, p.kb_shift, acc);
-    partial[warp][g][tok0] = acc[0];
-    partial[warp][g][tok1] = acc[1];
-    partial[warp][g + 8][tok0] = acc[2];
-    partial[warp][g + 8][tok1] = acc[3];
+    if constexpr (kFp4) {
+      const ChunkPointers cp{w_lo + t * 4,
+                             w_hi + t * 4,
+                             ws + r_lo * n_kb,
+                             ws + r_hi * n_kb,
+                             it->act_codes + act_row(g) * p.in + t * 8,
+                             it->act_scales + act_row(2 * t) * n_kb,
+                             it->act_scales + act_row(2 * t + 1) * n_kb};
+      mxfp4_warp_k(cp, warp * kU, p.warps * kU, 0, n_kb, acc);
+      mxfp4_store(partial[warp], acc, g, t);
+    } else {
+      const Fp8Lane lane_ops{w_lo + t * 16,
+                             w_hi + t * 16,
+                             ws + (r_lo / p.block_out) * p.scale_cols,
+                             it->act_codes + act_row(g >> 1) * p.in + t * 16,
+                             it->act_codes + act_row(4 + (g >> 1)) * p.in + t * 16,
+                             it->act_scales + act_row(t) * n_kb,
+                             it->act_scales + act_row(4 + t) * n_kb,
+                             (g & 1) == (t >> 1)};
+      if (n > 4) {  // block-uniform
+        fp8_tile<true>(lane_ops, warp * kU, p.warps * kU, 0, n_kb, p.kb_shift, t, acc);
+        fp8_store<true>(partial[warp], acc, g, t);
+      } else {
+        fp8_tile<false>(lane_ops, warp * kU, p.warps * kU, 0, n_kb, p.kb_shift, t, acc);
+        fp8_store<false>(partial[warp], acc, g, t);
+      }
+    }
     __syncthreads();
     if (threadIdx.x < kRowsPerBlock * kTokensPerTile) {
       const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
-      float sum = 0.0f;
-#pragma unroll
-      for (int ww = 0; ww < p.warps; ++ww) sum += partial[ww][row][tok];
+      const float sum = sum_partials(partial, p.warps, row, tok, n);
       if (tok < n && row0 + row < p.out)
         it->y[static_cast<int64_t>(it->y_row[tok]) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
@@ -449,17 +604,24 @@ int64_t choose_ksplit(const QuantWeightView& w, int64_t count) {
   return choose_ksplit_tiles(w, (w.out + kRowsPerBlock - 1) / kRowsPerBlock * count);
 }
 
-// gemv_quantized_kernel for one token tile of `format` (FP8 with one token: the kOne instance).
+// gemv_quantized_kernel for one token tile of `format` (FP8 with more than 4 tokens: the kTok8 instance).
 Status launch_gemv(QuantWeightFormat format, const GemvParams& p, dim3 grid, cudaStream_t stream,
                    bool programmatic_launch) {
   if (format == QuantWeightFormat::MXFP4)
     return launch_kernel(gemv_quantized_kernel<true>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
                          "gemv_quantized_kernel<MXFP4>", p);
-  if (p.n == 1)
+  if (p.n > 4)
     return launch_kernel(gemv_quantized_kernel<false, true>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
-                         "gemv_quantized_kernel<FP8Block, one token>", p);
+                         "gemv_quantized_kernel<FP8Block, 8 tokens>", p);
   return launch_kernel(gemv_quantized_kernel<false>, grid, dim3(p.warps * 32), 0, stream, programmatic_launch,
                        "gemv_quantized_kernel<FP8Block>", p);
+}
+
+// FP8 rows are read 16 bytes per lane (rows are multiples of 32 bytes, so the base decides).
+Status check_weight_alignment(const QuantWeightView& w, int64_t i, const char* who) {
+  if (w.format == QuantWeightFormat::FP8Block && reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
+    return make_error(std::string(who) + ": item " + std::to_string(i) + " FP8 weight data must be 16-byte aligned");
+  return Status::Ok();
 }
 
 // An item's token row strides (GemvGroupItem: 0 = contiguous), checked: the codes' rows stay 16-byte
@@ -591,6 +753,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
     w.data = items[i].data;
     w.scales = items[i].scales;
     CEDAR_RETURN_IF_ERROR(check_weight(w));
+    CEDAR_RETURN_IF_ERROR(check_weight_alignment(w, i, "cuda::gemv_quantized_grouped"));
     CEDAR_RETURN_IF_ERROR(check_item_strides(items[i], shape.in, shape.out, i, "cuda::gemv_quantized_grouped"));
   }
   const int64_t n_kb = shape.in / 32;
@@ -656,6 +819,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     w.data = items[i].data;
     w.scales = items[i].scales;
     CEDAR_RETURN_IF_ERROR(check_weight(w));
+    CEDAR_RETURN_IF_ERROR(check_weight_alignment(w, i, "cuda::gemv_quantized_multi"));
     CEDAR_RETURN_IF_ERROR(check_item_strides(items[i], w.in, w.out, i, "cuda::gemv_quantized_multi"));
     if (w.format != mats[0].format || w.in != mats[0].in ||
         (w.format == QuantWeightFormat::FP8Block &&
@@ -729,7 +893,7 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   // The rule of gemv_quantized over this launch's units (the same W, so the same bits, wherever both
   // see the same number of waves).
   p.warps = gemv_warps(fp4, shape.in / 32, capacity * p.tiles);
-  const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
+  const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocks<true, false> : kMinBlocks<false, true>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   if (fp4)
     return launch_kernel(gemv_items_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream, programmatic_launch,

@@ -98,11 +98,18 @@ __device__ __forceinline__ uint4 ld_weight(const uint4* a) {
 // the loads. The FP8 GEMV needs this form: given the policy in a register pair, ptxas copied it back to
 // uniform registers (R2UR x 2) before every load there. The packed MXFP4 GEMV, the router and gemv_bf16
 // keep ld_weight: in this form their loops grew (the packed one spilled) — SASS, s15.
-__device__ __forceinline__ uint2 ld_weight_folded_policy(const uint2* a) {
-  uint2 v;
+__device__ __forceinline__ uint4 ld_weight(const uint4* a, uint64_t policy) {
+  uint4 v;
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(a), "l"(policy));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_weight_folded_policy(const uint4* a) {
+  uint4 v;
   asm("{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; "
-      "ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], pol; }"
-      : "=r"(v.x), "=r"(v.y)
+      "ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol; }"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(a));
   return v;
 }
