@@ -48,9 +48,9 @@ if [ "${NCU:-0}" = 1 ]; then
   NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   # --set full replays each kernel ~40 times at base clocks: durations there are not the benchmark's.
   timeout 400 "$NCU_BIN" --set full --import-source no ${NCU_ARGS:--k regex:gemv_mxfp4_packed --launch-count 12} \
-    -o /tmp/dev/ncu $B/cuda_kernels_bench ${NCU_KBENCH_ARGS:---sections moe} --once > "$OUT/ncu_run.txt" 2>&1
+    -f -o /tmp/dev/ncu$T $B/cuda_kernels_bench ${NCU_KBENCH_ARGS:---sections moe} --once > "$OUT/ncu_run$T.txt" 2>&1
   echo "ncu rc=$?"
-  "$NCU_BIN" -i /tmp/dev/ncu.ncu-rep --print-details all > "$OUT/ncu_details.txt" 2>&1
-  "$NCU_BIN" -i /tmp/dev/ncu.ncu-rep --page source --print-source sass --csv 2>&1 | xz -6 > "$OUT/ncu_source.csv.xz"
-  grep -E "^  [a-z_ ]*void|^    (Duration|DRAM Throughput|Issue Slots Busy|Registers Per Thread) " "$OUT/ncu_details.txt" | head -60
+  "$NCU_BIN" -i /tmp/dev/ncu$T.ncu-rep --print-details all > "$OUT/ncu_details$T.txt" 2>&1
+  "$NCU_BIN" -i /tmp/dev/ncu$T.ncu-rep --page source --print-source sass --csv 2>&1 | xz -6 > "$OUT/ncu_source$T.csv.xz"
+  grep -E "^  [a-z_ ]*void|^    (Duration|DRAM Throughput|Issue Slots Busy|Registers Per Thread) " "$OUT/ncu_details$T.txt" | head -60
 fi

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -229,6 +230,53 @@ TEST(CudaGemvFp8, MatchesCpuLinear) {
   // 16-row scale blocks (block_out 16, block_in 32): a scale row per row tile.
   check_gemv(random_fp8_weight(48, 256, 32, 53, 16), 3, 54, "gemv_fp8_b16x32");
   check_gemv(random_fp8_weight(1040, 2048, 32, 55, 16), 1, 56, "gemv_fp8_b16x32");
+}
+
+// A token's FP8 GEMV result must not depend on the tokens beside it (batch invariance: a decode row is
+// computed as for the row alone). The kernel forms tokens 0..3 in one MMA pass and 4..7 in a second
+// over the same weights, each (token, K block) sum in the same k slots; the warp and split-K layout do
+// not depend on n. So every token of an n-token call equals the same token alone (n = 1), bit for bit.
+void check_gemv_fp8_tokens_alone(int64_t out, int64_t in, int64_t n, uint32_t seed) {
+  const QuantWeightHost w = random_fp8_weight(out, in, 32, seed);
+  const auto x = random_acts(static_cast<size_t>(n * in), seed + 1);
+  auto dw = upload(w.data);
+  auto ds = upload(w.scales);
+  auto dx = upload(x);
+  auto dcodes = alloc<uint16_t>(x.size());
+  auto dscales = alloc<float>(x.size() / 32);
+  ASSERT_TRUE(quantize_act_fp8(dx.get(), n, in, dcodes.get(), dscales.get(), nullptr).ok());
+  const QuantWeightView view{.format = QuantWeightFormat::FP8Block, .out = out, .in = in, .data = dw.get(),
+                             .scales = ds.get(), .block_out = 32, .block_in = 32};
+  const SplitKSize split = splitk_workspace_size(view);
+  auto dpart = alloc<float>(split.partial_floats);
+  auto dcount = alloc<unsigned>(split.counters);
+  ASSERT_TRUE(dcount.zero().ok());
+  const SplitKWorkspace ws{dpart.get(), dcount.get(), split.partial_floats, split.counters};
+  auto dy = alloc<float>(static_cast<size_t>(n * out));
+  ASSERT_TRUE(gemv_quantized(view, dcodes.get(), dscales.get(), n, dy.get(), false, nullptr, ws).ok());
+  const auto together = download(dy);
+  auto d1 = alloc<float>(static_cast<size_t>(out));
+  int64_t differ = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    ASSERT_TRUE(gemv_quantized(view, dcodes.get() + j * in, dscales.get() + j * (in / 32), 1, d1.get(), false,
+                               nullptr, ws).ok());
+    const auto alone = download(d1);
+    for (int64_t r = 0; r < out; ++r)
+      if (std::memcmp(&alone[r], &together[j * out + r], sizeof(float)) != 0 && differ++ == 0)
+        ADD_FAILURE() << "first difference: token " << j << " row " << r << ": alone " << alone[r] << ", among " << n
+                      << " tokens " << together[j * out + r];
+  }
+  std::printf("PARITY gemv_fp8 %lldx%lld n=%lld%s tokens alone vs together: %lld of %lld differ (bit-exact required)\n",
+              static_cast<long long>(out), static_cast<long long>(in), static_cast<long long>(n),
+              split.counters ? " splitk" : "", static_cast<long long>(differ), static_cast<long long>(n * out));
+  EXPECT_EQ(differ, 0);
+}
+
+TEST(CudaGemvFp8, TokenResultsDoNotDependOnTheBatch) {
+  CEDAR_REQUIRE_GPU();
+  check_gemv_fp8_tokens_alone(256, 1280, 8, 81);  // wq_b's K: 40 blocks, both passes
+  check_gemv_fp8_tokens_alone(64, 2048, 6, 82);   // split-K, a partial second pass
+  check_gemv_fp8_tokens_alone(100, 96, 3, 83);    // odd K blocks (a pair half past the end), partial tile
 }
 
 TEST(CudaGemvMxfp4, MatchesCpuLinear) {
