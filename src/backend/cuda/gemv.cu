@@ -356,14 +356,11 @@ __device__ __forceinline__ float sum_partials(const float (&partial)[kGemvWarps]
 // accumulating a 16-row tile. With ksplit > 1 the K ranges' sums meet in split_partials and the last
 // block of the row tile (atomic ticket) adds them in split order, so the result does not depend on
 // scheduling. kTok8 (FP8): tokens 4..7 present (a second MMA pass).
-// The kTok8 instance holds twice the activation fragments: at 3 blocks per SM (80 registers) it spilled
-// (ptxas -v), so it runs at 2 — the warp count per block (gemv_warps) is the one-token kernel's either way,
-// which keeps the summation order, and so the bits, independent of n.
-template <bool kFp4, bool kTok8>
-constexpr int kMinBlocks = kTok8 ? 2 : kMinBlocksPerSm<kFp4>;
-
+// The kTok8 instance holds twice the activation fragments and spills a few registers at 3 blocks per SM
+// (ptxas -v: 72 bytes); at 2 it spilled nothing but ran slower at n = 8 on every decode shape (H200, s17:
+// wo_b 21.2 vs 17.7 us, decode batch 8 12.29 vs 11.87 ms; only the 16384² row gained, 90 -> 78 us).
 template <bool kFp4, bool kTok8 = false>
-__global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocks<kFp4, kTok8>)) gemv_quantized_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {
   static_assert(!kFp4 || !kTok8, "kTok8 is an FP8 variant");
   constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
@@ -390,21 +387,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocks<kFp4, kTok8>)) ge
   auto token = [&](int j) { return static_cast<int64_t>(j < p.n ? j : 0); };
 
   detail::pdl_launch_dependents();
-  {  // PDL: the first chunk's weight lines (kU K blocks = 128 contiguous bytes per row for FP8: the first
-     // and the last byte's lines) into L2 while the previous kernel finishes — the weights do not depend
-     // on it; activations, outputs and the split-K workspace wait for it.
-    constexpr int kWBytes = kFp4 ? 16 : 32;
-    const int kb0 = kb_begin + warp * kU;
-    if (kb0 < kb_end) {
-      const int64_t first = static_cast<int64_t>(kb0) * kWBytes, last = first + kU * kWBytes - 1 - t * kLaneBytes;
-      detail::prefetch_l2(w_lo_ptr + first);
-      detail::prefetch_l2(w_hi_ptr + first);
-      if (kb0 + kU <= kb_end) {
-        detail::prefetch_l2(w_lo_ptr + last);
-        detail::prefetch_l2(w_hi_ptr + last);
-      }
-    }
-  }
+  // No L2 prefetch of the first weight lines before the wait: the FP8 rows measured faster without it
+  // (H200, s17: decode batch 1 7.176 -> 7.005 ms, batch 8 11.868 -> 11.600; wq_b 16.6 -> 15.4 us alone).
   detail::pdl_wait();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if constexpr (kFp4) {
@@ -469,9 +453,8 @@ struct GemvItemsParams {
   int warps;  // = blockDim.x / 32 (gemv_warps)
 };
 
-// Both FP8 instances inlined (n per item) need kTok8's register budget: 2 blocks per SM.
 template <bool kFp4>
-__global__ void __launch_bounds__(kGemvWarps * 32, (kMinBlocks<kFp4, true>)) gemv_items_kernel(GemvItemsParams p) {
+__global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_items_kernel(GemvItemsParams p) {
   constexpr int kU = kUnroll<kFp4>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
   detail::pdl_launch_dependents();
@@ -893,7 +876,7 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   // The rule of gemv_quantized over this launch's units (the same W, so the same bits, wherever both
   // see the same number of waves).
   p.warps = gemv_warps(fp4, shape.in / 32, capacity * p.tiles);
-  const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocks<true, false> : kMinBlocks<false, true>) * device_sm_count();
+  const int64_t wave = static_cast<int64_t>(fp4 ? kMinBlocksPerSm<true> : kMinBlocksPerSm<false>) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   if (fp4)
     return launch_kernel(gemv_items_kernel<true>, dim3(grid), dim3(p.warps * 32), 0, stream, programmatic_launch,
