@@ -360,7 +360,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.attn_stage_wo_a = false;
   p.site_combine = false;
   p.warp_items = false;
-  p.stream_priority = false;
   return p;
 }
 
@@ -398,7 +397,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"site_combine", &p.site_combine, nullptr},
           {"warp_items", &p.warp_items, nullptr},
-          {"stream_priority", &p.stream_priority, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
@@ -587,10 +585,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(std::shared_ptr<const Deepsee
   DeviceMemoryPlan plan = weights.memory_plan();
   for (const MemoryPlanEntry& e : extra.entries) plan.add(e.component, e.bytes, e.in_host, e.read_per_step);
   CEDAR_ASSIGN_OR_RETURN(DeviceKvPool kv, DeviceKvPool::create(c, host.plan(), o.kv));
-  int least_priority = 0, greatest_priority = 0;
-  if (o.paths.stream_priority)
-    CEDAR_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
-  CEDAR_ASSIGN_OR_RETURN(Stream stream, Stream::create(greatest_priority));
+  CEDAR_ASSIGN_OR_RETURN(Stream stream, Stream::create());
 
   auto ws = std::make_unique<Workspace>();
   {

@@ -166,11 +166,6 @@ struct CudaKernelPaths {
   // tail the block builder's ~12 barriers, two scans and three serial pointer-load round trips were the
   // longest stage (s13 stamps: 13 k of 23 k cycles at batch 1). The same items, byte for byte.
   bool warp_items = true;
-  // Decode with concurrent branches: the main stream (the branches the layer waits on: the routed experts,
-  // the query) at the device's highest priority, the aux / coefficient / Engram streams at the default, so
-  // when kernels of several branches wait for SMs the main stream's blocks are dispatched first (a hint:
-  // running blocks are never preempted; launch.h carries the priority into graph nodes). Same kernels.
-  bool stream_priority = false;
   static CudaKernelPaths legacy();
 };
 

@@ -21,22 +21,11 @@ Status launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n_attr = 0;
-  if (pdl) {
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  // The stream's priority on the launch itself, so a graph captured from the stream keeps it per kernel node.
-  int priority = 0;
-  if (cudaStreamGetPriority(stream, &priority) != cudaSuccess) {
-    (void)cudaGetLastError();  // the launch reports a bad stream itself
-  } else if (priority != 0) {
-    attr[n_attr].id = cudaLaunchAttributePriority;
-    attr[n_attr++].val.priority = priority;
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = n_attr;
+  cfg.numAttrs = pdl ? 1 : 0;
   if (cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...); err != cudaSuccess) {
     (void)cudaGetLastError();  // a rejected launch (bad configuration) must not fail the next launch's check
     return cuda_status(err, name);

@@ -25,11 +25,10 @@ class Stream {
   }
   ~Stream() { reset(); }
 
-  // A non-blocking stream (does not synchronize with the legacy default stream). priority: CUDA's
-  // convention (0 the default and lowest, more negative higher; clamped to the device's range).
-  static Result<Stream> create(int priority = 0) {
+  // A non-blocking stream (does not synchronize with the legacy default stream).
+  static Result<Stream> create() {
     Stream s;
-    CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s.s_, cudaStreamNonBlocking, priority));
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
     return Result<Stream>(std::move(s));
   }
   cudaStream_t get() const { return s_; }

@@ -71,7 +71,6 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
       {"warp_items", &CudaKernelPaths::warp_items, true, false},
-      {"stream_priority", &CudaKernelPaths::stream_priority, false, false},  // s17: being measured
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {
