@@ -2,9 +2,9 @@
 //
 // Both weight formats run on the tensor cores through mma.sync m16n8k16 f16 × f16 → f32: the e4m3
 // weight (and the e2m1 weight, via e4m3) is converted in registers to f16 and the activations arrive as
-// the f16 values of their e4m3 codes — all exact, and every product is exact — so two MMAs give one
-// 32-wide scale block's Σ q_a·q_w for 16 weight rows × 8 tokens, and the UE8M0 scales are applied per
-// block in fp32, as the reference does. (mma.sync m16n8k32 e4m3 exists, but on sm_90 ptxas lowers it
+// the f16 values of their e4m3 codes — all exact, and every product is exact — so the MMAs form each
+// 32-wide scale block's Σ q_a·q_w for 16 weight rows (MXFP4: two per block × 8 tokens; FP8: four per
+// block pair × 4 tokens, below), and the UE8M0 scales are applied per block in fp32, as the reference does. (mma.sync m16n8k32 e4m3 exists, but on sm_90 ptxas lowers it
 // to the same conversions and HMMAs plus extra adds: FP8 is native only in wgmma on Hopper.)
 //
 // MXFP4 path — Hopper has no FP4 MMA (e2m1 MMA is sm_100+), so the weight is dequantized in

@@ -16,9 +16,9 @@ constexpr int kRowsPerBlock = 16;  // the MMA's M
 constexpr int kTokensPerTile = 8;  // the MMA's N
 // Consecutive K blocks in flight per warp, and blocks per SM the register budget must allow. The
 // kernel is latency-bound (a few bytes per instruction), so bytes in flight per SM decide its speed:
-// FP8 (8 bytes per row, thread and K block): 3 blocks of 8 warps × 4 K blocks in flight, 80 registers
-// without spills; MXFP4 (4 bytes): 2 blocks × 8 K blocks, 122 registers (ptxas -v; MXFP4 at 3
-// blocks/SM spills).
+// FP8 (16 bytes per row, thread and K-block pair): 3 blocks of 8 warps × 4 K blocks in flight, 76
+// registers without spills (the 8-token instance spills 68 bytes, measured faster than at 2 blocks);
+// MXFP4 (4 bytes per K block): 2 blocks × 8 K blocks, 122 registers (ptxas -v; MXFP4 at 3 blocks/SM spills).
 template <bool kFp4>
 constexpr int kUnroll = kFp4 ? 8 : 4;
 template <bool kFp4>
