@@ -228,6 +228,18 @@ struct Fp8Lane {  // this thread's operands at K block 0
   const float* as0;       // activation scales of accumulator token t (pass 0)
   const float* as1;       // token 4 + t (pass 1)
   bool live;              // (g & 1) == (t >> 1): this lane's column takes its own block (else zeros)
+
+  // Every operand `blocks` K blocks on (the scale row too where it has one scale per block).
+  template <bool kScaleStep>
+  __device__ __forceinline__ void advance(int blocks) {
+    w_lo += 32 * blocks;
+    w_hi += 32 * blocks;
+    if (kScaleStep) s_row += blocks;
+    act0 += 32 * blocks;
+    act1 += 32 * blocks;
+    as0 += blocks;
+    as1 += blocks;
+  }
 };
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
@@ -299,24 +311,12 @@ __device__ __forceinline__ void fp8_warp_k(const Fp8Lane& at0, int first, int st
                                            int kb_shift, int t, float (&acc)[4]) {
   constexpr int kU = kUnroll<false>;
   Fp8Lane c = at0;
-  c.w_lo += first * 32;
-  c.w_hi += first * 32;
-  if (kScaleStep) c.s_row += first;
-  c.act0 += first * 32;
-  c.act1 += first * 32;
-  c.as0 += first;
-  c.as1 += first;
+  c.advance<kScaleStep>(first);
   const uint64_t policy = detail::l2_evict_first_policy();
   int kb0 = first;
   for (; kb0 + kU <= kb_end; kb0 += step) {
     fp8_chunk<true, kScaleStep, kTok8>(c, kb0, kb_begin, kb_end, kb_shift, t, policy, acc);
-    c.w_lo += step * 32;
-    c.w_hi += step * 32;
-    if (kScaleStep) c.s_row += step;
-    c.act0 += step * 32;
-    c.act1 += step * 32;
-    c.as0 += step;
-    c.as1 += step;
+    c.advance<kScaleStep>(step);
   }
   if (kb0 < kb_end) fp8_chunk<false, kScaleStep, kTok8>(c, kb0, kb_begin, kb_end, kb_shift, t, policy, acc);
 }
