@@ -590,6 +590,27 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     }
+    // The tail of the unit schedule at one token: the first k of the 6 experts only (the device count
+    // clamped to the capacity), at k = 4, 5, 6 = 576 / 720 / 864 w1/w3 units and 640 / 800 / 960 w2 units
+    // over 264 resident blocks (2.2 / 2.7 / 3.3 and 2.4 / 3.0 / 3.6 rounds). Time growing by whole rounds
+    // (4 ≈ 5 < 6 for w1/w3) rather than by experts says the last, fractional round is the loss.
+    if (n == 1) {
+      for (int64_t k = 4; k <= K; ++k) {
+        const std::string tag = "_packbal_k" + std::to_string(k);
+        const std::string kshape = "top" + std::to_string(k) + "/384 n=1 (" + std::to_string(k) + " experts)";
+        const double frac = static_cast<double>(k) / K;
+        double us = time_graph_us(stream, kSteps, [&](int c) {
+          must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P,
+                                    counts.get() + 2 * c, 2 * k, true, stream));
+        });
+        rows.push_back(make_row("moe_items_w13" + tag, kshape, n, us, bytes13 * frac, copy_gbps));
+        us = time_graph_us(stream, kSteps, [&](int c) {
+          must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P,
+                                    counts.get() + 2 * c + 1, k, true, stream));
+        });
+        rows.push_back(make_row("moe_items_w2" + tag, kshape, n, us, bytes2 * frac, copy_gbps));
+      }
+    }
     // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
     const double us = time_graph_us(stream, kSteps, [&](int) {
       must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));
