@@ -591,9 +591,10 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     }
     // The tail of the unit schedule at one token: the first k of the 6 experts only (the device count
-    // clamped to the capacity), at k = 4, 5, 6 = 576 / 720 / 864 w1/w3 units and 640 / 800 / 960 w2 units
-    // over 264 resident blocks (2.2 / 2.7 / 3.3 and 2.4 / 3.0 / 3.6 rounds). Time growing by whole rounds
-    // (4 ≈ 5 < 6 for w1/w3) rather than by experts says the last, fractional round is the loss.
+    // clamped to the capacity), at k = 4, 5, 6 = 576 / 720 / 864 w1/w3 units over 264 resident blocks of 8
+    // warps (2.2 / 2.7 / 3.3 rounds) and 640 / 800 / 960 w2 units over 528 of 4 warps (1.2 / 1.5 / 1.8).
+    // Time growing by whole rounds (w1/w3: 4 ≈ 5 < 6) rather than by experts says the last, fractional
+    // round is the loss.
     if (n == 1) {
       for (int64_t k = 4; k <= K; ++k) {
         const std::string tag = "_packbal_k" + std::to_string(k);
