@@ -2,8 +2,8 @@
 # Runs on the lent H200 machine from the repository root (tools/device/pack.sh made .dev/pack.tar.xz).
 # Env: BENCH=1 [BENCH_ARGS] [BENCH_TIMEOUT] [BENCH2_ARGS: a second bench], TESTS=1 [TEST_TIMEOUT] with an
 # optional gtest filter as $1, KBENCH=1 [KBENCH_ARGS], DOCTOR=1, NCU=1 [NCU_ARGS: ncu's kernel filter, default the
-# packed MoE GEMV's first 12 launches; NCU_KBENCH_ARGS] (Nsight Compute on cuda_kernels_bench --once: ncu_details.txt
-# and ncu_source.csv.xz for tools/device/ncu_sass_summary.py). Outputs land in $OUT (bench.txt, tests.log).
+# packed MoE GEMV's first 12 launches; NCU_KBENCH_ARGS] (Nsight Compute on cuda_kernels_bench --once: ncu_details$TAG.txt
+# and ncu_source$TAG.csv.xz for tools/device/ncu_sass_summary.py). Outputs land in $OUT (bench.txt, tests.log).
 # PACK=FILE runs another bundle than .dev/pack.tar.xz and TAG=NAME suffixes the output files (bench$TAG.txt, ...):
 # builds A/B in one device call (run.sh once per bundle; a bundle of binaries alone keeps the libraries of the
 # one before it, so the others can be small: `tar -cJf .dev/packB.tar.xz -C DIR bin`).

@@ -4,8 +4,9 @@
 // weight (and the e2m1 weight, via e4m3) is converted in registers to f16 and the activations arrive as
 // the f16 values of their e4m3 codes — all exact, and every product is exact — so the MMAs form each
 // 32-wide scale block's Σ q_a·q_w for 16 weight rows (MXFP4: two per block × 8 tokens; FP8: four per
-// block pair × 4 tokens, below), and the UE8M0 scales are applied per block in fp32, as the reference does. (mma.sync m16n8k32 e4m3 exists, but on sm_90 ptxas lowers it
-// to the same conversions and HMMAs plus extra adds: FP8 is native only in wgmma on Hopper.)
+// block pair × 4 tokens, below), and the UE8M0 scales are applied per block in fp32, as the reference
+// does. (mma.sync m16n8k32 e4m3 exists, but on sm_90 ptxas lowers it to the same conversions and HMMAs
+// plus extra adds: FP8 is native only in wgmma on Hopper.)
 //
 // MXFP4 path — Hopper has no FP4 MMA (e2m1 MMA is sm_100+), so the weight is dequantized in
 // registers, first to e4m3, which is exact: every e2m1 value is an e4m3 value. With the 3 magnitude bits
@@ -242,10 +243,6 @@ struct Fp8Lane {  // this thread's operands at K block 0
   }
 };
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // kU consecutive K blocks from kb0 (kU / 2 pairs); `c` points at kb0. kFull: all inside the range
 // (constant offsets). kScaleStep: one weight scale per K block; else block kb's is s_row[kb >> kb_shift].
 template <bool kFull, bool kScaleStep, bool kTok8>
@@ -282,10 +279,11 @@ __device__ __forceinline__ void fp8_chunk(const Fp8Lane& c, int kb0, int kb_begi
     float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int m = 0; m < 4; ++m) {  // values 4m..4m+3 of the lane's 16: k slots 2t, 2t+1, 2t+8, 2t+9
-      const uint32_t lo = word(wl[j], m), hi = word(wh[j], m);
+      const uint32_t lo = word_of(wl[j], m), hi = word_of(wh[j], m);
       const uint32_t a[4] = {e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi), e4m3x2_hi_to_f16x2(lo), e4m3x2_hi_to_f16x2(hi)};
-      mma_f16(a, word(a0[j][m >> 1], 2 * (m & 1)), word(a0[j][m >> 1], 2 * (m & 1) + 1), d0);
-      if constexpr (kTok8) mma_f16(a, word(a1[j][m >> 1], 2 * (m & 1)), word(a1[j][m >> 1], 2 * (m & 1) + 1), d1);
+      mma_f16(a, word_of(a0[j][m >> 1], 2 * (m & 1)), word_of(a0[j][m >> 1], 2 * (m & 1) + 1), d0);
+      if constexpr (kTok8)
+        mma_f16(a, word_of(a1[j][m >> 1], 2 * (m & 1)), word_of(a1[j][m >> 1], 2 * (m & 1) + 1), d1);
     }
     // D columns 2t, 2t+1: token t's sums of the even and odd block, added in block order. Scales are
     // powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w; a block past the K
@@ -357,7 +355,7 @@ __device__ __forceinline__ float sum_partials(const float (&partial)[kGemvWarps]
 // block of the row tile (atomic ticket) adds them in split order, so the result does not depend on
 // scheduling. kTok8 (FP8): tokens 4..7 present (a second MMA pass).
 // The kTok8 instance holds twice the activation fragments and spills a few registers at 3 blocks per SM
-// (ptxas -v: 72 bytes); at 2 it spilled nothing but ran slower at n = 8 on every decode shape (H200, s17:
+// (ptxas -v: 68 bytes); at 2 it spilled nothing but ran slower at n = 8 on every decode shape (H200, s17:
 // wo_b 21.2 vs 17.7 us, decode batch 8 12.29 vs 11.87 ms; only the 16384² row gained, 90 -> 78 us).
 template <bool kFp4, bool kTok8 = false>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_quantized_kernel(GemvParams p) {

@@ -46,6 +46,11 @@ __device__ __forceinline__ void mma_f16(const uint32_t (&a)[4], uint32_t b0, uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Word u (0..3) of a 16-byte vector, by a constant u after unrolling.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int u) {
+  return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
+}
+
 // Two e4m3 bytes (low 16 bits) → f16x2 (low byte → low half), exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);

@@ -83,9 +83,6 @@ __device__ __forceinline__ void load_group(const uint8_t* const (&wp)[4], const 
   L.sa1 = __ldg(reinterpret_cast<const float4*>(as1 + q * 4));
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int u) {
-  return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
-}
 __device__ __forceinline__ float comp_of(const float4& v, int u) {
   return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
 }

@@ -75,7 +75,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefe
 // layer; instructions are fetched through L2), activations, pointer tables, norm weights and scales.
 // Measured on the H200 (s14): decode batch 1 7.734 -> 7.592 ms (ld.global.cs, evict-first in L1 too and
 // off the read-only path: 7.644); alone the packed expert GEMVs gain ~5 %. Same values: a cache hint only.
-// The FP8 GEMV loads through ld_weight_folded_policy (below).
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t p;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -86,18 +85,8 @@ __device__ __forceinline__ uint32_t ld_weight(const uint32_t* a) {
   asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(a), "l"(l2_evict_first_policy()));
   return v;
 }
-__device__ __forceinline__ uint4 ld_weight(const uint4* a) {
-  uint4 v;
-  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(a), "l"(l2_evict_first_policy()));
-  return v;
-}
-
-// ld_weight with the policy created inside the load's asm: ptxas folds it to one uniform constant shared by
-// the loads. The FP8 GEMV needs this form: given the policy in a register pair, ptxas copied it back to
-// uniform registers (R2UR x 2) before every load there. The packed MXFP4 GEMV, the router and gemv_bf16
-// keep ld_weight: in this form their loops grew (the packed one spilled) — SASS, s15.
+// The 16-byte form with the policy from the caller: the FP8 GEMV creates it once per warp, since with
+// the policy created inside each load's asm ptxas rebuilt it in uniform registers per load there (s17).
 __device__ __forceinline__ uint4 ld_weight(const uint4* a, uint64_t policy) {
   uint4 v;
   asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -105,13 +94,6 @@ __device__ __forceinline__ uint4 ld_weight(const uint4* a, uint64_t policy) {
       : "l"(a), "l"(policy));
   return v;
 }
-__device__ __forceinline__ uint4 ld_weight_folded_policy(const uint4* a) {
-  uint4 v;
-  asm("{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0; "
-      "ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol; }"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(a));
-  return v;
-}
+__device__ __forceinline__ uint4 ld_weight(const uint4* a) { return ld_weight(a, l2_evict_first_policy()); }
 
 }  // namespace cedar::cuda::detail
