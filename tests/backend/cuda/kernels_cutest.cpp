@@ -348,6 +348,13 @@ TEST(CudaGemv, RejectsBadShapes) {
   const Status s = gemv_quantized(w, nullptr, nullptr, 1, nullptr, true, nullptr);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("in=40"), std::string::npos) << s.error().message;
+  // FP8 rows are read 16 bytes per lane: weight data off a 16-byte boundary is refused before any launch.
+  const QuantWeightView odd{.format = QuantWeightFormat::FP8Block, .out = 16, .in = 64,
+                            .data = reinterpret_cast<const uint8_t*>(24), .scales = reinterpret_cast<const uint8_t*>(16),
+                            .block_out = 16, .block_in = 32};
+  const Status a = gemv_quantized(odd, nullptr, nullptr, 1, nullptr, true, nullptr);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.error().message.find("16-byte aligned"), std::string::npos) << a.error().message;
 }
 
 // ---- fused mHC -----------------------------------------------------------------------------------
