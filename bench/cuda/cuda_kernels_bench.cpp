@@ -575,7 +575,7 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     rows.push_back(make_row("moe_routed_path_packbal_pdl", shape, n, us, bytes13 + bytes2, copy_gbps));
   }
   // The balanced packed kernel at every forced split (4..8 warps per block, a wave of resident blocks
-  // each): the sweep behind the split rule of gemv_quantized_items.
+  // each): the sweep behind gemv_quantized_items' default split (4 warps).
   if (n <= 8) {
     for (int warps = 4; warps <= 8; ++warps) {
       const std::string tag = "_packbal_w" + std::to_string(warps);
@@ -589,28 +589,6 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
                                   true, stream, {.packed_warps = warps}));
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
-    }
-    // The tail of the unit schedule at one token: the first k of the 6 experts only (the device count
-    // clamped to the capacity), at k = 4, 5, 6 = 576 / 720 / 864 w1/w3 units over 264 resident blocks of 8
-    // warps (2.2 / 2.7 / 3.3 rounds) and 640 / 800 / 960 w2 units over 528 of 4 warps (1.2 / 1.5 / 1.8).
-    // Time growing by whole rounds (w1/w3: 4 ≈ 5 < 6) rather than by experts says the last, fractional
-    // round is the loss.
-    if (n == 1) {
-      for (int64_t k = 4; k <= K; ++k) {
-        const std::string tag = "_packbal_k" + std::to_string(k);
-        const std::string kshape = "top" + std::to_string(k) + "/384 n=1 (" + std::to_string(k) + " experts)";
-        const double frac = static_cast<double>(k) / K;
-        double us = time_graph_us(stream, kSteps, [&](int c) {
-          must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P,
-                                    counts.get() + 2 * c, 2 * k, true, stream));
-        });
-        rows.push_back(make_row("moe_items_w13" + tag, kshape, n, us, bytes13 * frac, copy_gbps));
-        us = time_graph_us(stream, kSteps, [&](int c) {
-          must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P,
-                                    counts.get() + 2 * c + 1, k, true, stream));
-        });
-        rows.push_back(make_row("moe_items_w2" + tag, kshape, n, us, bytes2 * frac, copy_gbps));
-      }
     }
     // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
     const double us = time_graph_us(stream, kSteps, [&](int) {

@@ -161,10 +161,9 @@ Status check_moe_dispatch(const MoeDispatchArgs& a);  // moe_build_items' argume
 // Device layout of MXFP4 weights for the item / packed GEMVs (see "MXFP4 packed expert layout").
 // Packed: the plain kernel's K schedule (runs of 8 K blocks strided over 8 warps): bit-equal to the
 // plain layout. PackedBalanced: the same packed bytes, K split evenly into one contiguous range of groups
-// per warp over 4..8 warps chosen per shape and item count (gemv_packed.cu packed_items_warps: w1/w3 5120
-// at batch 1: 8 warps × 5 groups of 4 K blocks;
-// w2 2304 and long item lists: 4 warps at 4 blocks per SM), where the plain schedule leaves warps idle
-// (2304: 9 runs over 8 warps); it differs from the plain result by summation order only.
+// per warp over 4 warps at 4 blocks per SM (gemv_packed.cu kItemsWarps; w1/w3 5120: 10 groups of 4 K
+// blocks per warp, w2 2304: 4 or 5), where the plain schedule leaves warps idle (2304: 9 runs over 8
+// warps); it differs from the plain result by summation order only, and not with the batch.
 enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
 
 // GEMVs of a device item table: item i computes y[y_row[j]] = W_i · act[act_row[j]] for its rows, as
@@ -177,7 +176,7 @@ struct GemvItemsOptions {
   // the (item, row tile) units in order from an atomic counter instead of a fixed stride, so blocks that
   // start late (SMs still held by a concurrent kernel) take fewer units. Same bits either way.
   unsigned* work = nullptr;
-  int packed_warps = 0;  // PackedBalanced: 0 = the split chosen per shape, 4..8 = forced (benchmarks)
+  int packed_warps = 0;  // PackedBalanced: 0 = the default split (4 warps), 4..8 = forced (benchmarks)
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,

@@ -117,7 +117,7 @@ inline int device_sm_count() {
   return sms;
 }
 
-// gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu); warps: 0 = chosen per shape.
+// gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu); options.packed_warps 0: 4 warps.
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
                                int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced,
                                const GemvItemsOptions& options);

@@ -398,18 +398,13 @@ int packed_items_blocks_per_sm(int warps) {
   return per_sm;
 }
 
-// The split of the item kernel when none is forced (balanced schedule). Fewer warps per block mean more
-// resident blocks (4 per SM at 4 warps, 2 at 6..8: 16 warps either way), longer K streams per warp and
-// fewer units per block. Measured on the H200 (s8 run 1, routed top-6 of 384, µs): w2 (2 304 = 18
-// groups) at n = 1 4 warps 19.1, 5: 20.5, 6: 22.8, 8: 22.9; at n = 8 116 / 126 / 140 / 141. w1/w3 (5 120
-// = 40 groups) at n = 1 (864 units, 3.3 waves at 8 warps) 4 warps 34.5, 8: 32.8; at n = 8 (6 480 units)
-// 205.6 vs 222.0. So: 4 warps for short K or long item lists, else the even spread (8 at 5 120).
-int packed_items_warps(int64_t in, int64_t units) {
-  const int64_t groups = in / 128;
-  const int64_t wave8 = static_cast<int64_t>(kMinBlocksPerSm<true>) * device_sm_count();
-  if (groups <= 24 || units > 4 * wave8) return 4;
-  return packed_warps(in, true);
-}
+// The split of the item kernel when none is forced (balanced schedule): 4 warps per block (4 resident
+// blocks per SM: 16 warps, as 2 blocks of 8), whatever the shape or the item count. Fastest or level at
+// every released decode shape (s18 runs 1-2, routed top-6 of 384, µs): w1/w3 (5 120 = 40 groups) n = 1
+// 4 warps 31.1 / 31.2, 8 warps (the former choice there) 31.4 / 31.7; n = 8 179.6 vs 217.0; w2 (2 304 =
+// 18 groups) n = 1 18.2 / 18.4 vs 24.5 / 24.9. One split at every batch also keeps a token's rows
+// independent of the batch it decodes in (the K partition, hence the summation order, is the same).
+constexpr int kItemsWarps = 4;
 
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
                                int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced,
@@ -433,9 +428,7 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   p.bf16_output = bf16_output;
   p.balanced = balanced;
   p.work = options.work;
-  p.warps = warps != 0 ? warps
-            : balanced ? packed_items_warps(shape.in, capacity * p.tiles)
-                       : packed_warps(shape.in, false);
+  p.warps = warps != 0 ? warps : balanced ? kItemsWarps : packed_warps(shape.in, false);
   // One wave of resident blocks (fewer warps per block: more blocks per SM).
   const int per_sm = std::max(packed_items_blocks_per_sm(p.warps), kMinBlocksPerSm<true>);
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
