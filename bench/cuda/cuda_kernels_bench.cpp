@@ -590,6 +590,18 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     }
+    {  // The model's option: the scale product as an exponent add (GemvItemsOptions::scale_exp_add).
+      double us = time_graph_us(stream, kSteps, [&](int c) {
+        must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
+                                  2 * P, true, stream, {.scale_exp_add = true}));
+      });
+      rows.push_back(make_row("moe_items_w13_packbal_expadd", shape, n, us, bytes13, copy_gbps));
+      us = time_graph_us(stream, kSteps, [&](int c) {
+        must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
+                                  true, stream, {.scale_exp_add = true}));
+      });
+      rows.push_back(make_row("moe_items_w2_packbal_expadd", shape, n, us, bytes2, copy_gbps));
+    }
     // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
     const double us = time_graph_us(stream, kSteps, [&](int) {
       must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));

@@ -360,6 +360,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.attn_stage_wo_a = false;
   p.site_combine = false;
   p.warp_items = false;
+  p.scale_exp_add = false;
   return p;
 }
 
@@ -397,6 +398,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"site_combine", &p.site_combine, nullptr},
           {"warp_items", &p.warp_items, nullptr},
+          {"scale_exp_add", &p.scale_exp_add, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
@@ -575,6 +577,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(std::shared_ptr<const Deepsee
       return repack_mxfp4(plain, out, in, packed);
     };
     o.weights.keep_plain_mxfp4 = true;
+    o.weights.mxfp4_scale_check = mxfp4_scales_allow_exp_add;
   }
   o.weights.wo_a_fp8 = o.wo_a_fp8;
 

@@ -166,6 +166,10 @@ struct CudaKernelPaths {
   // tail the block builder's ~12 barriers, two scans and three serial pointer-load round trips were the
   // longest stage (s13 stamps: 13 k of 23 k cycles at batch 1). The same items, byte for byte.
   bool warp_items = true;
+  // Decode: the routed experts' GEMVs take the scale product as one exponent add (GemvItemsOptions::
+  // scale_exp_add; the same bits) where the upload proved every expert scale byte in range
+  // (DeviceExperts::scales_checked). Kernel rows (s18 run 4): w1/w3 at batch 1 −5 %, w2 −2 %.
+  bool scale_exp_add = true;
   static CudaKernelPaths legacy();
 };
 

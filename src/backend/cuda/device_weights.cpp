@@ -303,6 +303,7 @@ class DeviceWeightPlacer {
       return k == DeviceExperts::kW1 ? e.w1 : (k == DeviceExperts::kW3 ? e.w3 : e.w2);
     };
     std::vector<uint8_t> repacked;
+    d.scales_checked = o_.mxfp4_scale_check && device_base_;  // checked as the scales are placed
     for (int k = 0; k < 3; ++k) {
       const cpu::LinearWeight& w0 = pick(ex[0], k);
       DeviceMatrix m;
@@ -330,7 +331,10 @@ class DeviceWeightPlacer {
         data_ptrs.push_back(p);
       }
       for (size_t e = 0; e < ex.size() && scale_bytes > 0; ++e) {
-        CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts", pick(ex[e], k).scale, scale_bytes, "top-k"));
+        const uint8_t* scales = pick(ex[e], k).scale;
+        if (d.scales_checked)
+          d.scales_checked = m.format == DeviceFormat::Mxfp4 && o_.mxfp4_scale_check(scales, scale_bytes);
+        CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts", scales, scale_bytes, "top-k"));
         scale_ptrs.push_back(p);
       }
       if (repack && o_.keep_plain_mxfp4) {

@@ -76,6 +76,8 @@ struct DeviceExperts {
   const uint8_t* const* data_table[3] = {nullptr, nullptr, nullptr};
   const uint8_t* const* scale_table[3] = {nullptr, nullptr, nullptr};
   bool repacked = false;  // MXFP4 data went through DeviceWeightOptions::repack_mxfp4
+  // Every expert's MXFP4 scale bytes passed DeviceWeightOptions::mxfp4_scale_check (false without one).
+  bool scales_checked = false;
   // With repack and keep_plain_mxfp4: the checkpoint's plain bytes as well (the prefill GEMMs read the plain
   // layout); device arrays [count] per kind; the scales are shared (repacking leaves them unchanged).
   const uint8_t* const* plain_data_table[3] = {nullptr, nullptr, nullptr};
@@ -140,6 +142,9 @@ struct DeviceWeightOptions {
   std::function<Status(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed)> repack_mxfp4;
   // With repack_mxfp4: keep a plain copy too ("routed experts (plain)": the prefill GEMMs read that layout).
   bool keep_plain_mxfp4 = false;
+  // Run over every MXFP4 expert matrix's scale bytes at upload; DeviceExperts::scales_checked = all passed
+  // (e.g. ffn_kernels.h mxfp4_scales_allow_exp_add, the condition of GemvItemsOptions::scale_exp_add).
+  std::function<bool(const uint8_t* scales, size_t count)> mxfp4_scale_check;
 };
 
 class DeviceWeights {

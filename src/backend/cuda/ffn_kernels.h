@@ -177,6 +177,10 @@ struct GemvItemsOptions {
   // start late (SMs still held by a concurrent kernel) take fewer units. Same bits either way.
   unsigned* work = nullptr;
   int packed_warps = 0;  // PackedBalanced: 0 = the default split (4 warps), 4..8 = forced (benchmarks)
+  // Packed layouts: the weight × activation scale product as one exponent add (gemv_packed.cu
+  // compute_group): the same bits, valid when every item's weight scale byte passes
+  // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.
+  bool scale_exp_add = false;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
@@ -222,6 +226,10 @@ Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream);
 // e2m1_f16_word), so the GEMV builds f16 operands without conversions. Scales keep the plain
 // [out, in/32] layout. Same size as the plain layout.
 bool mxfp4_packable(int64_t out, int64_t in);
+// Whether MXFP4 scale bytes (ue8m0) allow GemvItemsOptions::scale_exp_add: every byte in 9..127 (2^-118 ..
+// 1), so that with an activation scale in [2^-22, 2^113] the product 2^(b−127)·2^14·s_a is a normal float.
+// Host-side (load time).
+bool mxfp4_scales_allow_exp_add(const uint8_t* scales, size_t count);
 // Host-side repack (load time); `plain` and `packed` are host arrays of out·in/2 bytes (not aliased).
 Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed);
 // gemv_quantized / gemv_quantized_grouped for packed MXFP4 weights (view.format must be MXFP4):

@@ -849,8 +849,9 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
   if (layout != Mxfp4Layout::Plain)
     return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
                                    layout == Mxfp4Layout::PackedBalanced, options);
-  if (options.packed_warps != 0 || options.work != nullptr)
-    return make_error("cuda::gemv_quantized_items: packed_warps and work counters are for the packed layouts only");
+  if (options.packed_warps != 0 || options.work != nullptr || options.scale_exp_add)
+    return make_error(
+        "cuda::gemv_quantized_items: packed_warps, work counters and scale_exp_add are for the packed layouts only");
   const bool programmatic_launch = options.programmatic_launch;
   QuantWeightView w = shape;
   w.data = w.scales = reinterpret_cast<const uint8_t*>(&shape);  // per-item pointers live on the device

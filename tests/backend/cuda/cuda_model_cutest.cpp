@@ -757,6 +757,11 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
   // expand runs alone before Engram, after a combine launch).
   int64_t combine_sites = L - 1;
   for (const int64_t e : g.config().engram_layer_ids) combine_sites -= e > 0 ? 1 : 0;
+  // scale_exp_add below is a real comparison wherever the experts are packed: their scales passed the check.
+  const DeviceExperts& experts0 = g.weights().layers()[0].experts;
+  if (experts0.repacked) {
+    EXPECT_TRUE(experts0.scales_checked) << GetParam() << ": expert scales outside 9..127";
+  }
   const CudaKernelPaths legacy_cluster = CudaKernelPaths::legacy();  // the cluster kernel + rms_norm at 5..127 rows
   const Case cases[] = {
       {"defaults: programmatic_launch 1 vs 0", fast, with(fast, "programmatic_launch=0")},
@@ -805,6 +810,9 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // The MoE combine done by the next attention site's kernel (moe_combine's bits): one launch less per
       // such site (the last layer's combine runs before the final expand).
       {"defaults: site_combine 1 vs 0", fast, with(fast, "site_combine=0"), combine_sites},
+      // The routed GEMVs' scale product as an exponent add (the packed experts of the small profile, whose
+      // scale bytes pass the upload check): the same bits, the same launches.
+      {"defaults: scale_exp_add 1 vs 0", fast, with(fast, "scale_exp_add=0"), 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.

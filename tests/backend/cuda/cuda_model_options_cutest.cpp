@@ -71,6 +71,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
       {"warp_items", &CudaKernelPaths::warp_items, true, false},
+      {"scale_exp_add", &CudaKernelPaths::scale_exp_add, true, false},
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {
