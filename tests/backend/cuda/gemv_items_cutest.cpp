@@ -72,6 +72,17 @@ std::vector<float> routed_rows(const ExpertSet& w, int64_t E, int64_t out, int64
   return download(y);
 }
 
+// got[i] == want[offset + i] bit for bit over got's rows (`out` wide); one PARITY line.
+void expect_same_rows(const std::string& tag, const std::vector<float>& got, const std::vector<float>& want,
+                      size_t offset, int64_t out) {
+  ASSERT_LE(offset + got.size(), want.size()) << tag;
+  size_t bad = 0, first = got.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[offset + i], sizeof(float)) != 0) first = bad++ == 0 ? i : first;
+  std::printf("PARITY %-50s n=%zu mismatches=%zu (bit-exact required)\n", tag.c_str(), got.size(), bad);
+  EXPECT_EQ(bad, 0u) << tag << ": first mismatch at pair " << first / out << " row " << first % out;
+}
+
 void check_rows_independent_of_batch(int64_t out, int64_t in, uint32_t seed) {
   const int64_t n = 8, K = 6, E = 10;
   const ExpertSet w = packed_experts(E, out, in, seed);
@@ -95,13 +106,9 @@ void check_rows_independent_of_batch(int64_t out, int64_t in, uint32_t seed) {
     const auto alone =
         routed_rows(w, E, out, in, 1, K, dids.get() + t * K, codes.get() + t * in, scales.get() + t * (in / 32));
     ASSERT_EQ(alone.size(), static_cast<size_t>(K * out));
-    size_t bad = 0, first = alone.size();
-    for (size_t i = 0; i < alone.size(); ++i)
-      if (std::memcmp(&alone[i], &batched[t * K * out + i], sizeof(float)) != 0) first = bad++ == 0 ? i : first;
-    const std::string tag =
-        std::to_string(out) + "x" + std::to_string(in) + " token " + std::to_string(t) + " alone vs in a batch of 8";
-    std::printf("PARITY %-50s n=%zu mismatches=%zu (bit-exact required)\n", tag.c_str(), alone.size(), bad);
-    EXPECT_EQ(bad, 0u) << tag << ": first mismatch at pair " << first / out << " row " << first % out;
+    expect_same_rows(std::to_string(out) + "x" + std::to_string(in) + " token " + std::to_string(t) +
+                         " alone vs in a batch of 8",
+                     alone, batched, static_cast<size_t>(t * K * out), out);
   }
 }
 
@@ -130,13 +137,9 @@ void check_exp_add(int64_t out, int64_t in, uint32_t seed) {
     const auto want = routed_rows(w, E, out, in, tokens, K, dids.get(), codes.get(), scales.get(), false);
     const auto got = routed_rows(w, E, out, in, tokens, K, dids.get(), codes.get(), scales.get(), true);
     ASSERT_EQ(got.size(), want.size());
-    size_t bad = 0, first = got.size();
-    for (size_t i = 0; i < got.size(); ++i)
-      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) first = bad++ == 0 ? i : first;
-    const std::string tag = std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(tokens) +
-                            " scale exponent add vs float product";
-    std::printf("PARITY %-50s n=%zu mismatches=%zu (bit-exact required)\n", tag.c_str(), got.size(), bad);
-    EXPECT_EQ(bad, 0u) << tag << ": first mismatch at pair " << first / out << " row " << first % out;
+    expect_same_rows(std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(tokens) +
+                         " scale exponent add vs float product",
+                     got, want, 0, out);
   }
 }
 
