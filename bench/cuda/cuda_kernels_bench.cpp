@@ -577,31 +577,23 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   // The balanced packed kernel at every forced split (4..8 warps per block, a wave of resident blocks
   // each): the sweep behind gemv_quantized_items' default split (4 warps).
   if (n <= 8) {
-    for (int warps = 4; warps <= 8; ++warps) {
-      const std::string tag = "_packbal_w" + std::to_string(warps);
+    // w1/w3 and w2 rows of the balanced packed kernel under `opt`, named moe_items_w13 / _w2 + tag.
+    auto balanced_rows = [&](const std::string& tag, const GemvItemsOptions& opt) {
       double us = time_graph_us(stream, kSteps, [&](int c) {
         must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
-                                  2 * P, true, stream, {.packed_warps = warps}));
+                                  2 * P, true, stream, opt));
       });
       rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
       us = time_graph_us(stream, kSteps, [&](int c) {
         must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
-                                  true, stream, {.packed_warps = warps}));
+                                  true, stream, opt));
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
-    }
-    {  // The model's option: the scale product as an exponent add (GemvItemsOptions::scale_exp_add).
-      double us = time_graph_us(stream, kSteps, [&](int c) {
-        must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
-                                  2 * P, true, stream, {.scale_exp_add = true}));
-      });
-      rows.push_back(make_row("moe_items_w13_packbal_expadd", shape, n, us, bytes13, copy_gbps));
-      us = time_graph_us(stream, kSteps, [&](int c) {
-        must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
-                                  true, stream, {.scale_exp_add = true}));
-      });
-      rows.push_back(make_row("moe_items_w2_packbal_expadd", shape, n, us, bytes2, copy_gbps));
-    }
+    };
+    for (int warps = 4; warps <= 8; ++warps) balanced_rows("_packbal_w" + std::to_string(warps), {.packed_warps = warps});
+    // The model's option: the scale product as an exponent add (GemvItemsOptions::scale_exp_add). The bench's
+    // random scale bytes are not range-checked: the rows time the kernel, their values are not used.
+    balanced_rows("_packbal_expadd", {.scale_exp_add = true});
     // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
     const double us = time_graph_us(stream, kSteps, [&](int) {
       must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));
