@@ -557,24 +557,26 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     });
     rows.push_back(make_row("moe_routed_path" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
   }
-  {  // The model's chain: the same 4 nodes with programmatic (PDL) edges after the dispatch, and the
-     // GEMVs' units taken from work counters.
+  // The model's chain: the same 4 nodes with programmatic (PDL) edges after the dispatch, and the GEMVs'
+  // units taken from work counters; at the default split and forced to 2 and 4 warps (`routed_warps`).
+  for (const int warps : {0, 2, 4}) {
     auto work = must(DeviceBuffer<unsigned>::allocate(4));
     must(work.zero());
     const double us = time_graph_us(stream, kSteps, [&](int c) {
       dispatch(c);
       const Mxfp4Layout bal = Mxfp4Layout::PackedBalanced;
       must(gemv_quantized_items(shape13, bal, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
-                                {.programmatic_launch = true, .work = work.get()}));
+                                {.programmatic_launch = true, .work = work.get(), .packed_warps = warps}));
       SwigluArgs sw{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()};
       sw.programmatic_launch = true;
       must(swiglu(sw, stream));
       must(gemv_quantized_items(shape2, bal, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream,
-                                {.programmatic_launch = true, .work = work.get() + 2}));
+                                {.programmatic_launch = true, .work = work.get() + 2, .packed_warps = warps}));
     });
-    rows.push_back(make_row("moe_routed_path_packbal_pdl", shape, n, us, bytes13 + bytes2, copy_gbps));
+    const std::string tag = warps == 0 ? "" : "_w" + std::to_string(warps);
+    rows.push_back(make_row("moe_routed_path_packbal_pdl" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
   }
-  // The balanced packed kernel at every forced split (4..8 warps per block, a wave of resident blocks
+  // The balanced packed kernel at every forced split (2..8 warps per block, a wave of resident blocks
   // each): the sweep behind gemv_quantized_items' default split (4 warps).
   if (n <= 8) {
     // w1/w3 and w2 rows of the balanced packed kernel under `opt`, named moe_items_w13 / _w2 + tag.
@@ -590,7 +592,7 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     };
-    for (int warps = 4; warps <= 8; ++warps) balanced_rows("_packbal_w" + std::to_string(warps), {.packed_warps = warps});
+    for (int warps = 2; warps <= 8; ++warps) balanced_rows("_packbal_w" + std::to_string(warps), {.packed_warps = warps});
     // The model's option: the scale product as an exponent add (GemvItemsOptions::scale_exp_add). The bench's
     // random scale bytes are not range-checked: the rows time the kernel, their values are not used.
     balanced_rows("_packbal_expadd", {.scale_exp_add = true});

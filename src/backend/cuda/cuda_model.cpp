@@ -401,6 +401,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"scale_exp_add", &p.scale_exp_add, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
+          {"routed_warps", nullptr, &p.routed_warps},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
           {"concurrent_branches", &o.concurrent_branches, nullptr},
           {"cuda_graphs", &o.cuda_graphs, nullptr}};
@@ -434,6 +435,9 @@ Status apply_cuda_options(std::string_view spec, CudaModelOptions& o) {
     if (it->flag) *it->flag = v != 0;
     if (it->value) *it->value = static_cast<int64_t>(v);
   }
+  const int64_t rw = o.paths.routed_warps;
+  if (rw != 0 && (rw < 2 || rw > 8))
+    return make_error("CUDA option 'routed_warps': " + std::to_string(rw) + " is not 0 (the default split) or 2..8");
   return Status::Ok();
 }
 

@@ -170,6 +170,10 @@ struct CudaKernelPaths {
   // scale_exp_add; the same bits) where the upload proved every expert scale byte in range
   // (DeviceExperts::scales_checked). s18 run 5: w1/w3 at batch 1 30.72 → 29.91 µs; decode 7.058 → 6.967 ms.
   bool scale_exp_add = true;
+  // Decode: a forced K split of the routed experts' packed GEMVs (GemvItemsOptions::packed_warps: 2..8 warps
+  // per block, one K part each — another summation order, other bits); 0 = the default split (4). A benchmark
+  // switch: s19 run 3, 2 warps: batch 1 6.960 → 6.810 ms, batch 8 11.341 → 11.669 ms.
+  int64_t routed_warps = 0;
   static CudaKernelPaths legacy();
 };
 

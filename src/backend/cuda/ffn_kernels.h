@@ -176,7 +176,7 @@ struct GemvItemsOptions {
   // the (item, row tile) units in order from an atomic counter instead of a fixed stride, so blocks that
   // start late (SMs still held by a concurrent kernel) take fewer units. Same bits either way.
   unsigned* work = nullptr;
-  int packed_warps = 0;  // PackedBalanced: 0 = the default split (4 warps), 4..8 = forced (benchmarks)
+  int packed_warps = 0;  // PackedBalanced: 0 = the default split (4 warps), 2..8 = forced (other bits)
   // Packed layouts: the weight × activation scale product as one exponent add (gemv_packed.cu
   // compute_group): the same bits, valid when every item's weight scale byte passes
   // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.

@@ -212,7 +212,10 @@ __device__ __forceinline__ void unit_k_loop(const UnitStream& u, float (&acc)[2]
 // (matrix, row tile) units.
 template <bool kDeviceItems, bool kExpAdd = false>
 __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_mxfp4_packed_kernel(PackedParams p) {
-  __shared__ float partial[kGemvWarps][kPackedRows][kTokensPerTile];
+  // The warps' partial sums, [p.warps][kPackedRows][kTokensPerTile]: dynamic, sized by the split (4 KB at the
+  // default 4 warps instead of a static 8 KB), so that the blocks an SM holds need a smaller shared-memory
+  // carveout (a change of carveout between kernels drains the SM).
+  extern __shared__ float partial[];
   // Under PDL (device items): the item table and the activations come from the previous kernels.
   detail::pdl_launch_dependents();
   detail::pdl_wait();
@@ -227,17 +230,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
     matrices = matrices < 0 ? 0 : (matrices > p.capacity ? p.capacity : matrices);
   }
   const int64_t units = matrices * p.tiles;
-  // With a work counter the units are taken in order by whichever block is free (thread 0 asks for the
-  // next one while the block computes this one); else block b takes b, b + grid, ...
+  // Block b's first unit is b. With a work counter the later ones (grid, grid + 1, ...) are taken in order
+  // by whichever block is free (thread 0 asks for the next one while the block computes this one); else
+  // block b takes b + grid, b + 2·grid, ... The first unit is not claimed: when blocks outnumber units (batch
+  // 1 at 2 warps: 864 units, 1 056 blocks) claims would give every unit to the blocks that started first —
+  // under PDL those sit in whatever slots the previous kernel left free, on a few SMs (s19 run 1: the routed
+  // path 55 → 83 µs at 2 warps); b → unit b spreads the units as the scheduler spreads the blocks.
   __shared__ int64_t next_unit;
   unsigned* const work = kDeviceItems ? p.work : nullptr;
-  if (work != nullptr) {
-    if (threadIdx.x == 0) next_unit = atomicAdd(work, 1u);
-    __syncthreads();
-  }
-  for (int64_t unit = work ? next_unit : blockIdx.x; unit < units; unit = work ? next_unit : unit + gridDim.x) {
-    unsigned claimed = 0;
-    if (work != nullptr && threadIdx.x == 0) claimed = atomicAdd(work, 1u);  // result needed after the math
+  for (int64_t unit = blockIdx.x; unit < units; unit = work ? next_unit : unit + gridDim.x) {
+    int64_t claimed = 0;
+    if (work != nullptr && threadIdx.x == 0) claimed = gridDim.x + int64_t{atomicAdd(work, 1u)};  // used after the math
     const int64_t m = unit / p.tiles;
     const int64_t row0 = (unit % p.tiles) * kPackedRows;
     UnitOperands op;
@@ -269,17 +272,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<true>) gemv_m
     else unit_k_loop<false, kExpAdd>(us, acc);
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
-      partial[warp][16 * rt + g][tok0] = acc[rt][0];
-      partial[warp][16 * rt + g][tok1] = acc[rt][1];
-      partial[warp][16 * rt + g + 8][tok0] = acc[rt][2];
-      partial[warp][16 * rt + g + 8][tok1] = acc[rt][3];
+      float* pw = partial + warp * kPackedRows * kTokensPerTile;
+      pw[(16 * rt + g) * kTokensPerTile + tok0] = acc[rt][0];
+      pw[(16 * rt + g) * kTokensPerTile + tok1] = acc[rt][1];
+      pw[(16 * rt + g + 8) * kTokensPerTile + tok0] = acc[rt][2];
+      pw[(16 * rt + g + 8) * kTokensPerTile + tok1] = acc[rt][3];
     }
     __syncthreads();  // every thread has read `unit`: next_unit may change
     if (work != nullptr && threadIdx.x == 0) next_unit = claimed;
     for (int e = threadIdx.x; e < kPackedRows * kTokensPerTile; e += blockDim.x) {
       const int row = e / kTokensPerTile, tok = e % kTokensPerTile;
       float sum = 0.0f;
-      for (int ww = 0; ww < p.warps; ++ww) sum += partial[ww][row][tok];  // warp order, as the plain kernel
+      for (int ww = 0; ww < p.warps; ++ww)  // warp order, as the plain kernel
+        sum += partial[(ww * kPackedRows + row) * kTokensPerTile + tok];
       if (tok < op.n && row0 + row < p.out)
         op.y[row_of(op.y_row, tok) * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
@@ -300,6 +305,9 @@ Status check_packed_shape(const QuantWeightView& w, const char* who) {
                       " cannot use the packed layout (in must be a positive multiple of 128)");
   return Status::Ok();
 }
+
+// Dynamic shared memory of a block of `warps` warps: its partial sums.
+size_t partial_bytes(int warps) { return sizeof(float) * static_cast<size_t>(warps) * kPackedRows * kTokensPerTile; }
 
 bool misaligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; }
 
@@ -398,7 +406,7 @@ Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupIt
       p.balanced = balanced;
       p.warps = packed_warps(shape.in, balanced);
       const auto grid = static_cast<unsigned>(std::min<int64_t>(tiles * group, 0x7FFFFFFF));
-      gemv_mxfp4_packed_kernel<false><<<grid, p.warps * 32, 0, stream>>>(p);
+      gemv_mxfp4_packed_kernel<false><<<grid, p.warps * 32, partial_bytes(p.warps), stream>>>(p);
       CEDAR_RETURN_IF_ERROR(launch_status("gemv_mxfp4_packed_kernel"));
     }
   }
@@ -416,7 +424,8 @@ namespace gemv_detail {
 // thread, so 16 warps per SM whatever the split); 0 if the query fails.
 int packed_items_blocks_per_sm(int warps) {
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mxfp4_packed_kernel<true>, warps * 32, 0) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mxfp4_packed_kernel<true>, warps * 32,
+                                                    partial_bytes(warps)) !=
           cudaSuccess ||
       per_sm <= 0) {
     (void)cudaGetLastError();
@@ -442,9 +451,9 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
     return make_error(std::string(who) + ": items, count and a capacity in [1, 2^24] are required (capacity " +
                       std::to_string(capacity) + ")");
-  if (warps != 0 && (!balanced || warps < 4 || warps > kGemvWarps))
+  if (warps != 0 && (!balanced || warps < 2 || warps > kGemvWarps))
     return make_error(std::string(who) + ": warps=" + std::to_string(warps) +
-                      " (a forced split needs the balanced schedule and 4..8 warps)");
+                      " (a forced split needs the balanced schedule and 2..8 warps)");
   PackedParams p{};
   p.items = items;
   p.count = count;
@@ -461,7 +470,7 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   return launch_kernel(options.scale_exp_add ? gemv_mxfp4_packed_kernel<true, true> : gemv_mxfp4_packed_kernel<true>,
-                       dim3(grid), dim3(p.warps * 32), 0, stream, options.programmatic_launch,
+                       dim3(grid), dim3(p.warps * 32), partial_bytes(p.warps), stream, options.programmatic_launch,
                        "gemv_mxfp4_packed_kernel<items>", p);
 }
 }  // namespace gemv_detail

@@ -39,6 +39,21 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
       << describe_cuda_options(q);
 }
 
+// routed_warps forces the routed packed GEMVs' split: 0 (the default) or 2..8; anything else is named.
+TEST(CudaModelOptionsSpec, RoutedWarpsTakesTheDefaultOrASplitOfTwoToEight) {
+  EXPECT_EQ(CudaKernelPaths().routed_warps, 0);
+  CudaModelOptions o;
+  for (const int w : {2, 8, 0}) {
+    ASSERT_TRUE(apply_cuda_options("routed_warps=" + std::to_string(w), o).ok()) << w;
+    EXPECT_EQ(o.paths.routed_warps, w);
+  }
+  for (const char* bad : {"routed_warps=1", "routed_warps=9"}) {
+    const Status st = apply_cuda_options(bad, o);
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.error().message.find("'routed_warps'"), std::string::npos) << st.error().message;
+  }
+}
+
 // Every on / off switch: its default, its legacy() value, and NAME=0 / NAME=1 setting it (and nothing else).
 TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
   struct Switch {
