@@ -435,9 +435,11 @@ Status apply_cuda_options(std::string_view spec, CudaModelOptions& o) {
     if (it->flag) *it->flag = v != 0;
     if (it->value) *it->value = static_cast<int64_t>(v);
   }
+  // Checked here, not at the first decode launch: the error names the option.
   const int64_t rw = o.paths.routed_warps;
-  if (rw != 0 && (rw < 2 || rw > 8))
-    return make_error("CUDA option 'routed_warps': " + std::to_string(rw) + " is not 0 (the default split) or 2..8");
+  if (rw != 0 && (rw < kForcedSplitMinWarps || rw > kForcedSplitMaxWarps))
+    return make_error("CUDA option 'routed_warps': " + std::to_string(rw) + " is not 0 (the default split) or " +
+                      std::to_string(kForcedSplitMinWarps) + ".." + std::to_string(kForcedSplitMaxWarps));
   return Status::Ok();
 }
 

@@ -170,13 +170,17 @@ enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
 // gemv_quantized does (same arithmetic, bit-equal to it for Plain / Packed). `shape` gives out, in, the
 // format and the FP8 block; `layout` the MXFP4 layout (Plain for FP8). `capacity` bounds *count (the grid
 // is sized from it; blocks loop over the live items). No split-K.
+// The warps per block a forced split of the packed item GEMV may take (GemvItemsOptions::packed_warps).
+inline constexpr int kForcedSplitMinWarps = 2, kForcedSplitMaxWarps = 8;
 struct GemvItemsOptions {
   bool programmatic_launch = false;  // PDL (launch.h): the kernels wait before reading the table
   // Packed layouts: 2 counters, zero before the first launch (the kernel re-arms them). Blocks then take
   // the (item, row tile) units in order from an atomic counter instead of a fixed stride, so blocks that
   // start late (SMs still held by a concurrent kernel) take fewer units. Same bits either way.
   unsigned* work = nullptr;
-  int packed_warps = 0;  // PackedBalanced: 0 = the default split (4 warps), 2..8 = forced (other bits)
+  // PackedBalanced: 0 = the default split (4 warps), kForcedSplitMinWarps..kForcedSplitMaxWarps = forced
+  // (another summation order: other bits).
+  int packed_warps = 0;
   // Packed layouts: the weight × activation scale product as one exponent add (gemv_packed.cu
   // compute_group): the same bits, valid when every item's weight scale byte passes
   // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.

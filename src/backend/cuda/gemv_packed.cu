@@ -451,9 +451,11 @@ Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvIte
   if (items == nullptr || count == nullptr || capacity <= 0 || capacity > (int64_t{1} << 24))
     return make_error(std::string(who) + ": items, count and a capacity in [1, 2^24] are required (capacity " +
                       std::to_string(capacity) + ")");
-  if (warps != 0 && (!balanced || warps < 2 || warps > kGemvWarps))
+  static_assert(kForcedSplitMaxWarps == kGemvWarps, "the partial sums and launch bounds allow kGemvWarps warps");
+  if (warps != 0 && (!balanced || warps < kForcedSplitMinWarps || warps > kForcedSplitMaxWarps))
     return make_error(std::string(who) + ": warps=" + std::to_string(warps) +
-                      " (a forced split needs the balanced schedule and 2..8 warps)");
+                      " (a forced split needs the balanced schedule and " +
+                      std::to_string(kForcedSplitMinWarps) + ".." + std::to_string(kForcedSplitMaxWarps) + " warps)");
   PackedParams p{};
   p.items = items;
   p.count = count;
