@@ -1,6 +1,6 @@
 // `cedar bench --device cuda --timeline STEPS` (bench_cuda_timeline.cpp): the decode step's kernel timeline
 // from CUPTI records (backend/cuda/kernel_timeline.h) — per step wall / busy / idle / overlap, per kernel name
-// total and exposed time, and one middle layer's kernel sequence. docs/cuda.md "Kernel timeline".
+// total and exposed time, and one middle layer's kernel sequence. docs/cuda-log.md "Kernel timeline".
 #pragma once
 
 #ifdef CEDAR_HAVE_CUDA

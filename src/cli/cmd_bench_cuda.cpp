@@ -1,4 +1,4 @@
-// `cedar bench --device cuda`: the GPU benchmark (docs/cuda.md "Benchmark"). In one run: the peaks
+// `cedar bench --device cuda`: the GPU benchmark (docs/cuda-log.md "Benchmark"). In one run: the peaks
 // (device copy bandwidth, cuBLASLt bf16 and fp8 GEMM), the model's memory plan on the device, the
 // roofline (bytes per decode token at each batch, FLOPs per prefill token exact vs CED, model/roofline.h)
 // and the CUDA model's decode / prefill timings as ratios to those peaks. JSON on stdout or --json FILE,
@@ -485,7 +485,7 @@ int run(const BenchOptions& o) {
   if (!profiles.empty()) result["decode_profiles"] = profiles;
   result["decode"] = decode;
   if (base && o.timeline > 0) {
-    // The real, concurrent step: CUPTI's kernel records of graph replays (docs/cuda.md "Kernel timeline").
+    // The real, concurrent step: CUPTI's kernel records of graph replays (docs/cuda-log.md "Kernel timeline").
     json timelines = json::array();
     for (size_t i = 0; i < o.batches.size(); ++i) {
       if (o.batches[i] > cuda::kGemvMaxRows) continue;

@@ -1,4 +1,4 @@
-// Analysis of a recorded GPU kernel timeline (docs/cuda.md "Kernel timeline (s8-timeline)"): given the kernel
+// Analysis of a recorded GPU kernel timeline (docs/cuda-log.md "Kernel timeline (s8-timeline)"): given the kernel
 // intervals of one step, where the wall time goes — busy (the union of the intervals), idle, time with two or
 // more kernels running, and per kernel name its calls, total and "exposed" time (when it is the only kernel
 // running: the most that shortening it can save). Host-only and free of CUDA: the records come from

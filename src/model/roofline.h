@@ -1,4 +1,4 @@
-// The roofline arithmetic of a forward (docs/cuda.md "Roofline"): the bytes a decode step reads from
+// The roofline arithmetic of a forward (docs/cuda-log.md "Roofline"): the bytes a decode step reads from
 // memory and the FLOPs a prefill does, per component, derived from the weight inventory and the layer
 // plan (no model numbers typed in). A backend's measured time turns these into achieved GB/s and
 // TFLOP/s, which `cedar bench --device cuda` reports against the peaks it measures.

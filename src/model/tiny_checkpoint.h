@@ -34,7 +34,7 @@ struct TinyCheckpointOptions {
 //   perf   deepseek_v41 only: DeepSeek-V4.1-Flash at full width and depth (40 layers, the released
 //          layer plan and formats) with kPerfRoutedExperts routed experts per layer, Engram tables
 //          from primes >= kPerfEngramVocabSize and no DSpark blocks — the GPU benchmark model
-//          (docs/cuda.md). Per-token weight bytes at batch 1 equal the released model's except for
+//          (docs/cuda-log.md "The perf profile"). Per-token weight bytes at batch 1 equal the released model's except for
 //          the router rows of the experts left out.
 Result<ModelConfig> tiny_model_config(Arch arch, std::string_view profile, bool bf16);
 

@@ -391,7 +391,7 @@ SparseAttnWorkspaceSize sparse_attention_workspace_size(int64_t n, int64_t heads
                                                         int64_t topk_width);
 // Picks the kernel by rows: sparse_attention_decode when sparse_attention_picks_decode (few rows,
 // head_dim 128/256/512, its workspace given when it splits), else sparse_attention_tiled. Same results
-// contract either way (the tolerances of docs/cuda.md); the two kernels differ in summation order.
+// contract either way (the tolerances of docs/cuda-log.md "Tolerances (why the GPU may differ at all)"); the two kernels differ in summation order.
 Status sparse_attention(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});
 // The prefill kernel: 16 heads of one row per block (described above), any row count.
 Status sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t stream, const SparseAttnWorkspace& ws = {});

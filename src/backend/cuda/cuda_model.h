@@ -4,7 +4,7 @@
 // is the oracle: same layer loop, same block order (single-pass mHC, Engram before the block, the CED
 // row split), same per-sequence state, on the device. Host-side C++20 (included from .cpp files).
 //
-// Kernels (docs/cuda.md "CUDA model"): rows <= kGemvMaxRows (decode up to batch 8) run the GEMVs
+// Kernels (docs/cuda-log.md "CUDA model"): rows <= kGemvMaxRows (decode up to batch 8) run the GEMVs
 // (kernels.h, ffn_kernels.h items path for the routed experts); larger calls (prefill chunks, decode at
 // batch 64) the tiled GEMMs of gemm_kernels.h (quant_gemm, swiglu_gemm, moe_experts, cuBLASLt for the BF16
 // weights when it loads). Everything of a step stays on the device: Engram hashes with a device history
@@ -45,7 +45,7 @@ struct MhcWorkspace;  // kernels.h
 struct ActQuantOut;   // kernels.h
 struct MoeDispatchArgs;  // ffn_kernels.h
 
-// The layer loop's kernel paths that have a faster variant (docs/cuda.md "Performance pass", "phase 3"):
+// The layer loop's kernel paths that have a faster variant (docs/cuda-log.md "Performance pass", "phase 3"):
 // the defaults are the fast paths; `legacy()` is the loop before them (tests compare the two,
 // `cedar bench --device cuda --cuda-options` A/Bs them). Bit-identical to the old path:
 // programmatic_launch, mhc_batched below kMhcStreamMinTokens rows (and wo_a_fp8); the others change
@@ -126,7 +126,7 @@ struct CudaKernelPaths {
   // (moe_route with a dispatch) instead of a one-block kernel after it: one launch and one PDL hand-off
   // less before w1 / w3 (the s8 timeline: ~7.5 µs from the selection's end to the items' at batch 1). The
   // same device function on the same ids: the same items. On with router_splitk_beside and fork_pdl (s9,
-  // docs/cuda.md "Session 9": the three together −0.22 ms at batch 1, each alone slower or level).
+  // docs/cuda-log.md "Session 9": the three together −0.22 ms at batch 1, each alone slower or level).
   bool dispatch_in_router = true;
   // The split-K router (one fused launch; with dispatch_in_router also the items) in the routed branch
   // beside the shared expert too, instead of the unsplit logits + select (+ moe_build_items) that s5 / s6

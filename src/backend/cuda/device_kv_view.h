@@ -1,4 +1,4 @@
-// What a kernel needs to address one sequence's KV on the device (docs/cuda.md "Device KV"; the
+// What a kernel needs to address one sequence's KV on the device (docs/cuda-log.md "Device KV"; the
 // conventions of the issue-8 design): plain views, usable on host and device. C++17.
 //
 // Global KV is paged like the host's BlockPool: record j of a stream lives at

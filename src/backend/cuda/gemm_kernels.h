@@ -3,7 +3,7 @@
 // before any launch and returns Status; every kernel is deterministic (no atomics whose order changes
 // results) and graph-capturable (no host sync, no allocation). C++17 (included from .cu files).
 //
-// Three families (docs/cuda.md, "Prefill GEMMs"):
+// Three families (docs/cuda-log.md "Prefill GEMMs"):
 //   1. quant_gemm / swiglu_gemm — FP8 (e4m3, UE8M0 32×32 or 128×128 blocks) and MXFP4 weights × FP8
 //      block-quantized activations on the tensor cores (mma.sync m16n8k16 f16 → f32 over exact f16
 //      operands), y = Σ_kblocks (Σ q_a·q_w)·s_a·s_w in fp32 with the blocks added in ascending K order,

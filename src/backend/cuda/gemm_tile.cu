@@ -13,7 +13,7 @@
 // producer/consumer warpgroup split to overlap the per-block scaling with the MMAs; written without a
 // GPU to test on, one wrong descriptor bit is garbage or a hang. Every mma.sync operand is a per-thread
 // register whose index math can be checked by reading, and the per-32-K scaling sits naturally between
-// two HMMAs. The cost: mma.sync tops out well below wgmma's rate on Hopper (docs/cuda.md).
+// two HMMAs. The cost: mma.sync tops out well below wgmma's rate on Hopper (docs/cuda-log.md "Prefill GEMMs").
 //
 // Tile: 256 weight rows (4 warps × 64) × tile_m tokens (1 or 2 warps × 8·J), K in stages of 64 (two
 // scale blocks) through a cp.async ring of 4 (FP8) / 5 (MXFP4) stages. Each warp holds a 64 × 8J

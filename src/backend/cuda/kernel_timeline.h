@@ -1,6 +1,6 @@
 // A kernel timeline of the GPU through CUPTI's activity API (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL): every
 // kernel's start / end / stream, CUDA graph nodes included, without serializing concurrent kernels — the view
-// Nsight Systems would give, for `cedar bench --device cuda --timeline N` (docs/cuda.md "Kernel timeline").
+// Nsight Systems would give, for `cedar bench --device cuda --timeline N` (docs/cuda-log.md "Kernel timeline").
 //
 // CUPTI is opened with dlopen on first use ($CEDAR_CUPTI if set, else libcupti.so.13 / libcupti.so on the
 // loader's path, then the toolkit's lib64 / lib folders); only its headers are used at build time, so a binary

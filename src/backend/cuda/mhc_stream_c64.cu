@@ -1,4 +1,4 @@
-// The streaming (prefill) mHC in 64-channel chunks (s8-mhcstream; docs/cuda.md "mHC stream (s8-mhcstream)").
+// The streaming (prefill) mHC in 64-channel chunks (s8-mhcstream; docs/cuda-log.md "mHC stream (s8-mhcstream)").
 // Same job as mhc_stream_tc_kernel (mhc.cu): expand + collapse + stores of X_out / collapsed, and the
 // 24 dot products + Σ X_new² of every token on the tensor cores (3xTF32), per channel split into
 // partials[split][n][25]; a finish kernel adds the splits and runs the coefficients.

@@ -56,7 +56,7 @@ struct Tolerance {
   double bound_scale = 0.0;   // with a per-element error bound (e.g. Σ|terms| of a dot product)
 };
 
-// Compares got (GPU) with want (CPU oracle); prints one PARITY line (the numbers docs/cuda.md quotes).
+// Compares got (GPU) with want (CPU oracle); prints one PARITY line (the numbers docs/cuda-log.md quotes).
 inline ::testing::AssertionResult parity(const std::string& what, const std::vector<float>& got,
                                          const std::vector<float>& want, const Tolerance& tol,
                                          const std::vector<float>& bound = {}) {
