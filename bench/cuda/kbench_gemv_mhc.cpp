@@ -125,6 +125,7 @@ struct MhcMode {
   // With norm, the FP8 codes of normed: 1 = written by the kernel that writes normed (normed_quant),
   // 2 = a quantize_act_fp8 launch after it (the path before s8-quantfold).
   int quant = 0;
+  bool site_cluster = false;   // MhcFusedArgs::site_cluster (the split site as one thread-block cluster)
   const char* name = nullptr;  // row name override
 };
 void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, cudaStream_t stream,
@@ -186,6 +187,7 @@ void bench_mhc(int64_t n, int64_t d, int64_t sinkhorn_iters, double copy_gbps, c
     a.stream_c32 = mode.stream_c32;
     a.stream_serial_finish = mode.serial_finish;
     a.stream_blocks = mode.stream_blocks;
+    a.site_cluster = mode.site_cluster;
     if (mode.norm) {
       a.norm_weight = norm_w.get();
       a.normed = normed.get();
@@ -369,6 +371,18 @@ void bench_mhc_all(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows
         for (int64_t n : {1, 4}) bench_mhc(n, 5120, 20, copy_gbps, stream, rows, m);
       }
     }
+    // s20: the split site's critical kernel as one thread-block cluster with the codes (site_cluster), next to
+    // mhc_expand_collapse_norm+quant(_pdl) (the model's default: the ticket kernel, then quantize_act_fp8).
+    MhcMode sc;
+    sc.sized_ws = true;
+    sc.coefficients = false;
+    sc.norm = sc.norm_counter = sc.site_cluster = true;
+    sc.quant = 1;
+    sc.name = "mhc_site_cluster_q";
+    for (int64_t n : {1, 4}) bench_mhc(n, 5120, 20, copy_gbps, stream, rows, sc);
+    sc.pdl = true;
+    sc.name = "mhc_site_cluster_q_pdl";
+    for (int64_t n : {1, 4}) bench_mhc(n, 5120, 20, copy_gbps, stream, rows, sc);
     // q_norm (q_lora_rank rows of 1280 at the perf profile, 1536 in V4.1-Flash) and a 5120-wide norm.
     for (const int64_t dim : {int64_t{1280}, int64_t{1536}, int64_t{5120}})
       for (const int64_t n : {int64_t{1}, int64_t{8}}) bench_norm_quant(n, dim, copy_gbps, stream, rows);

@@ -23,6 +23,7 @@ const void* mhc_expand_collapse_norm_kernel_ptr();
 const void* rms_norm_kernel_ptr();
 const void* rms_norm_quant_kernel_ptr();
 const void* mhc_expand_collapse_norm_quant_kernel_ptr();
+const void* mhc_site_cluster_kernel_ptr();
 const void* copy_kernel_ptr();
 
 namespace {
@@ -54,6 +55,8 @@ const Entry kEntries[] = {
      mhc_expand_collapse_norm_kernel_ptr},
     {"mhc_expand_collapse_norm_quant", "the same, and the FP8 block-32 codes of the normed rows",
      mhc_expand_collapse_norm_quant_kernel_ptr},
+    {"mhc_site_cluster", "the same as one 8-block cluster: the row's norm in every block, no ticket (site_cluster)",
+     mhc_site_cluster_kernel_ptr},
     {"copy", "vectorized device copy (bandwidth reference)", copy_kernel_ptr},
 };
 }  // namespace

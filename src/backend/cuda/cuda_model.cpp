@@ -351,6 +351,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.wo_a_f16 = false;
   p.fused_act_quant = false;
   p.site_act_quant = false;
+  p.site_cluster = false;
   p.swa_commit_aside = false;
   p.router_ahead = false;
   p.dispatch_in_router = false;
@@ -388,6 +389,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"wo_a_f16", &p.wo_a_f16, nullptr},
           {"fused_act_quant", &p.fused_act_quant, nullptr},
           {"site_act_quant", &p.site_act_quant, nullptr},
+          {"site_cluster", &p.site_cluster, nullptr},
           {"swa_commit_aside", &p.swa_commit_aside, nullptr},
           {"router_ahead", &p.router_ahead, nullptr},
           {"dispatch_in_router", &p.dispatch_in_router, nullptr},

@@ -78,7 +78,10 @@ Status CudaModel::norm(const float* x, int64_t n, int64_t dim, const DeviceVecto
 }
 
 bool CudaModel::fold_act_quant(int64_t n, int64_t width, bool site) const {
-  return (site ? options_.paths.site_act_quant : options_.paths.fused_act_quant) && n * width <= ws_->act_capacity;
+  const CudaKernelPaths& p = options_.paths;
+  // site_cluster writes the codes wherever its kernel runs (the split sites of a shape it fits).
+  const bool site_codes = p.site_act_quant || (p.site_cluster && p.mhc_split && mhc_site_cluster_fits(n, width));
+  return (site ? site_codes : p.fused_act_quant) && n * width <= ws_->act_capacity;
 }
 
 Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,
@@ -273,6 +276,7 @@ Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& w
     crit.normed = ws_->xn;
     crit.normed_eps = static_cast<float>(config().rms_norm_eps);
     crit.normed_quant = quant;
+    crit.site_cluster = options_.paths.site_cluster;
     CEDAR_RETURN_IF_ERROR(mhc(&crit, r));
     return fork_coefficients(&a);
   }

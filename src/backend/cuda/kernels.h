@@ -230,6 +230,11 @@ struct MhcFusedArgs {
   // norm kernel (topk <= 8) combines each channel as it reads it — moe_combine's bits — and stores it to y;
   // every other launch runs moe_combine first.
   MhcYCombine y_combine = {};
+  // With fn = null and normed (the critical half of a split site, up to kMhcNormFuseMaxTokens rows): one
+  // thread-block cluster per launch instead of the ticket kernel — every block computes the row's sum of
+  // squares from the others' shared memory, then normalizes (and quantizes) its own channels. The same bits;
+  // shapes it does not fit (mhc_site_cluster.cu) take the ticket kernel.
+  bool site_cluster = false;
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).
@@ -253,6 +258,9 @@ constexpr int64_t kMhcStreamMinTokens = 128;
 constexpr int64_t kMhcNormFuseMaxTokens = 4;
 constexpr int64_t kMhcNormCounters = 1;
 int64_t mhc_workspace_floats(int64_t n, int64_t d);
+// Whether the cluster site kernel (MhcFusedArgs::site_cluster) takes n rows of width d: n <= kMhcNormFuseMaxTokens,
+// d a multiple of 256, n·max(256, d / 8) <= 1024 threads (d = 5120: one row; the small profile's 512: up to 4).
+bool mhc_site_cluster_fits(int64_t n, int64_t d);
 int64_t mhc_workspace_counters(int64_t n);
 Status mhc_fused(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t stream);
 // a.y_combine's moe_combine into y, and a.y_combine cleared (nothing to do without one): for the paths that

@@ -777,6 +777,7 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
     if (!a.y && !a.collapse_w) return Status::Ok();
     if (takes_expand_collapse_norm(a, ws)) {
       *norm_fused = true;
+      if (a.site_cluster && site_cluster_fits(a)) return launch_site_cluster(a, stream);
       return launch_expand_collapse_norm(a, ws.norm_counter, stream);
     }
     const int64_t total = a.n * a.d;

@@ -304,6 +304,10 @@ using detail::norm_row;
 // normed = rms_norm(collapsed) for a.n <= kMhcNormFuseMaxTokens rows, fn unused. a: strides resolved,
 // a.normed and a.collapse_w set; counter: MhcWorkspace::norm_counter (zero; re-armed by the kernel).
 Status launch_expand_collapse_norm(const MhcFusedArgs& a, unsigned* counter, cudaStream_t stream);
+// The same job as one thread-block cluster, no ticket (mhc_site_cluster.cu, a.site_cluster): when the shape
+// fits (site_cluster_fits: n <= kMhcNormFuseMaxTokens, d a multiple of 256, the row slices in 48 KB).
+bool site_cluster_fits(const MhcFusedArgs& a);
+Status launch_site_cluster(const MhcFusedArgs& a, cudaStream_t stream);
 
 // ---- the streaming (prefill) path in 64-channel chunks (mhc_stream_c64.cu, s8-mhcstream) -----------
 

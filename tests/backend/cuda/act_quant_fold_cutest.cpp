@@ -182,6 +182,7 @@ Site make_site(int64_t n, int64_t d, uint32_t seed) {
 
 enum class SiteKernel {
   SplitNorm,     // fn = null, the workspace's norm_counter: expand + collapse + norm in one launch up to 4 rows
+  SplitCluster,  // the same with site_cluster: one thread-block cluster where the shape fits, the ticket kernel else
   SplitTwo,      // fn = null without norm_counter: the elementwise kernel, then rms_norm
   Decode,        // fn set: the decode kernel's last block normalizes up to 4 rows, rms_norm after above
   LegacyDecode,  // fn set, the session-3 decode kernel: rms_norm after
@@ -190,6 +191,8 @@ const char* kernel_name(SiteKernel k) {
   switch (k) {
     case SiteKernel::SplitNorm:
       return "split+norm";
+    case SiteKernel::SplitCluster:
+      return "split+norm, cluster";
     case SiteKernel::SplitTwo:
       return "split, two launches";
     case SiteKernel::Decode:
@@ -244,7 +247,8 @@ SiteRun run_site(const Site& s, SiteKernel k, bool quant) {
   a.legacy_decode = k == SiteKernel::LegacyDecode;
   if (quant) a.normed_quant = ActQuantOut{dcodes.get(), dscales.get()};
   MhcWorkspace ws{dpart.get(), dcnt.get(), mhc_workspace_floats(n, d), mhc_workspace_counters(n)};
-  if (k == SiteKernel::SplitNorm) ws.norm_counter = dnorm_cnt.get();
+  if (k == SiteKernel::SplitNorm || k == SiteKernel::SplitCluster) ws.norm_counter = dnorm_cnt.get();
+  a.site_cluster = k == SiteKernel::SplitCluster;
   for (int rep = 0; rep < 2; ++rep) {
     EXPECT_TRUE(dX.upload(s.X.data(), s.X.size()).ok());
     const std::vector<float> poison(n * d, -3.0f);
@@ -270,7 +274,8 @@ SiteRun run_site(const Site& s, SiteKernel k, bool quant) {
 TEST(CudaActQuantFold, MhcSiteNormCodesEqualQuantizeOfNormed) {
   CEDAR_REQUIRE_GPU();
   for (const SiteKernel k :
-       {SiteKernel::SplitNorm, SiteKernel::SplitTwo, SiteKernel::Decode, SiteKernel::LegacyDecode}) {
+       {SiteKernel::SplitNorm, SiteKernel::SplitCluster, SiteKernel::SplitTwo, SiteKernel::Decode,
+        SiteKernel::LegacyDecode}) {
     for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}}) {
       for (const int64_t d : {int64_t{5120}, int64_t{64}, int64_t{512}, int64_t{96}, int64_t{6144}}) {
         const Site s = make_site(n, d, 900 + static_cast<uint32_t>(n * 13 + d));
@@ -287,7 +292,47 @@ TEST(CudaActQuantFold, MhcSiteNormCodesEqualQuantizeOfNormed) {
   }
 }
 
+// The cluster site kernel (site_cluster, mhc_site_cluster.cu) against the ticket kernel it replaces: X,
+// collapsed, normed, codes and scales bit for bit, with and without codes. Shapes it fits (mhc_site_cluster_fits:
+// d = 5120 and 6144 at one row — 640 / 768 threads per row —, 512 and 256 up to 4 rows) and shapes that fall
+// back to the ticket kernel (those d at 2..4 rows, d = 64 and 96, n = 5 and 8: the two launches), each launched
+// twice (SiteClusterShapes: which shapes take the cluster kernel).
+TEST(CudaActQuantFold, SiteClusterEqualsTheTicketKernel) {
+  CEDAR_REQUIRE_GPU();
+  for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}}) {
+    for (const int64_t d : {int64_t{5120}, int64_t{512}, int64_t{6144}, int64_t{256}, int64_t{64}, int64_t{96}}) {
+      const Site s = make_site(n, d, 1300 + static_cast<uint32_t>(n * 17 + d));
+      for (const bool quant : {true, false}) {
+        const std::string tag = "cluster vs ticket n=" + std::to_string(n) + " d=" + std::to_string(d) +
+                                (quant ? " with codes" : "");
+        const SiteRun cluster = run_site(s, SiteKernel::SplitCluster, quant);
+        const SiteRun ticket = run_site(s, SiteKernel::SplitNorm, quant);
+        expect_same_bits(tag + " X", cluster.X, ticket.X);
+        expect_same_bits(tag + " collapsed", cluster.collapsed, ticket.collapsed);
+        expect_same_bits(tag + " normed", cluster.normed, ticket.normed);
+        if (quant) {
+          expect_same_bits(tag + " codes", cluster.codes.codes, ticket.codes.codes);
+          expect_same_bits(tag + " scales", cluster.codes.scales, ticket.codes.scales);
+        }
+      }
+    }
+  }
+}
+
 // ---- argument checks (no launch: they run without a GPU too) ----------------------------------------
+
+// The shapes the cluster site kernel takes (host arithmetic: runs without a GPU).
+TEST(CudaActQuantFold, SiteClusterShapes) {
+  EXPECT_TRUE(mhc_site_cluster_fits(1, 5120));   // 640 threads per row
+  EXPECT_TRUE(mhc_site_cluster_fits(1, 6144));   // 768
+  EXPECT_FALSE(mhc_site_cluster_fits(2, 5120));  // 1 280 threads
+  EXPECT_TRUE(mhc_site_cluster_fits(4, 512));    // 256 per row: norm_row's order needs no fewer
+  EXPECT_TRUE(mhc_site_cluster_fits(4, 256));
+  EXPECT_FALSE(mhc_site_cluster_fits(5, 512));   // above kMhcNormFuseMaxTokens
+  EXPECT_FALSE(mhc_site_cluster_fits(1, 64));    // a slice of 8 channels: not a 32-channel block
+  EXPECT_FALSE(mhc_site_cluster_fits(1, 96));
+  EXPECT_FALSE(mhc_site_cluster_fits(0, 512));
+}
 
 TEST(CudaActQuantFold, RmsNormCodesNeedScalesAndWholeBlocks) {
   const auto* x = reinterpret_cast<const float*>(256);

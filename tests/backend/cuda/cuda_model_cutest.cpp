@@ -784,6 +784,10 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // the mHC (mhc_fused_norm=0 in prefill, legacy), the cluster kernel + rms_norm (legacy).
       {"defaults: fused_act_quant 1 vs 0", fast, with(fast, "fused_act_quant=0"), L},
       {"defaults: site_act_quant 1 vs 0", with(fast, "site_act_quant=1"), fast, site_nodes},
+      // The split site as one thread-block cluster where it fits (the small profile's d = 512; tiny's 64 keeps
+      // the ticket kernel), with the site codes it implies there: the quantize launches after the sites are gone.
+      {"defaults: site_cluster 1 vs 0", with(fast, "site_cluster=1"), fast,
+       mhc_site_cluster_fits(1, g.config().hidden_size) ? site_nodes : 0},
       {"mhc_split=0: site_act_quant 1 vs 0", with(fast, "mhc_split=0,site_act_quant=1"), with(fast, "mhc_split=0"),
        site_nodes},
       {"mhc_fused_norm=0: site_act_quant 1 vs 0", with(fast, "mhc_fused_norm=0,site_act_quant=1"),

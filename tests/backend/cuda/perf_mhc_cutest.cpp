@@ -684,13 +684,14 @@ TEST(CudaMhcPaths, ExpandCollapseNormGraphReplays) {
 // y_combine (paths.site_combine): the site kernel combines the MoE rows as it reads y. X_out, collapsed and
 // normed bit for bit the site's on moe_combine's y, and y itself stored with moe_combine's bits; duplicate
 // expert ids (the stable order), with and without the shared row; n = 5 (above kMhcNormFuseMaxTokens) and
-// topk = 9 (above kMhcCombineMaxTopk) take moe_combine first, with the same results.
+// topk = 9 (above kMhcCombineMaxTopk) take moe_combine first, with the same results. Each with the ticket kernel
+// and with site_cluster (the cluster kernel at d = 5120 and 512, n <= 4; the ticket kernel elsewhere).
 TEST(CudaMhcPaths, ExpandCollapseNormCombinesTheMoeRows) {
   CEDAR_REQUIRE_GPU();
   std::mt19937 rng(29);
   std::uniform_real_distribution<float> ud(0.5f, 1.5f);
   for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{5}})
-    for (const int64_t d : {int64_t{5120}, int64_t{96}})
+    for (const int64_t d : {int64_t{5120}, int64_t{512}, int64_t{96}})
       for (const int64_t K : {int64_t{6}, int64_t{8}, int64_t{9}})
         for (const bool with_shared : {true, false}) {
           const uint32_t seed = 401 + static_cast<uint32_t>(n * 31 + d + K * 7 + (with_shared ? 1 : 0));
@@ -711,20 +712,25 @@ TEST(CudaMhcPaths, ExpandCollapseNormCombinesTheMoeRows) {
           const NormSiteOpts o{.in_place = true, .strided = true};
           const NormSiteRun want = run_norm_site(ref, w, o);
 
-          NormSiteBuffers b = norm_site_buffers(s, w);
-          const std::vector<float> poison(n * d, -6.0f);
-          ASSERT_TRUE(b.y.upload(poison.data(), poison.size()).ok());
-          MhcFusedArgs a = norm_site_args(s, b, o);
-          a.y_combine = MhcYCombine{d_ids.get(), d_routed.get(), with_shared ? d_shared.get() : nullptr, K, b.y.get()};
-          const Status st = mhc_fused(a, norm_site_ws(b, true), nullptr);
-          ASSERT_TRUE(st.ok()) << st.error().message;
-          const std::string tag = " n=" + std::to_string(n) + " d=" + std::to_string(d) + " topk=" + std::to_string(K) +
-                                  (with_shared ? "" : " no shared");
-          EXPECT_EQ(bits_differ(download(b.y), ref.y), 0u) << "y" << tag;
-          EXPECT_EQ(bits_differ(download(b.X), want.X_out), 0u) << "X_out" << tag;
-          EXPECT_EQ(bits_differ(download(b.collapsed), want.collapsed), 0u) << "collapsed" << tag;
-          EXPECT_EQ(bits_differ(download(b.normed), want.normed), 0u) << "normed" << tag;
-          EXPECT_EQ(download(b.norm_counter), std::vector<unsigned>(kMhcNormCounters, 0u)) << "norm ticket" << tag;
+          for (const bool cluster : {false, true}) {  // the ticket kernel, and the cluster kernel where it fits
+            NormSiteBuffers b = norm_site_buffers(s, w);
+            const std::vector<float> poison(n * d, -6.0f);
+            ASSERT_TRUE(b.y.upload(poison.data(), poison.size()).ok());
+            MhcFusedArgs a = norm_site_args(s, b, o);
+            a.y_combine =
+                MhcYCombine{d_ids.get(), d_routed.get(), with_shared ? d_shared.get() : nullptr, K, b.y.get()};
+            a.site_cluster = cluster;
+            const Status st = mhc_fused(a, norm_site_ws(b, true), nullptr);
+            ASSERT_TRUE(st.ok()) << st.error().message;
+            const std::string tag = " n=" + std::to_string(n) + " d=" + std::to_string(d) +
+                                    " topk=" + std::to_string(K) + (with_shared ? "" : " no shared") +
+                                    (cluster ? " site_cluster" : "");
+            EXPECT_EQ(bits_differ(download(b.y), ref.y), 0u) << "y" << tag;
+            EXPECT_EQ(bits_differ(download(b.X), want.X_out), 0u) << "X_out" << tag;
+            EXPECT_EQ(bits_differ(download(b.collapsed), want.collapsed), 0u) << "collapsed" << tag;
+            EXPECT_EQ(bits_differ(download(b.normed), want.normed), 0u) << "normed" << tag;
+            EXPECT_EQ(download(b.norm_counter), std::vector<unsigned>(kMhcNormCounters, 0u)) << "norm ticket" << tag;
+          }
         }
 }
 
