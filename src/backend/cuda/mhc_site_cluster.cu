@@ -71,32 +71,32 @@ __global__ void __cluster_dims__(kSiteBlocks, 1, 1) __launch_bounds__(kMaxThread
   const int c = rank * span + (mine ? tid : 0);
   float* const row = rows + tok * d;
   detail::pdl_wait();
-  const bool combine = a.y_combine.routed != nullptr;  // block-uniform
-  const int K = combine ? static_cast<int>(a.y_combine.topk) : 0;
-  if (combine) {  // the slots' stable order, once per row (moe_combine.cuh)
-    if (tid < K) ids[tok][tid] = a.y_combine.experts[tok * K + tid];
+  // Expand + collapse of one channel per thread, as mhc_expand_collapse_norm_kernel does (its loads issued
+  // before the combine's barriers, as there).
+  float x[kHc];
+#pragma unroll
+  for (int j = 0; j < kHc; ++j) x[j] = mine ? a.X[tok * width + j * a.d + c] : 0.0f;
+  float yv = 0.0f;  // this channel's sublayer output
+  if (a.y_combine.routed != nullptr) {  // block-uniform: combine the MoE rows as moe_combine does (moe_combine.cuh)
+    const MhcYCombine& yc = a.y_combine;
+    const int K = static_cast<int>(yc.topk);  // <= kMhcCombineMaxTopk (mhc_fused)
+    float rv[detail::kCombinePrefetch];
+#pragma unroll
+    for (int q = 0; q < detail::kCombinePrefetch; ++q)
+      rv[q] = mine && q < K ? yc.routed[(static_cast<int64_t>(tok) * K + q) * a.d + c] : 0.0f;
+    const float sh = mine && yc.shared ? yc.shared[tok * a.d + c] : 0.0f;
+    if (tid < K) ids[tok][tid] = yc.experts[tok * K + tid];
     __syncthreads();
     if (tid < K) order[tok][detail::combine_rank(ids[tok], K, tid)] = tid;
     __syncthreads();
-  }
-  // Expand + collapse of one channel per thread, as mhc_expand_collapse_norm_kernel does.
-  if (mine) {
-    float x[kHc];
-#pragma unroll
-    for (int j = 0; j < kHc; ++j) x[j] = a.X[tok * width + j * a.d + c];
-    float yv = 0.0f;
-    if (combine) {
-      const MhcYCombine& yc = a.y_combine;
-      float rv[detail::kCombinePrefetch];
-#pragma unroll
-      for (int q = 0; q < detail::kCombinePrefetch; ++q)
-        rv[q] = q < K ? yc.routed[(static_cast<int64_t>(tok) * K + q) * a.d + c] : 0.0f;
-      const float sh = yc.shared ? yc.shared[tok * a.d + c] : 0.0f;
+    if (mine) {
       yv = detail::combine_channel(rv, order[tok], K, yc.shared != nullptr, sh);
       yc.y[tok * a.d + c] = yv;
-    } else if (a.y) {
-      yv = a.y[tok * a.d + c];
     }
+  } else if (mine && a.y) {
+    yv = a.y[tok * a.d + c];
+  }
+  if (mine) {
     float v[kHc];
     if (a.y) {
       expand_channel(x, yv, a.post + tok * a.post_stride, a.comb + tok * a.comb_stride, v);
