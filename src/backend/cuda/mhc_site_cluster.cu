@@ -8,12 +8,12 @@
 // site kernel and its quantize take ~7 µs of the critical path, twice per layer. Here the row's blocks form
 // one cluster (kSiteBlocks blocks, block r owning channels [r·span, (r+1)·span), one thread per channel and
 // row, at least 256 per row: at d = 5120, 640 threads, one row per launch): each keeps its collapsed channels
-// in shared memory, one cluster barrier makes them visible through distributed shared memory, and every
-// block computes the row's sum of squares itself, in norm_row's order (thread t: channels t, t + 256, ... by
-// FMAs, warp_sum, the warps in order), so every block has rms_norm's rstd bit for bit; then each block
-// normalizes and quantizes only its own channels (a warp's 32 channels are one aligned quantization block).
-// The redundant sum (d / 256 remote loads per thread) replaces a global round trip, a fence, the ticket and a
-// one-block tail.
+// in shared memory, one cluster barrier makes them visible through distributed shared memory, every block
+// copies the other slices into its own copy of the row (16-byte loads) and computes the row's sum of squares
+// itself, in norm_row's order (thread t: channels t, t + 256, ... by FMAs, warp_sum, the warps in order), so
+// every block has rms_norm's rstd bit for bit; then each block normalizes and quantizes only its own channels
+// (a warp's 32 channels are one aligned quantization block). The copy and the redundant sum (d / 256 FMAs per
+// thread) replace a global round trip, a fence, the ticket and a one-block tail.
 //
 // Same bits as mhc_expand_collapse_norm_kernel (+ quantize_act_fp8): the same device functions for expand,
 // collapse and the combine, norm_row's operations for the norm, act_quant.cuh's recipe for the codes.
