@@ -305,7 +305,7 @@ using detail::norm_row;
 // a.normed and a.collapse_w set; counter: MhcWorkspace::norm_counter (zero; re-armed by the kernel).
 Status launch_expand_collapse_norm(const MhcFusedArgs& a, unsigned* counter, cudaStream_t stream);
 // The same job as one thread-block cluster, no ticket (mhc_site_cluster.cu, a.site_cluster): when the shape
-// fits (site_cluster_fits: n <= kMhcNormFuseMaxTokens, d a multiple of 256, the row slices in 48 KB).
+// fits (site_cluster_fits: n <= kMhcNormFuseMaxTokens, d a multiple of 256, n·max(256, d/8) <= 1024 threads).
 bool site_cluster_fits(const MhcFusedArgs& a);
 Status launch_site_cluster(const MhcFusedArgs& a, cudaStream_t stream);
 

@@ -36,7 +36,6 @@ using namespace mhc_detail;
 
 constexpr int kSiteBlocks = 8;  // a portable cluster size
 constexpr int kMaxThreads = 1024;
-constexpr size_t kMaxRowsBytes = 48 * 1024;  // dynamic shared memory without an opt-in
 
 // Threads per row: one per channel of the block's slice, and at least norm_row's 256 (the sum's order).
 int64_t row_threads(int64_t d) { return std::max<int64_t>(kNormThreads, d / kSiteBlocks); }
@@ -61,7 +60,7 @@ __global__ void __cluster_dims__(kSiteBlocks, 1, 1) __launch_bounds__(kMaxThread
   __shared__ float warp_sums[kMhcNormFuseMaxTokens][kNormThreads / 32];
   __shared__ int32_t ids[kMhcNormFuseMaxTokens][kMhcCombineMaxTopk], order[kMhcNormFuseMaxTokens][kMhcCombineMaxTopk];
   detail::pdl_launch_dependents();
-  const int d = static_cast<int>(a.d);           // < 2^31 (the launcher checks): 32-bit channel math
+  const int d = static_cast<int>(a.d);           // <= 8192 (mhc_site_cluster_fits): 32-bit channel math
   const int span = d / kSiteBlocks;              // a multiple of 32 (the launcher checks)
   const int T = static_cast<int>(blockDim.x / a.n);  // threads per row: max(256, span)
   const int tid = static_cast<int>(threadIdx.x) % T, tok = static_cast<int>(threadIdx.x) / T;
@@ -188,9 +187,11 @@ Status launch_site_cluster(const MhcFusedArgs& a, cudaStream_t stream) {
 
 }  // namespace mhc_detail
 
+// The thread bound implies n·d <= 8 · 1024: the rows take at most 32 KB of dynamic shared memory (no opt-in),
+// and d fits the kernel's 32-bit channel math.
 bool mhc_site_cluster_fits(int64_t n, int64_t d) {
   return n >= 1 && n <= kMhcNormFuseMaxTokens && d >= 32 * kSiteBlocks && d % (32 * kSiteBlocks) == 0 &&
-         d <= 0x7FFFFFFF && n * row_threads(d) <= kMaxThreads && rows_bytes(n, d) <= kMaxRowsBytes;
+         n * row_threads(d) <= kMaxThreads;
 }
 
 const void* mhc_site_cluster_kernel_ptr() { return reinterpret_cast<const void*>(&mhc_site_cluster_kernel<true>); }
