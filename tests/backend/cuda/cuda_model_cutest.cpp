@@ -783,15 +783,17 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // batch > 4), the decode kernel's fused norm (mhc_split=0, and the serial run below), rms_norm after
       // the mHC (mhc_fused_norm=0 in prefill, legacy), the cluster kernel + rms_norm (legacy).
       {"defaults: fused_act_quant 1 vs 0", fast, with(fast, "fused_act_quant=0"), L},
-      {"defaults: site_act_quant 1 vs 0", with(fast, "site_act_quant=1"), fast, site_nodes},
+      // site_cluster implies the site codes where its kernel runs, so site_act_quant is compared without it.
+      {"site_cluster=0: site_act_quant 1 vs 0", with(fast, "site_cluster=0,site_act_quant=1"),
+       with(fast, "site_cluster=0"), site_nodes},
       // The split site as one thread-block cluster where it fits (the small profile's d = 512; tiny's 64 keeps
       // the ticket kernel), with the site codes it implies there: the quantize launches after the sites are gone.
-      {"defaults: site_cluster 1 vs 0", with(fast, "site_cluster=1"), fast,
+      {"defaults: site_cluster 1 vs 0", fast, with(fast, "site_cluster=0"),
        mhc_site_cluster_fits(1, g.config().hidden_size) ? site_nodes : 0},
       {"mhc_split=0: site_act_quant 1 vs 0", with(fast, "mhc_split=0,site_act_quant=1"), with(fast, "mhc_split=0"),
        site_nodes},
-      {"mhc_fused_norm=0: site_act_quant 1 vs 0", with(fast, "mhc_fused_norm=0,site_act_quant=1"),
-       with(fast, "mhc_fused_norm=0"), site_nodes},
+      {"mhc_fused_norm=0: site_act_quant 1 vs 0", with(fast, "mhc_fused_norm=0,site_cluster=0,site_act_quant=1"),
+       with(fast, "mhc_fused_norm=0,site_cluster=0"), site_nodes},
       {"legacy: fused + site act quant 1 vs 0", with(old, "fused_act_quant=1,site_act_quant=1"), old, L + site_nodes},
       {"legacy + mhc_cluster: fused + site act quant 1 vs 0",
        with(legacy_cluster, "fused_act_quant=1,site_act_quant=1"), legacy_cluster, L + site_nodes},

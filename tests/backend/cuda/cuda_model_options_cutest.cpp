@@ -35,7 +35,7 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
   EXPECT_NE(describe_cuda_options(CudaModelOptions()).find("router_splitk=1"), std::string::npos);
   CudaModelOptions q;
   ASSERT_TRUE(apply_cuda_options("fused_act_quant=0,site_act_quant=0,swa_commit_aside=0", q).ok());
-  EXPECT_NE(describe_cuda_options(q).find("fused_act_quant=0,site_act_quant=0,site_cluster=0,swa_commit_aside=0"),
+  EXPECT_NE(describe_cuda_options(q).find("fused_act_quant=0,site_act_quant=0,site_cluster=1,swa_commit_aside=0"),
             std::string::npos)
       << describe_cuda_options(q);
 }
@@ -77,7 +77,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"wo_a_f16", &CudaKernelPaths::wo_a_f16, true, false},
       {"fused_act_quant", &CudaKernelPaths::fused_act_quant, true, false},
       {"site_act_quant", &CudaKernelPaths::site_act_quant, false, false},  // s8 run 5: slower
-      {"site_cluster", &CudaKernelPaths::site_cluster, false, false},      // s20: built, not yet measured
+      {"site_cluster", &CudaKernelPaths::site_cluster, true, false},
       {"swa_commit_aside", &CudaKernelPaths::swa_commit_aside, true, false},
       {"router_ahead", &CudaKernelPaths::router_ahead, false, false},  // s9: slower
       {"dispatch_in_router", &CudaKernelPaths::dispatch_in_router, true, false},
