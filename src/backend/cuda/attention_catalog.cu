@@ -10,6 +10,7 @@ const void* gemv_bf16_kernel_ptr();
 const void* gemv_fp8w_kernel_ptr();
 const void* rope_apply_kernel_ptr();
 const void* swa_kv_encode_kernel_ptr();
+const void* q_norm_swa_kv_encode_kernel_ptr();
 const void* swa_ring_commit_kernel_ptr();
 const void* compressor_entries_kernel_ptr();
 const void* compressor_keep_pending_kernel_ptr();
@@ -34,6 +35,8 @@ const Entry kEntries[] = {
     {"rope_apply", "RoPE/YaRN (forward / inverse) with host-computed angles, bf16 output", rope_apply_kernel_ptr},
     {"swa_kv_encode", "SWA KV: exact RMSNorm_kv + RoPE + FP8 QDQ (32, UE8M0) -> 528-B records",
      swa_kv_encode_kernel_ptr},
+    {"q_norm_swa_kv_encode", "decode: q_norm (RMSNorm + FP8 codes) and swa_kv_encode of the same rows in one launch",
+     q_norm_swa_kv_encode_kernel_ptr},
     {"swa_ring_commit", "SWA ring write of a chunk's last window positions", swa_ring_commit_kernel_ptr},
     {"compressor_entries",
      "CSA2 compressor (ratio 1 / pooled ratio r) + exact RMSNorm + RoPE + FP4 (16, E4M3) 288-B records",

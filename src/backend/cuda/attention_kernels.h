@@ -164,6 +164,18 @@ struct SwaKvArgs {
   float* values = nullptr;     // optional [n, head_dim]
 };
 Status swa_kv_encode(const SwaKvArgs& a, cudaStream_t stream);
+// The query latent's RMSNorm (rms_norm's bits; with quant, its FP8 codes too) and swa_kv_encode of the same
+// kv.n rows in one launch (blocks [0, n) the norm, [n, 2n) the encode): decode's q_norm and the layer's SWA
+// KV without a second stream. Same results as rms_norm + swa_kv_encode.
+struct QNormArgs {
+  const float* x = nullptr;       // [n, dim]
+  int64_t dim = 0;                // q_lora_rank
+  const float* weight = nullptr;  // [dim] (null: unweighted)
+  float eps = 1e-6f;
+  float* y = nullptr;  // [n, dim]; may alias x
+  ActQuantOut quant;   // optional codes / scales of y (dim % 32 == 0)
+};
+Status q_norm_swa_kv_encode(const QNormArgs& q, const SwaKvArgs& kv, cudaStream_t stream, bool programmatic_launch);
 // Bytes of one SWA record of width head_dim.
 CEDAR_ATTN_HD inline int64_t swa_record_bytes(int64_t head_dim) { return head_dim + head_dim / 32; }
 

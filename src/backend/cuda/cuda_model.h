@@ -150,6 +150,14 @@ struct CudaKernelPaths {
   // 20 256–261 µs, 222 with full edges in s8). Off: both heads on full edges (s10 run 2: layer 20 247 µs,
   // the step −0.017 ms against fork_pdl_compressor=1).
   bool fork_pdl_compressor = false;
+  // Decode, layers whose keys branch would be the SWA KV encode alone (no compressor): q_norm and the encode
+  // in one launch (q_norm_swa_kv_encode) on the main stream, no fork. The encode on the aux stream found no
+  // free SM until the query branch's wq_b (2 048 blocks, launched under PDL at q_norm's start) drained, and
+  // ended ~2 µs after wq_b, ahead of the attention (s21 run 3, layer 21: encode 18.4–24.1 µs, wq_b ends 22.5,
+  // the attention starts 24.8; on a programmatic edge across the fork it started when wq_b ended). The same
+  // bits, one launch fewer per such layer. On: batch 1 6.845 -> 6.763 ms, batch 8 11.297 -> 11.242 (s21 run 5;
+  // the attention now starts as wq_b ends, and q_norm ends 3.9 µs after its input instead of 7.3).
+  bool q_norm_kv_encode = true;
   // Decode with concurrent branches: the routed experts' w1 / w3 waits on a full edge for the router
   // instead of a programmatic one. Under PDL its persistent grid (one wave of every SM) becomes resident at
   // the router's start and spins in its wait, so the shared expert's GEMVs on the aux stream find no SM
@@ -281,6 +289,8 @@ class CudaModel {
   // Tests: Engram layers whose projection the last issued call (direct run or graph capture) put on the
   // Engram stream (paths.engram_ahead); 0 when they ran serially.
   int64_t engram_ahead_layers() const { return engram_ahead_layers_; }
+  // Tests: layers whose q_norm and SWA KV encode shared one launch in the last issued call (q_norm_kv_encode).
+  int64_t q_norm_kv_layers() const { return q_norm_kv_layers_; }
   // Tests: kernel (and copy) nodes of the captured decode graph of `batch` (the largest over context
   // buckets; 0 without one): launches a path removes show here.
   size_t decode_graph_nodes(int64_t batch) const {
@@ -436,6 +446,7 @@ class CudaModel {
   MoeCombineArgs pending_combine_;      // paths.site_combine: the last MoE's combine, left to the next site
   std::vector<bool> engram_pending_;    // per Engram slot: its projection runs on the Engram stream, not joined
   int64_t engram_ahead_layers_ = 0;
+  int64_t q_norm_kv_layers_ = 0;
   int64_t last_rows_ = 0;
   bool state_written_ = false;  // a step has written sequence state (KV rings / caches): errors poison it
 };

@@ -352,6 +352,7 @@ Status CudaModel::run_layers(const Rows& r) {
   pdl_rows_ = r.decode;   // PDL inside decode steps (prefill kernels are long: nothing to hide)
   pdl_fresh_[0] = pdl_fresh_[1] = true;
   engram_ahead_layers_ = 0;
+  q_norm_kv_layers_ = 0;
   pending_combine_ = MoeCombineArgs{};  // a step that failed may have left one
   CEDAR_RETURN_IF_ERROR(mark("start"));
   CEDAR_RETURN_IF_ERROR(embed(r));
@@ -598,10 +599,34 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
     CEDAR_RETURN_IF_ERROR(gemv_quantized_multi(mats, items, 2, n, true, cs(), splitk(), pdl()));
     CEDAR_RETURN_IF_ERROR(mark("attn.wq_a+wkv", L.wq_a.bytes() + L.wkv.bytes()));
   }
+  SwaKvArgs sk;
+  sk.kv = w.kvw;
+  sk.norm_weight = L.kv_norm.data;
+  sk.eps = eps;
+  sk.n = n;
+  sk.head_dim = hd;
+  sk.tokens = tok;
+  sk.rope = rope;
+  sk.records = w.chunk_records;
+  // paths.q_norm_kv_encode: where the keys branch would be the encode alone, q_norm and the encode share a
+  // launch on the main stream (no fork: on the aux stream the encode waited for wq_b's blocks to drain).
+  const bool q_norm_kv = options_.paths.q_norm_kv_encode && multi && !compress && branches(r);
   // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
   auto query = [&]() -> Status {
     if (!multi) CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
-    CEDAR_RETURN_IF_ERROR(norm(w.qr, n, c.q_lora_rank, L.q_norm, w.qr, qr_codes_in_norm ? &qr_codes : nullptr));
+    if (q_norm_kv) {
+      QNormArgs qa;
+      qa.x = w.qr;
+      qa.dim = c.q_lora_rank;
+      qa.weight = L.q_norm.data;
+      qa.eps = eps;
+      qa.y = w.qr;
+      if (qr_codes_in_norm) qa.quant = qr_codes;
+      CEDAR_RETURN_IF_ERROR(q_norm_swa_kv_encode(qa, sk, cs(), pdl()));
+      ++q_norm_kv_layers_;
+    } else {
+      CEDAR_RETURN_IF_ERROR(norm(w.qr, n, c.q_lora_rank, L.q_norm, w.qr, qr_codes_in_norm ? &qr_codes : nullptr));
+    }
     if (!qr_codes_in_norm) CEDAR_RETURN_IF_ERROR(quantize(w.qr, n, c.q_lora_rank, w.act_b, w.act_b_scales));
     if (multi_qb) {
       const QuantWeightView mats[2] = {L.wq_b.quant(), L.wq_b_i.quant()};
@@ -627,19 +652,14 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   auto keys = [&]() -> Status {
     if (compress) CEDAR_RETURN_IF_ERROR(compressor(l, r));
     if (!multi) CEDAR_RETURN_IF_ERROR(qlinear(L.wkv, w.act_a, w.act_a_scales, n, w.kvw));
-    SwaKvArgs sk;
-    sk.kv = w.kvw;
-    sk.norm_weight = L.kv_norm.data;
-    sk.eps = eps;
-    sk.n = n;
-    sk.head_dim = hd;
-    sk.tokens = tok;
-    sk.rope = rope;
-    sk.records = w.chunk_records;
     CEDAR_RETURN_IF_ERROR(swa_kv_encode(sk, cs()));
     return mark("attn.kv", multi ? 0 : L.wkv.bytes());
   };
-  CEDAR_RETURN_IF_ERROR(parallel(branches(r), query, keys, !compress || options_.paths.fork_pdl_compressor));
+  if (q_norm_kv) {
+    CEDAR_RETURN_IF_ERROR(query());
+  } else {
+    CEDAR_RETURN_IF_ERROR(parallel(branches(r), query, keys, !compress || options_.paths.fork_pdl_compressor));
+  }
 
   // Compressed entries: the index source's top-k of this call.
   const int32_t* topk = nullptr;

@@ -7,6 +7,9 @@
 #include "backend/cuda/attention_kernels.h"
 #include "backend/cuda/attention_math.cuh"
 #include "backend/cuda/cuda_status.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/mma_bf16.cuh"
+#include "backend/cuda/rms_norm_block.cuh"
 
 namespace cedar::cuda {
 namespace {
@@ -22,6 +25,17 @@ Status check_rope(const RopeTableView& t, int64_t width, const char* who) {
   if (t.rope_dim <= 0 || t.rope_dim % 2 != 0 || t.rope_dim > width)
     return make_error(std::string(who) + ": rope_dim " + str(t.rope_dim) + " must be even and within width " +
                       str(width));
+  return Status::Ok();
+}
+
+Status check_swa_kv(const SwaKvArgs& a, const char* who) {
+  if (a.head_dim <= 0 || a.head_dim % 32 != 0 || a.head_dim > kMaxHeadDim)
+    return make_error(std::string(who) + ": head_dim " + str(a.head_dim) + " must be a multiple of 32 up to " +
+                      str(kMaxHeadDim));
+  CEDAR_RETURN_IF_ERROR(check_rope(a.rope, a.head_dim, who));
+  if (a.n < 0 || a.n > 0x7FFFFFFF) return make_error(std::string(who) + ": n=" + str(a.n));
+  if (a.n > 0 && (a.kv == nullptr || a.tokens == nullptr || a.records == nullptr))
+    return make_error(std::string(who) + ": null input, tokens or records");
   return Status::Ok();
 }
 
@@ -42,12 +56,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block per row. Thread k handles channel pairs k, k + 256, ...: a 32-channel QDQ block is 16
-// consecutive pairs, i.e. one half warp in one iteration.
-__global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
+// Row `row` by the block's kThreads threads. Thread k handles channel pairs k, k + 256, ...: a 32-channel
+// QDQ block is 16 consecutive pairs, i.e. one half warp in one iteration.
+__device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t row) {
   __shared__ __align__(16) float xs[kMaxHeadDim];
   __shared__ float rstd;
-  const int64_t row = blockIdx.x, hd = a.head_dim;
+  const int64_t hd = a.head_dim;
   const float* x = a.kv + row * hd;
   for (int64_t c = threadIdx.x; c < hd; c += kThreads) xs[c] = x[c];
   __syncthreads();
@@ -86,6 +100,24 @@ __global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
   }
 }
 
+// One block per row.
+__global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
+  detail::pdl_wait();  // under PDL: kv comes from the GEMV before
+  swa_kv_encode_row(a, blockIdx.x);
+}
+
+// q_norm's rows (blocks [0, n): rms_norm_block) and the SWA KV encode of the same rows (blocks [n, 2n)).
+template <bool kQuant>
+__global__ void __launch_bounds__(kThreads) q_norm_swa_kv_encode_kernel(QNormArgs q, SwaKvArgs a) {
+  if (blockIdx.x < a.n) {
+    detail::rms_norm_block<kQuant>(q.x, q.dim, q.weight, q.eps, q.y, q.quant.codes, q.quant.scales, blockIdx.x);
+  } else {
+    detail::pdl_launch_dependents();
+    detail::pdl_wait();
+    swa_kv_encode_row(a, blockIdx.x - a.n);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) swa_ring_commit_kernel(SwaRingCommitArgs a) {
   const int64_t row = blockIdx.x;
   const AttnToken tk = a.tokens[row];
@@ -119,16 +151,29 @@ Status rope_apply(const RopeTableView& table, const RopeApplyArgs& a, cudaStream
 }
 
 Status swa_kv_encode(const SwaKvArgs& a, cudaStream_t stream) {
-  if (a.head_dim <= 0 || a.head_dim % 32 != 0 || a.head_dim > kMaxHeadDim)
-    return make_error("cuda::swa_kv_encode: head_dim " + str(a.head_dim) + " must be a multiple of 32 up to " +
-                      str(kMaxHeadDim));
-  CEDAR_RETURN_IF_ERROR(check_rope(a.rope, a.head_dim, "cuda::swa_kv_encode"));
-  if (a.n < 0 || a.n > 0x7FFFFFFF) return make_error("cuda::swa_kv_encode: n=" + str(a.n));
+  CEDAR_RETURN_IF_ERROR(check_swa_kv(a, "cuda::swa_kv_encode"));
   if (a.n == 0) return Status::Ok();
-  if (a.kv == nullptr || a.tokens == nullptr || a.records == nullptr)
-    return make_error("cuda::swa_kv_encode: null input, tokens or records");
   swa_kv_encode_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a);
   return launch_status("swa_kv_encode_kernel");
+}
+
+Status q_norm_swa_kv_encode(const QNormArgs& q, const SwaKvArgs& a, cudaStream_t stream, bool pdl) {
+  const char* who = "cuda::q_norm_swa_kv_encode";
+  CEDAR_RETURN_IF_ERROR(check_swa_kv(a, who));
+  if (q.x == nullptr || q.y == nullptr || q.dim <= 0)
+    return make_error(std::string(who) + ": null query input / output, or dim " + str(q.dim));
+  if (q.quant.on() != (q.quant.scales != nullptr))
+    return make_error(std::string(who) + ": the FP8 output needs both codes and scales");
+  if (q.quant.on() && q.dim % 32 != 0)
+    return make_error(std::string(who) + ": FP8 codes need dim % 32 == 0 (dim=" + str(q.dim) + ")");
+  if (a.n > 0x3FFFFFFF) return make_error(std::string(who) + ": n=" + str(a.n));
+  if (a.n == 0) return Status::Ok();
+  const dim3 grid(static_cast<unsigned>(2 * a.n));
+  if (q.quant.on())
+    return launch_kernel(q_norm_swa_kv_encode_kernel<true>, grid, dim3(kThreads), 0, stream, pdl,
+                         "q_norm_swa_kv_encode_kernel<quant>", q, a);
+  return launch_kernel(q_norm_swa_kv_encode_kernel<false>, grid, dim3(kThreads), 0, stream, pdl,
+                       "q_norm_swa_kv_encode_kernel", q, a);
 }
 
 Status swa_ring_commit(const SwaRingCommitArgs& a, cudaStream_t stream) {
@@ -145,6 +190,9 @@ Status swa_ring_commit(const SwaRingCommitArgs& a, cudaStream_t stream) {
 // For the catalog's loadability check.
 const void* rope_apply_kernel_ptr() { return reinterpret_cast<const void*>(&rope_apply_kernel); }
 const void* swa_kv_encode_kernel_ptr() { return reinterpret_cast<const void*>(&swa_kv_encode_kernel); }
+const void* q_norm_swa_kv_encode_kernel_ptr() {
+  return reinterpret_cast<const void*>(&q_norm_swa_kv_encode_kernel<true>);
+}
 const void* swa_ring_commit_kernel_ptr() { return reinterpret_cast<const void*>(&swa_ring_commit_kernel); }
 
 }  // namespace cedar::cuda

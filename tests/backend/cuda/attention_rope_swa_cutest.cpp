@@ -268,6 +268,101 @@ TEST(CudaSwaKv, RingCommitMatchesHostRing) {
   }
 }
 
+// q_norm_swa_kv_encode (decode's q_norm and SWA KV encode in one launch) against the two launches it
+// replaces, rms_norm (with or without its FP8 codes) and swa_kv_encode, and the encode against the CPU:
+// every output bit for bit.
+struct QNormKvCase {
+  SwaCase swa;
+  int64_t q_dim = 0;
+  bool quant = false, weighted = true, pdl = false;
+};
+
+void check_q_norm_kv(const QNormKvCase& c, const std::string& name) {
+  const SwaCase& s = c.swa;
+  const int64_t hd = s.head_dim, rb = swa_record_bytes(hd), qd = c.q_dim;
+  const std::vector<float> kv = testing::random_bf16(s.n * hd, s.seed, -24, 6, 32);
+  const std::vector<float> w = testing::random_bf16(hd, s.seed + 1, -1, 1, 0);
+  const std::vector<float> q = testing::random_bf16(s.n * qd, s.seed + 2, -8, 4, 8);
+  const std::vector<float> qw = testing::random_bf16(qd, s.seed + 3, -1, 1, 0);
+  const cpu::RopeTable rope(testing::compress_rope_config(s.rope_dim));
+  std::vector<uint8_t> want_rec;
+  std::vector<float> want_val;
+  cpu_swa(s, kv, w, rope, want_rec, want_val);
+  std::vector<AttnToken> tokens;
+  append_chunk_tokens(tokens, 0, s.pos0, s.n);
+  const testing::DeviceRope dr = testing::device_rope(rope, s.pos0 + s.n);
+  auto dkv = to_device(kv);
+  auto dw = to_device(w);
+  auto dt = to_device(tokens);
+  auto dqw = to_device(qw);
+  const float* qweight = c.weighted ? dqw.get() : nullptr;
+  const float eps = static_cast<float>(s.eps);
+  // The two launches.
+  auto dq_sep = to_device(q);
+  auto dcodes_sep = device_filled<uint16_t>(s.n * qd, 0xA5);
+  auto dscales_sep = device_filled<float>(s.n * qd / 32 + 1, 0xA5);
+  auto drec_sep = device_filled<uint8_t>(s.n * rb, 0xA5);
+  const ActQuantOut quant_sep = c.quant ? ActQuantOut{dcodes_sep.get(), dscales_sep.get()} : ActQuantOut{};
+  ASSERT_TRUE(rms_norm(dq_sep.get(), s.n, qd, qweight, eps, dq_sep.get(), nullptr, false, quant_sep).ok());
+  SwaKvArgs a{.kv = dkv.get(),
+              .norm_weight = dw.get(),
+              .eps = eps,
+              .n = s.n,
+              .head_dim = hd,
+              .tokens = dt.get(),
+              .rope = dr.view,
+              .records = drec_sep.get()};
+  ASSERT_TRUE(swa_kv_encode(a, nullptr).ok());
+  // One launch (q normalized in place, as the model does).
+  auto dq = to_device(q);
+  auto dcodes = device_filled<uint16_t>(s.n * qd, 0xA5);
+  auto dscales = device_filled<float>(s.n * qd / 32 + 1, 0xA5);
+  auto drec = device_filled<uint8_t>(s.n * rb, 0x5A);
+  a.records = drec.get();
+  QNormArgs qa;
+  qa.x = dq.get();
+  qa.dim = qd;
+  qa.weight = qweight;
+  qa.eps = eps;
+  qa.y = dq.get();
+  if (c.quant) qa.quant = ActQuantOut{dcodes.get(), dscales.get()};
+  const Status st = q_norm_swa_kv_encode(qa, a, nullptr, c.pdl);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  const size_t bad_y = count_bit_mismatches(name + " q_norm", to_host(dq), to_host(dq_sep));
+  const size_t bad_rec = count_byte_mismatches(name + " records", to_host(drec), to_host(drec_sep), rb);
+  const size_t bad_cpu = count_byte_mismatches(name + " records vs cpu", to_host(drec), want_rec, rb);
+  size_t bad_codes = 0;
+  if (c.quant) {
+    const std::vector<uint16_t> got = to_host(dcodes), want = to_host(dcodes_sep);
+    for (size_t i = 0; i < want.size(); ++i)
+      if (got[i] != want[i] && bad_codes++ == 0) ADD_FAILURE() << name << ": first code mismatch at " << i;
+    bad_codes += count_bit_mismatches(name + " scales", to_host(dscales), to_host(dscales_sep));
+  }
+  std::printf("PARITY %-40s q %ld×%ld, kv %ld×%ld: q_norm mismatches=%zu codes/scales=%zu records=%zu (vs cpu %zu)\n",
+              name.c_str(), static_cast<long>(s.n), static_cast<long>(qd), static_cast<long>(s.n),
+              static_cast<long>(hd), bad_y, bad_codes, bad_rec, bad_cpu);
+  EXPECT_EQ(bad_y, 0u);
+  EXPECT_EQ(bad_codes, 0u);
+  EXPECT_EQ(bad_rec, 0u);
+  EXPECT_EQ(bad_cpu, 0u);
+}
+
+TEST(CudaSwaKv, QNormAndEncodeInOneLaunchEqualTheTwoLaunches) {
+  CEDAR_REQUIRE_GPU_ATTN();
+  check_q_norm_kv({.swa = {.n = 1, .head_dim = 512, .rope_dim = 64, .pos0 = 4095, .eps = 1e-6, .seed = 71},
+                   .q_dim = 1536, .quant = true, .pdl = true},
+                  "q_norm+swa_kv 1536 / 512 decode, codes");
+  check_q_norm_kv({.swa = {.n = 4, .head_dim = 512, .rope_dim = 64, .pos0 = 100, .eps = 1e-6, .seed = 72},
+                   .q_dim = 1536, .quant = false},
+                  "q_norm+swa_kv 1536 / 512 batch 4");
+  check_q_norm_kv({.swa = {.n = 3, .head_dim = 32, .rope_dim = 8, .pos0 = 0, .seed = 73},
+                   .q_dim = 64, .quant = true, .weighted = false},
+                  "q_norm+swa_kv 64 / 32 (tiny), unweighted");
+  check_q_norm_kv({.swa = {.n = 2, .head_dim = 128, .rope_dim = 32, .pos0 = 7, .seed = 74},
+                   .q_dim = 6000, .quant = false},
+                  "q_norm+swa_kv 6000 (two passes) / 128");
+}
+
 TEST(CudaSwaKv, RejectsBadArguments) {
   CEDAR_REQUIRE_GPU_ATTN();
   auto buf = device_alloc<float>(64);
@@ -277,6 +372,35 @@ TEST(CudaSwaKv, RejectsBadArguments) {
   s = rope_apply(RopeTableView{buf.get(), 1, 7}, {.x = buf.get(), .rows = 1, .width = 32}, nullptr);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("rope_dim 7"), std::string::npos) << s.error().message;
+  // The one-launch q_norm + encode names what is wrong with either half.
+  const cpu::RopeTable rope(testing::compress_rope_config(8));
+  const testing::DeviceRope dr = testing::device_rope(rope, 4);
+  auto tokens = to_device(std::vector<AttnToken>{AttnToken{0, 1, 0, 0, 0, 0}});
+  auto rec = device_alloc<uint8_t>(64);
+  auto codes = device_alloc<uint16_t>(64);
+  const SwaKvArgs kv{.kv = buf.get(), .n = 1, .head_dim = 32, .tokens = tokens.get(), .rope = dr.view,
+                     .records = rec.get()};
+  SwaKvArgs bad_kv = kv;
+  bad_kv.head_dim = 40;
+  QNormArgs q;
+  q.x = q.y = buf.get();
+  q.dim = 64;
+  s = q_norm_swa_kv_encode(q, bad_kv, nullptr, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("q_norm_swa_kv_encode: head_dim 40"), std::string::npos) << s.error().message;
+  q.quant.codes = codes.get();  // codes without scales
+  s = q_norm_swa_kv_encode(q, kv, nullptr, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("both codes and scales"), std::string::npos) << s.error().message;
+  q.quant.scales = buf.get();
+  q.dim = 40;
+  s = q_norm_swa_kv_encode(q, kv, nullptr, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("dim % 32 == 0 (dim=40)"), std::string::npos) << s.error().message;
+  q = QNormArgs{};
+  s = q_norm_swa_kv_encode(q, kv, nullptr, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("null query"), std::string::npos) << s.error().message;
 }
 
 }  // namespace

@@ -749,6 +749,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
     CudaKernelPaths a, b;
     // Decode-graph nodes b has more than a at batch 1 (launches removed by a), or -1: not checked.
     int64_t fewer_nodes = -1;
+    // a fuses q_norm with the SWA KV encode: b has one node more per layer a fused (q_norm_kv_layers > 0).
+    bool q_norm_kv = false;
   };
   // fused_act_quant removes a quantize launch per layer (qr), site_act_quant two (the attention and the
   // ffn site's x); swa_commit_aside moves a launch to another stream (events add no nodes).
@@ -808,6 +810,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: fork_pdl 1 vs 0", fast, with(fast, "fork_pdl=0"), 0},
       // The compressor layers' query head on a programmatic edge too: the same launches.
       {"defaults: fork_pdl_compressor 1 vs 0", with(fast, "fork_pdl_compressor=1"), fast, 0},
+      // q_norm and the SWA KV encode in one launch where the keys branch is the encode alone (no fork there).
+      {"defaults: q_norm_kv_encode 1 vs 0", fast, with(fast, "q_norm_kv_encode=0"), -1, true},
       // The routed w1 / w3 on a full edge after the router: the same launches.
       {"defaults: routed_full_edge 1 vs 0", fast, with(fast, "routed_full_edge=0"), 0},
       // wo_a's f16 staging written by the attention's merge (stage_act_f16's bits): a stage launch less per
@@ -836,6 +840,7 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
     const std::vector<float> a = gpu_workload(g, ids);
     const int64_t ahead_a = g.engram_ahead_layers();
     const size_t nodes_a = g.decode_graph_nodes(1);
+    const int64_t q_norm_kv_a = g.q_norm_kv_layers();
     g.set_paths(c.b);
     const std::vector<float> b = gpu_workload(g, ids);
     expect_bitwise(GetParam() + " " + c.name, a, b, V);
@@ -845,6 +850,16 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
                   nodes_a, nodes_b);
       ASSERT_GT(nodes_a, 0u) << GetParam() << " " << c.name << ": no decode graph at batch 1";
       EXPECT_EQ(static_cast<int64_t>(nodes_b) - static_cast<int64_t>(nodes_a), c.fewer_nodes)
+          << GetParam() << " " << c.name << ": decode graph nodes " << nodes_a << " vs " << nodes_b;
+    }
+    if (c.q_norm_kv) {
+      EXPECT_EQ(g.q_norm_kv_layers(), 0) << GetParam() << " " << c.name << " (b fused q_norm with the encode)";
+      const size_t nodes_b = g.decode_graph_nodes(1);
+      std::printf("MODEL %-60s decode graph (batch 1): %zu vs %zu nodes, %ld layers fused\n",
+                  (GetParam() + " " + c.name).c_str(), nodes_a, nodes_b, static_cast<long>(q_norm_kv_a));
+      EXPECT_GT(q_norm_kv_a, 0) << GetParam() << " " << c.name << ": no layer fused q_norm with the encode";
+      EXPECT_LE(q_norm_kv_a, L) << GetParam() << " " << c.name;
+      EXPECT_EQ(static_cast<int64_t>(nodes_b) - static_cast<int64_t>(nodes_a), q_norm_kv_a)
           << GetParam() << " " << c.name << ": decode graph nodes " << nodes_a << " vs " << nodes_b;
     }
     // The last call of the workload is a decode step (batch 1, captured): every Engram layer ahead or none.
