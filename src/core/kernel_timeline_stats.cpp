@@ -151,7 +151,8 @@ Result<std::vector<std::vector<KernelRecord>>> split_steps(std::span<const Kerne
   return steps;
 }
 
-Result<LayerCut> cut_layer(std::span<const KernelRecord> step, int64_t layers, int64_t layer) {
+Result<LayerCut> cut_layer(std::span<const KernelRecord> step, int64_t layers, int64_t layer,
+                           std::span<const std::string> heads) {
   if (layers <= 0 || layer < 0 || layer >= layers)
     return make_error("cut_layer: layer " + std::to_string(layer) + " of " + std::to_string(layers) +
                       " is out of range");
@@ -160,30 +161,43 @@ Result<LayerCut> cut_layer(std::span<const KernelRecord> step, int64_t layers, i
     if (has_time(r)) sorted.push_back(&r);
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const KernelRecord* a, const KernelRecord* b) { return a->start_ns < b->start_ns; });
-  std::map<std::string, std::pair<int64_t, uint64_t>> seen;  // name -> (calls, first start)
-  for (const KernelRecord* r : sorted) {
-    auto [it, fresh] = seen.try_emplace(r->name, 0, r->start_ns);
-    ++it->second.first;
-  }
-  const std::string* anchor = nullptr;
-  uint64_t anchor_first = 0;
-  for (const auto& [name, v] : seen)  // map order: the first name wins a tie
-    if (v.first == layers && (anchor == nullptr || v.second < anchor_first)) {
-      anchor = &name;
-      anchor_first = v.second;
-    }
-  if (anchor == nullptr)
-    return make_error("cut_layer: no kernel runs exactly " + std::to_string(layers) + " times in the step (" +
-                      std::to_string(sorted.size()) + " kernels, " + std::to_string(seen.size()) +
-                      " names): no per-layer anchor");
+  auto is_head = [&](const std::string& name) { return std::find(heads.begin(), heads.end(), name) != heads.end(); };
+  std::string anchor_name;
   std::vector<uint64_t> starts;
   for (const KernelRecord* r : sorted)
-    if (r->name == *anchor) starts.push_back(r->start_ns);
+    if (is_head(r->name)) starts.push_back(r->start_ns);
+  if (!heads.empty() && static_cast<int64_t>(starts.size()) == layers) {
+    std::vector<std::string> ran;  // the heads that ran, in the order of their first call
+    for (const KernelRecord* r : sorted)
+      if (is_head(r->name) && std::find(ran.begin(), ran.end(), r->name) == ran.end()) ran.push_back(r->name);
+    for (const std::string& name : ran) anchor_name += (anchor_name.empty() ? "" : " | ") + name;
+  } else {
+    std::map<std::string, std::pair<int64_t, uint64_t>> seen;  // name -> (calls, first start)
+    for (const KernelRecord* r : sorted) {
+      auto [it, fresh] = seen.try_emplace(r->name, 0, r->start_ns);
+      ++it->second.first;
+    }
+    const std::string* anchor = nullptr;
+    uint64_t anchor_first = 0;
+    for (const auto& [name, v] : seen)  // map order: the first name wins a tie
+      if (v.first == layers && (anchor == nullptr || v.second < anchor_first)) {
+        anchor = &name;
+        anchor_first = v.second;
+      }
+    if (anchor == nullptr)
+      return make_error("cut_layer: no kernel runs exactly " + std::to_string(layers) + " times in the step (" +
+                        std::to_string(sorted.size()) + " kernels, " + std::to_string(seen.size()) +
+                        " names): no per-layer anchor");
+    anchor_name = *anchor;
+    starts.clear();
+    for (const KernelRecord* r : sorted)
+      if (r->name == anchor_name) starts.push_back(r->start_ns);
+  }
   const uint64_t from = starts[static_cast<size_t>(layer)];
   const bool last = layer + 1 == layers;
   const uint64_t to = last ? 0 : starts[static_cast<size_t>(layer) + 1];
   LayerCut cut;
-  cut.anchor = *anchor;
+  cut.anchor = anchor_name;
   cut.layer = layer;
   for (const KernelRecord* r : sorted)
     if (r->start_ns >= from && (last || r->start_ns < to)) cut.records.push_back(*r);

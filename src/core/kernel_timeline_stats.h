@@ -84,12 +84,15 @@ Result<std::vector<std::vector<KernelRecord>>> split_steps(std::span<const Kerne
 // One layer cut out of a step. The anchor is a kernel name that runs exactly `layers` times in the step —
 // of those, the one whose first call starts earliest (ties: the name); layer k is every record starting in
 // [k-th anchor start, (k+1)-th anchor start), the last layer up to the step's end, sorted by start.
+// `heads`: the kernels that open a layer where layers open with different kernels (one of them per layer);
+// when their calls number exactly `layers` they are the anchor (named "a | b"), else the rule above.
 struct LayerCut {
   std::string anchor;
   int64_t layer = 0;
   std::vector<KernelRecord> records;
 };
-Result<LayerCut> cut_layer(std::span<const KernelRecord> step, int64_t layers, int64_t layer);
+Result<LayerCut> cut_layer(std::span<const KernelRecord> step, int64_t layers, int64_t layer,
+                           std::span<const std::string> heads = {});
 
 // A CUDA kernel's symbol as a short readable name: demangled (Itanium ABI; a name that does not demangle is
 // kept), then tidy_kernel_name.

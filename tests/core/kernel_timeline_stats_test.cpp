@@ -199,6 +199,29 @@ TEST(KernelTimelineStats, CutLayerAtThePerLayerAnchor) {
   EXPECT_FALSE(cut_layer(r, 3, 3).ok());
 }
 
+TEST(KernelTimelineStats, CutLayerAtTheHeadsThatOpenTheLayers) {
+  // 3 layers opened by "norm" (layers 0 and 2) or "norm+kv" (layer 1); "attn" runs 3 times and would be
+  // the single-name anchor. With the heads given, layer 1 = [norm+kv, norm#2).
+  const std::vector<KernelRecord> r = {
+      rec("norm", 0, 5),     rec("attn", 6, 9),   rec("ffn", 10, 20), rec("norm+kv", 21, 25), rec("attn", 26, 30),
+      rec("ffn", 31, 40),    rec("norm", 41, 45), rec("attn", 46, 50), rec("ffn", 51, 60),
+  };
+  const std::string heads[] = {"norm", "norm+kv", "absent"};
+  auto cut = cut_layer(r, 3, 1, heads);
+  ASSERT_TRUE(cut.ok()) << cut.error().message;
+  EXPECT_EQ(cut->anchor, "norm | norm+kv");
+  ASSERT_EQ(cut->records.size(), 3u);
+  EXPECT_EQ(cut->records[0].name, "norm+kv");
+  EXPECT_EQ(cut->records[2].name, "ffn");
+  EXPECT_EQ(cut->records[2].start_ns, 31u);
+  // Heads whose calls are not one per layer: the single-name rule ("norm" runs twice, "attn" 3 times).
+  const std::string one_head[] = {"norm"};
+  auto fallback = cut_layer(r, 3, 1, one_head);
+  ASSERT_TRUE(fallback.ok()) << fallback.error().message;
+  EXPECT_EQ(fallback->anchor, "attn");
+  EXPECT_EQ(fallback->records.front().start_ns, 26u);
+}
+
 TEST(KernelTimelineStats, KernelNames) {
   // nvcc's symbol of `template <int W, bool P> __global__ void cedar::cuda::(anon)::gemv_kernel(GemvArgs, int)`
   // demangles to "void cedar::cuda::(anonymous namespace)::gemv_kernel<4, true>(cedar::cuda::GemvArgs, int)".
