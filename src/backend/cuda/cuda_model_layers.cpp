@@ -610,6 +610,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sk.records = w.chunk_records;
   // paths.q_norm_kv_encode: where the keys branch would be the encode alone, q_norm and the encode share a
   // launch on the main stream (no fork: on the aux stream the encode waited for wq_b's blocks to drain).
+  // Where the branches run (decode, not profiling: the serial path keeps its per-stage marks).
   const bool q_norm_kv = options_.paths.q_norm_kv_encode && multi && !compress && branches(r);
   // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
   auto query = [&]() -> Status {
