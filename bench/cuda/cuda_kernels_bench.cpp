@@ -88,6 +88,7 @@ int run(int argc, char** argv) {
     bench_attn_input(copy_gbps, stream->get(), rows);
     bench_sparse_attention(copy_gbps, stream->get(), rows);
     bench_indexer_select(copy_gbps, stream->get(), rows);
+    bench_q_norm_kv(copy_gbps, stream->get(), rows);
   }
 
   std::printf("%-24s %-30s %3s %10s %12s %8s %7s %12s\n", "kernel", "shape", "n", "us/call", "bytes", "GB/s", "%copy",

@@ -125,6 +125,66 @@ void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<R
 // candidate slots (two select segments). Scores of one binade range, as the indexer's are (most share
 // the sign and exponent). indexer_select = one shared atomic per value (the default); _warpagg = one per
 // bin and warp (warp_aggregated_histogram), measured slower; same selection.
+// The head of a decode layer without the compressor: q_norm (rms_norm with its FP8 codes, 1 536 channels),
+// the SWA KV encode (512), the two launches back to back, and q_norm_swa_kv_encode (one launch, the model's
+// path since s21); _pdl: each launch under PDL after the one before, as in the model's graph. Which of the
+// two halves is the fused kernel's long pole shows in the first two rows.
+void bench_q_norm_kv(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
+  constexpr int64_t q_dim = 1536, hd = 512, rope_dim = 64, positions = 4096;
+  for (const int64_t n : {1, 8}) {
+    auto q = random_floats(n * q_dim, 111, 1.0f);
+    auto qw = random_floats(q_dim, 112, 1.0f);
+    auto kv = random_floats(n * hd, 113, 1.0f);
+    auto kvw = random_floats(hd, 114, 1.0f);
+    auto rope = random_floats(positions * rope_dim, 115, 1.0f);
+    auto codes = must(DeviceBuffer<uint16_t>::allocate(n * q_dim));
+    auto scales = must(DeviceBuffer<float>::allocate(n * q_dim / 32));
+    auto records = must(DeviceBuffer<uint8_t>::allocate(n * swa_record_bytes(hd)));
+    std::vector<AttnToken> tokens;
+    append_chunk_tokens(tokens, 0, positions - 8, n);
+    auto dtokens = must(DeviceBuffer<AttnToken>::from_host(tokens));
+    SwaKvArgs a;
+    a.kv = kv.get();
+    a.norm_weight = kvw.get();
+    a.n = n;
+    a.head_dim = hd;
+    a.tokens = dtokens.get();
+    a.rope = RopeTableView{rope.get(), positions, rope_dim};
+    a.records = records.get();
+    QNormArgs qa;
+    qa.x = qa.y = q.get();
+    qa.dim = q_dim;
+    qa.weight = qw.get();
+    qa.quant = ActQuantOut{codes.get(), scales.get()};
+    const double q_bytes = 4.0 * (2 * n * q_dim + q_dim) + 2.0 * n * q_dim + 4.0 * n * q_dim / 32;
+    const double kv_bytes = 4.0 * (n * hd + hd + n * rope_dim) + 1.0 * n * swa_record_bytes(hd);
+    const std::pair<const char*, std::function<Status(bool)>> cases[] = {
+        {"q_norm_q", [&](bool pdl) { return rms_norm(q.get(), n, q_dim, qw.get(), 1e-6f, q.get(), stream, pdl, qa.quant); }},
+        {"swa_kv_encode", [&](bool) { return swa_kv_encode(a, stream); }},
+        {"q_norm_q+swa_kv_encode",
+         [&](bool pdl) {
+           const Status st = rms_norm(q.get(), n, q_dim, qw.get(), 1e-6f, q.get(), stream, pdl, qa.quant);
+           return st.ok() ? swa_kv_encode(a, stream) : st;
+         }},
+        {"q_norm_swa_kv_encode", [&](bool pdl) { return q_norm_swa_kv_encode(qa, a, stream, pdl); }},
+    };
+    for (const auto& [name, launch] : cases) {
+      for (const bool pdl : {false, true}) {
+        if (pdl && std::string(name) == "swa_kv_encode") continue;  // its launcher has no PDL form
+        const double us = try_time_graph_us(stream, 8, [&](int) { return launch(pdl); });
+        if (us < 0) {
+          std::printf("%s with programmatic dependent launch: not supported here (skipped)\n", name);
+          continue;
+        }
+        const std::string kernel = std::string(name) + (pdl ? "_pdl" : "");
+        const bool has_q = kernel.rfind("q_norm", 0) == 0, has_kv = kernel.find("swa_kv") != std::string::npos;
+        rows.push_back(make_row(kernel, "1536 / 512", n, us, (has_q ? q_bytes : 0) + (has_kv ? kv_bytes : 0),
+                                copy_gbps));
+      }
+    }
+  }
+}
+
 void bench_indexer_select(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
   struct Shape {
     const char* name;

@@ -90,5 +90,6 @@ void bench_ffn_small(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
 // kbench_attention.cpp
 void bench_sparse_attention(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows);
 void bench_indexer_select(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows);
+void bench_q_norm_kv(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows);
 
 }  // namespace cedar::cuda::kbench
