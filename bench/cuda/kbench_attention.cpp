@@ -159,7 +159,8 @@ void bench_q_norm_kv(double copy_gbps, cudaStream_t stream, std::vector<Row>& ro
     const double q_bytes = 4.0 * (2 * n * q_dim + q_dim) + 2.0 * n * q_dim + 4.0 * n * q_dim / 32;
     const double kv_bytes = 4.0 * (n * hd + hd + n * rope_dim) + 1.0 * n * swa_record_bytes(hd);
     const std::pair<const char*, std::function<Status(bool)>> cases[] = {
-        {"q_norm_q", [&](bool pdl) { return rms_norm(q.get(), n, q_dim, qw.get(), 1e-6f, q.get(), stream, pdl, qa.quant); }},
+        {"q_norm_q",
+         [&](bool pdl) { return rms_norm(q.get(), n, q_dim, qw.get(), 1e-6f, q.get(), stream, pdl, qa.quant); }},
         {"swa_kv_encode", [&](bool) { return swa_kv_encode(a, stream); }},
         {"q_norm_q+swa_kv_encode",
          [&](bool pdl) {
