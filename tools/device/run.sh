@@ -17,9 +17,12 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu$T.txt"
 CEDAR_CUPTI=$(find / -name 'libcupti.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)
 export CEDAR_CUPTI  # cedar bench --timeline loads CUPTI from here
+make_perf() {  # the perf checkpoint the bench and doctor read (kept across bundles of one call)
+  [ -d /tmp/perf ] || $B/cedar make-tiny /tmp/perf --profile perf --threads 16 --no-tokenizer > "$OUT/make$T.txt" 2>&1
+}
 if [ "${BENCH:-0}" = 1 ]; then
   t0=$(date +%s)
-  [ -d /tmp/perf ] || $B/cedar make-tiny /tmp/perf --profile perf --threads 16 --no-tokenizer > "$OUT/make$T.txt" 2>&1
+  make_perf
   timeout "${BENCH_TIMEOUT:-400}" $B/cedar bench /tmp/perf --device cuda --threads 16 ${BENCH_ARGS:-} > "$OUT/bench$T.txt" 2>&1
   echo "bench rc=$? after $(($(date +%s) - t0)) s"
   grep -E "tpot|^ +[18] |A/B|layer 2[01] of|CED|exact|error" "$OUT/bench$T.txt" | head -80
@@ -40,6 +43,7 @@ if [ "${KBENCH:-0}" = 1 ]; then
   tail -40 "$OUT/kbench$T.txt"
 fi
 if [ "${DOCTOR:-0}" = 1 ]; then
+  make_perf
   $B/cedar doctor /tmp/perf > "$OUT/doctor$T.txt" 2>&1
   echo "doctor rc=$?"
   tail -15 "$OUT/doctor$T.txt"
