@@ -14,11 +14,13 @@ rm -rf /tmp/dev/bin && mkdir -p /tmp/dev && tar -xJf "${PACK:-.dev/pack.tar.xz}"
 B=/tmp/dev/bin
 export LD_LIBRARY_PATH=/tmp/dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/gpu$T.txt"
+# At most 8 files come back from $OUT (the device README): the clocks and make-tiny's log stay in /tmp/dev.
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "/tmp/dev/gpu$T.txt"
 CEDAR_CUPTI=$(find / -name 'libcupti.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)
 export CEDAR_CUPTI  # cedar bench --timeline loads CUPTI from here
 make_perf() {  # the perf checkpoint the bench and doctor read (kept across bundles of one call)
-  [ -d /tmp/perf ] || $B/cedar make-tiny /tmp/perf --profile perf --threads 16 --no-tokenizer > "$OUT/make$T.txt" 2>&1
+  [ -d /tmp/perf ] || $B/cedar make-tiny /tmp/perf --profile perf --threads 16 --no-tokenizer > /tmp/dev/make.txt 2>&1 ||
+    tail -5 /tmp/dev/make.txt
 }
 if [ "${BENCH:-0}" = 1 ]; then
   t0=$(date +%s)
@@ -34,8 +36,11 @@ if [ "${BENCH:-0}" = 1 ]; then
 fi
 if [ "${TESTS:-0}" = 1 ]; then
   timeout "${TEST_TIMEOUT:-300}" $B/cedar_cuda_tests ${1:+--gtest_filter=$1} > "$OUT/tests$T.log" 2>&1
-  echo "tests rc=$?"
+  rc=$?
+  echo "tests rc=$rc"
   grep -E "^\[  (PASSED|FAILED) |FAILED|Failure" "$OUT/tests$T.log" | head -40
+  # A timeout (124) prints no summary: the last test that started says where it stopped.
+  [ "$rc" = 0 ] || grep -E "^\[ RUN|^\[       OK" "$OUT/tests$T.log" | tail -2
 fi
 if [ "${KBENCH:-0}" = 1 ]; then
   timeout 200 $B/cuda_kernels_bench ${KBENCH_ARGS:-} > "$OUT/kbench$T.txt" 2>&1
