@@ -100,11 +100,8 @@ __device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t ro
   }
 }
 
-// One block per row.
-__global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
-  detail::pdl_wait();  // under PDL: kv comes from the GEMV before
-  swa_kv_encode_row(a, blockIdx.x);
-}
+// One block per row (a plain launch: stream order gives it kv).
+__global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) { swa_kv_encode_row(a, blockIdx.x); }
 
 // q_norm's rows (blocks [0, n): rms_norm_block) and the SWA KV encode of the same rows (blocks [n, 2n)).
 template <bool kQuant>
