@@ -64,18 +64,17 @@ int run(int argc, char** argv) {
   }
   if (want("mhc")) bench_mhc_all(copy_gbps, stream->get(), rows);
   if (want("packed")) {
-  bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows);
-  bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows);
-  for (int64_t n : {1, 4}) {
-    bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows);
-    bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows);
-  }
-  bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows);
-  for (int64_t n : {1, 4}) {
-    bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows, true);
-    bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, true);
-  }
-  bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, true);
+    for (const bool balanced : {false, true}) {  // the packed layout, then its balanced form
+      if (!balanced) {
+        bench_packed(shapes[5], 1, 1, copy_gbps, stream->get(), rows);
+        bench_packed(shapes[6], 1, 1, copy_gbps, stream->get(), rows);
+      }
+      for (int64_t n : {1, 4}) {
+        bench_packed(shapes[5], 12, n, copy_gbps, stream->get(), rows, balanced);
+        bench_packed(shapes[6], 6, n, copy_gbps, stream->get(), rows, balanced);
+      }
+      bench_packed(shapes[8], 1, 1, copy_gbps, stream->get(), rows, balanced);
+    }
   }
   if (want("moe")) {
     DeviceBuffer<uint8_t> expert_pool;

@@ -119,6 +119,40 @@ double launch_floor_us() {
   return *f;
 }
 
+GroupedGemvInputs grouped_gemv_inputs(const GemvShape& s, int count, int64_t n, uint32_t seed, cudaStream_t stream) {
+  const bool fp4 = s.format == QuantWeightFormat::MXFP4;
+  GroupedGemvInputs g;
+  g.count = count;
+  g.n = n;
+  g.out = s.out;
+  g.in = s.in;
+  g.w_bytes = fp4 ? s.out * s.in / 2 : s.out * s.in;
+  g.s_bytes = fp4 ? s.out * s.in / 32 : ((s.out + 31) / 32) * (s.in / 32);
+  g.group_bytes = (g.w_bytes + g.s_bytes) * count;
+  g.copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / g.group_bytes + 1));
+  g.w = random_bytes(g.w_bytes * count * g.copies, seed, 0, 0, fp4 ? 0xFF : 0x7E);
+  g.sc = random_bytes(g.s_bytes * count * g.copies, seed + 1, 118, 8);
+  g.x = random_floats(n * s.in, seed + 2, 1.0f);
+  g.codes = must(DeviceBuffer<uint16_t>::allocate(n * s.in));
+  g.ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
+  g.y = must(DeviceBuffer<float>::allocate(n * s.out * count));
+  must(quantize_act_fp8(g.x.get(), n, s.in, g.codes.get(), g.ascales.get(), stream));
+  g.items.resize(count);
+  return g;
+}
+
+const GemvGroupItem* GroupedGemvInputs::items_of(int c) {
+  for (int i = 0; i < count; ++i)
+    items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
+                             sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
+                             y.get() + static_cast<size_t>(i) * n * out};
+  return items.data();
+}
+
+double GroupedGemvInputs::bytes() const {
+  return static_cast<double>(group_bytes) + static_cast<double>(n * in) * (2.0 + 4.0 / 32.0) + 4.0 * n * out * count;
+}
+
 Row make_row(const std::string& kernel, const std::string& shape, int64_t n, double us, double bytes,
              double copy_gbps) {
   Row r{kernel, shape, n, us, bytes};

@@ -72,6 +72,26 @@ struct GemvShape {
   int64_t out, in;
 };
 
+// The operands of a grouped GEMV row: `count` matrices of shape s in enough copies to rotate through
+// kRotateBytes (every graph node reads its weights from HBM), a random x as FP8 codes, and the outputs.
+// Seeds: seed (weights), seed + 1 (scales), seed + 2 (x).
+struct GroupedGemvInputs {
+  int count = 0;
+  int64_t n = 0, out = 0, in = 0;
+  size_t w_bytes = 0, s_bytes = 0, group_bytes = 0;
+  int copies = 0;
+  DeviceBuffer<uint8_t> w, sc;
+  DeviceBuffer<float> x;
+  DeviceBuffer<uint16_t> codes;
+  DeviceBuffer<float> ascales, y;
+  std::vector<GemvGroupItem> items;
+  // Copy c's items: matrix i writes y rows [i·n, (i + 1)·n).
+  const GemvGroupItem* items_of(int c);
+  // Bytes a launch moves: the weights and scales, the codes and their scales, the outputs.
+  double bytes() const;
+};
+GroupedGemvInputs grouped_gemv_inputs(const GemvShape& s, int count, int64_t n, uint32_t seed, cudaStream_t stream);
+
 // kbench_gemv_mhc.cpp
 void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_gbps, cudaStream_t stream,
                 std::vector<Row>& rows);

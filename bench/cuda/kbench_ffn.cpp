@@ -8,27 +8,13 @@ namespace cedar::cuda::kbench {
 // values do not change the timing; the packed kernel reads the same bytes in another order.
 void bench_packed(const GemvShape& s, int count, int64_t n, double copy_gbps, cudaStream_t stream,
                   std::vector<Row>& rows, bool balanced) {
-  const size_t w_bytes = s.out * s.in / 2, s_bytes = s.out * s.in / 32;
-  const size_t group_bytes = (w_bytes + s_bytes) * count;
-  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / group_bytes + 1));
-  auto w = random_bytes(w_bytes * count * copies, 21, 0, 0, 0xFF);
-  auto sc = random_bytes(s_bytes * count * copies, 22, 118, 8);
-  auto x = random_floats(n * s.in, 23, 1.0f);
-  auto codes = must(DeviceBuffer<uint16_t>::allocate(n * s.in));
-  auto ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
-  auto y = must(DeviceBuffer<float>::allocate(n * s.out * count));
-  must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
-  const QuantWeightView shape{QuantWeightFormat::MXFP4, s.out, s.in, w.get(), sc.get(), 32, 32};
-  std::vector<GemvGroupItem> items(count);
-  const double us = time_graph_us(stream, copies, [&](int c) {
-    for (int i = 0; i < count; ++i)
-      items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
-                               sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
-                               y.get() + static_cast<size_t>(i) * n * s.out};
-    must(gemv_mxfp4_packed_grouped(shape, items.data(), count, n, true, stream, balanced));
+  const GemvShape fp4{s.name, QuantWeightFormat::MXFP4, s.out, s.in};
+  GroupedGemvInputs g = grouped_gemv_inputs(fp4, count, n, 21, stream);
+  const QuantWeightView shape{QuantWeightFormat::MXFP4, s.out, s.in, g.w.get(), g.sc.get(), 32, 32};
+  const double us = time_graph_us(stream, g.copies, [&](int c) {
+    must(gemv_mxfp4_packed_grouped(shape, g.items_of(c), count, n, true, stream, balanced));
   });
-  const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
-                       4.0 * n * s.out * count;
+  const double bytes = g.bytes();
   rows.push_back(make_row(std::string(balanced ? "gemv_mxfp4_packbal" : "gemv_mxfp4_packed") +
                               (count > 1 ? " x" + std::to_string(count) : ""),
                           std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes,

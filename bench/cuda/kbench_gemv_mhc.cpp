@@ -71,33 +71,17 @@ void bench_gemv(const GemvShape& s, const std::vector<int64_t>& ns, double copy_
 void bench_grouped(const GemvShape& s, int count, int64_t n, double copy_gbps, cudaStream_t stream,
                    std::vector<Row>& rows) {
   const bool fp4 = s.format == QuantWeightFormat::MXFP4;
-  const size_t w_bytes = fp4 ? s.out * s.in / 2 : s.out * s.in;
-  const size_t s_bytes = fp4 ? s.out * s.in / 32 : ((s.out + 31) / 32) * (s.in / 32);
-  const size_t group_bytes = (w_bytes + s_bytes) * count;
-  const int copies = static_cast<int>(std::max<size_t>(2, kRotateBytes / group_bytes + 1));
-  auto w = random_bytes(w_bytes * count * copies, 11, 0, 0, fp4 ? 0xFF : 0x7E);
-  auto sc = random_bytes(s_bytes * count * copies, 12, 118, 8);
-  auto x = random_floats(n * s.in, 13, 1.0f);
-  auto codes = must(DeviceBuffer<uint16_t>::allocate(n * s.in));
-  auto ascales = must(DeviceBuffer<float>::allocate(n * s.in / 32));
-  auto y = must(DeviceBuffer<float>::allocate(n * s.out * count));
-  must(quantize_act_fp8(x.get(), n, s.in, codes.get(), ascales.get(), stream));
-  const QuantWeightView shape{s.format, s.out, s.in, w.get(), sc.get(), 32, 32};
+  GroupedGemvInputs g = grouped_gemv_inputs(s, count, n, 11, stream);
+  const QuantWeightView shape{s.format, s.out, s.in, g.w.get(), g.sc.get(), 32, 32};
   const SplitKSize split = splitk_workspace_size(shape, count);
   auto part = must(DeviceBuffer<float>::allocate(split.partial_floats));
   auto counters = must(DeviceBuffer<unsigned>::allocate(split.counters));
   must(counters.zero());
-  std::vector<GemvGroupItem> items(count);
-  const double us = time_graph_us(stream, copies, [&](int c) {
-    for (int i = 0; i < count; ++i)
-      items[i] = GemvGroupItem{w.get() + (static_cast<size_t>(c) * count + i) * w_bytes,
-                               sc.get() + (static_cast<size_t>(c) * count + i) * s_bytes, codes.get(), ascales.get(),
-                               y.get() + static_cast<size_t>(i) * n * s.out};
-    must(gemv_quantized_grouped(shape, items.data(), count, n, true, stream,
+  const double us = time_graph_us(stream, g.copies, [&](int c) {
+    must(gemv_quantized_grouped(shape, g.items_of(c), count, n, true, stream,
                                 SplitKWorkspace{part.get(), counters.get(), split.partial_floats, split.counters}));
   });
-  const double bytes = static_cast<double>(group_bytes) + static_cast<double>(n * s.in) * (2.0 + 4.0 / 32.0) +
-                       4.0 * n * s.out * count;
+  const double bytes = g.bytes();
   Row r{std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + " x" + std::to_string(count),
         std::string(s.name) + " " + std::to_string(s.out) + "x" + std::to_string(s.in), n, us, bytes};
   r.gbps = bytes / (us * 1e-6) / 1e9;
@@ -460,9 +444,8 @@ void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
     auto x = random_floats(n * groups * in, 94, 1.0f);
     auto y = must(DeviceBuffer<float>::allocate(n * total));
     const double act = 4.0 * n * (groups * in + total);
-    double us = time_graph_us(stream, copies16, [&](int c) {
+    auto wo_a = [&]() {  // the GEMV's shape and operands, without the weight
       Bf16GemvArgs a;
-      a.w = reinterpret_cast<const uint16_t*>(wbf.get() + c * w16);
       a.out = out;
       a.in = in;
       a.groups = groups;
@@ -470,23 +453,21 @@ void bench_wo_a(double copy_gbps, cudaStream_t stream, std::vector<Row>& rows) {
       a.y = y.get();
       a.n = n;
       a.bf16_output = true;
+      return a;
+    };
+    double us = time_graph_us(stream, copies16, [&](int c) {
+      Bf16GemvArgs a = wo_a();
+      a.w = reinterpret_cast<const uint16_t*>(wbf.get() + c * w16);
       must(gemv_bf16(a, stream));
     });
     rows.push_back(make_row("gemv_bf16 wo_a", "8x1024x4096 bf16", n, us, w16 + act, copy_gbps));
     // The weight as stored; `fast`: checked at upload as the model does (Bf16GemvArgs::w_fp8_fast, no
     // per-chunk check; the timing does not depend on the bytes).
     auto fp8w = [&](int c, bool pdl, bool fast) {
-      Bf16GemvArgs a;
+      Bf16GemvArgs a = wo_a();
       a.w_fp8 = wfp8.get() + c * w8;
       a.w_scales = sfp8.get() + c * s8;
       a.w_fp8_fast = fast;
-      a.out = out;
-      a.in = in;
-      a.groups = groups;
-      a.x = x.get();
-      a.y = y.get();
-      a.n = n;
-      a.bf16_output = true;
       a.programmatic_launch = pdl;
       return a;
     };
