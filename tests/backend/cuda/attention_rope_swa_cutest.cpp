@@ -133,42 +133,61 @@ void cpu_swa(const SwaCase& c, const std::vector<float>& kv, const std::vector<f
   }
 }
 
-void check_swa(const SwaCase& c, const std::string& name) {
-  const int64_t hd = c.head_dim, rb = swa_record_bytes(hd);
-  // Wide per-block spread (2^-24 .. 2^6): after the norm the small blocks fall below the 1e-4 amax
-  // clamp (e4m3 subnormal codes, the smallest scales).
-  std::vector<float> kv = testing::random_bf16(c.n * hd, c.seed, -24, 6, 32);
-  const std::vector<float> w = testing::random_bf16(hd, c.seed + 1, -1, 1, 0);
-  if (c.n > 2) {
-    std::fill(kv.begin() + 1 * hd, kv.begin() + 1 * hd + 32, 0.0f);  // an all-zero block
-    kv[2 * hd + 5] = INFINITY;  // row 2: rstd = 0, so zeros and one NaN that poisons its block
+// A SWA case's inputs on the host and the device, and the CPU's records and values for them (cpu_swa).
+// kv has a wide per-block spread (2^-24 .. 2^6: after the norm the small blocks fall below the 1e-4 amax
+// clamp, e4m3 subnormal codes, the smallest scales); with `specials` (n > 2) row 1 starts with an all-zero
+// block and row 2 holds an inf (rstd = 0: zeros and one NaN that poisons its block).
+struct SwaInputs {
+  SwaInputs(const SwaCase& c, bool specials)
+      : kv(testing::random_bf16(c.n * c.head_dim, c.seed, -24, 6, 32)),
+        w(testing::random_bf16(c.head_dim, c.seed + 1, -1, 1, 0)),
+        rope(testing::compress_rope_config(c.rope_dim)),
+        eps(static_cast<float>(c.eps)) {
+    const int64_t hd = c.head_dim;
+    if (specials && c.n > 2) {
+      std::fill(kv.begin() + 1 * hd, kv.begin() + 1 * hd + 32, 0.0f);
+      kv[2 * hd + 5] = INFINITY;
+    }
+    cpu_swa(c, kv, w, rope, want_rec, want_val);
+    std::vector<AttnToken> tokens;
+    append_chunk_tokens(tokens, 0, c.pos0, c.n);
+    dr = testing::device_rope(rope, c.pos0 + c.n);
+    dkv = to_device(kv);
+    dw = to_device(w);
+    dt = to_device(tokens);
   }
-  const cpu::RopeTable rope(testing::compress_rope_config(c.rope_dim));
+  // swa_kv_encode's arguments for these rows, writing `records` (and `values` when given).
+  SwaKvArgs args(const SwaCase& c, uint8_t* records, float* values = nullptr) const {
+    return SwaKvArgs{.kv = dkv.get(),
+                     .norm_weight = dw.get(),
+                     .eps = eps,
+                     .n = c.n,
+                     .head_dim = c.head_dim,
+                     .tokens = dt.get(),
+                     .rope = dr.view,
+                     .records = records,
+                     .values = values};
+  }
+  std::vector<float> kv, w;
+  cpu::RopeTable rope;
+  float eps;
   std::vector<uint8_t> want_rec;
   std::vector<float> want_val;
-  cpu_swa(c, kv, w, rope, want_rec, want_val);
+  testing::DeviceRope dr;
+  DeviceBuffer<float> dkv, dw;
+  DeviceBuffer<AttnToken> dt;
+};
 
-  std::vector<AttnToken> tokens;
-  append_chunk_tokens(tokens, 0, c.pos0, c.n);
-  const testing::DeviceRope dr = testing::device_rope(rope, c.pos0 + c.n);
-  auto dkv = to_device(kv);
-  auto dw = to_device(w);
-  auto dt = to_device(tokens);
+void check_swa(const SwaCase& c, const std::string& name) {
+  const int64_t hd = c.head_dim, rb = swa_record_bytes(hd);
+  const SwaInputs in(c, /*specials=*/true);
+  const std::vector<uint8_t>& want_rec = in.want_rec;
   auto drec = device_filled<uint8_t>(c.n * rb, 0xA5);
   auto dval = device_filled<float>(c.n * hd, 0xFF);
-  const Status s = swa_kv_encode({.kv = dkv.get(),
-                                  .norm_weight = dw.get(),
-                                  .eps = static_cast<float>(c.eps),
-                                  .n = c.n,
-                                  .head_dim = hd,
-                                  .tokens = dt.get(),
-                                  .rope = dr.view,
-                                  .records = drec.get(),
-                                  .values = dval.get()},
-                                 nullptr);
+  const Status s = swa_kv_encode(in.args(c, drec.get(), dval.get()), nullptr);
   ASSERT_TRUE(s.ok()) << s.error().message;
   const size_t bad_rec = count_byte_mismatches(name + " records", to_host(drec), want_rec, rb);
-  const size_t bad_val = count_bit_mismatches(name + " values", to_host(dval), want_val);
+  const size_t bad_val = count_bit_mismatches(name + " values", to_host(dval), in.want_val);
   std::printf("PARITY %-40s n=%zu record byte mismatches=%zu value mismatches=%zu (bit-exact required)\n", name.c_str(),
               want_rec.size(), bad_rec, bad_val);
   EXPECT_EQ(bad_rec, 0u);
@@ -280,20 +299,9 @@ struct QNormKvCase {
 void check_q_norm_kv(const QNormKvCase& c, const std::string& name) {
   const SwaCase& s = c.swa;
   const int64_t hd = s.head_dim, rb = swa_record_bytes(hd), qd = c.q_dim;
-  const std::vector<float> kv = testing::random_bf16(s.n * hd, s.seed, -24, 6, 32);
-  const std::vector<float> w = testing::random_bf16(hd, s.seed + 1, -1, 1, 0);
+  const SwaInputs in(s, /*specials=*/false);
   const std::vector<float> q = testing::random_bf16(s.n * qd, s.seed + 2, -8, 4, 8);
   const std::vector<float> qw = testing::random_bf16(qd, s.seed + 3, -1, 1, 0);
-  const cpu::RopeTable rope(testing::compress_rope_config(s.rope_dim));
-  std::vector<uint8_t> want_rec;
-  std::vector<float> want_val;
-  cpu_swa(s, kv, w, rope, want_rec, want_val);
-  std::vector<AttnToken> tokens;
-  append_chunk_tokens(tokens, 0, s.pos0, s.n);
-  const testing::DeviceRope dr = testing::device_rope(rope, s.pos0 + s.n);
-  auto dkv = to_device(kv);
-  auto dw = to_device(w);
-  auto dt = to_device(tokens);
   auto dqw = to_device(qw);
   const float* qweight = c.weighted ? dqw.get() : nullptr;
   const float eps = static_cast<float>(s.eps);
@@ -304,14 +312,7 @@ void check_q_norm_kv(const QNormKvCase& c, const std::string& name) {
   auto drec_sep = device_filled<uint8_t>(s.n * rb, 0xA5);
   const ActQuantOut quant_sep = c.quant ? ActQuantOut{dcodes_sep.get(), dscales_sep.get()} : ActQuantOut{};
   ASSERT_TRUE(rms_norm(dq_sep.get(), s.n, qd, qweight, eps, dq_sep.get(), nullptr, false, quant_sep).ok());
-  SwaKvArgs a{.kv = dkv.get(),
-              .norm_weight = dw.get(),
-              .eps = eps,
-              .n = s.n,
-              .head_dim = hd,
-              .tokens = dt.get(),
-              .rope = dr.view,
-              .records = drec_sep.get()};
+  SwaKvArgs a = in.args(s, drec_sep.get());
   ASSERT_TRUE(swa_kv_encode(a, nullptr).ok());
   // One launch (q normalized in place, as the model does).
   auto dq = to_device(q);
@@ -330,7 +331,7 @@ void check_q_norm_kv(const QNormKvCase& c, const std::string& name) {
   ASSERT_TRUE(st.ok()) << st.error().message;
   const size_t bad_y = count_bit_mismatches(name + " q_norm", to_host(dq), to_host(dq_sep));
   const size_t bad_rec = count_byte_mismatches(name + " records", to_host(drec), to_host(drec_sep), rb);
-  const size_t bad_cpu = count_byte_mismatches(name + " records vs cpu", to_host(drec), want_rec, rb);
+  const size_t bad_cpu = count_byte_mismatches(name + " records vs cpu", to_host(drec), in.want_rec, rb);
   size_t bad_codes = 0;
   if (c.quant) {
     const std::vector<uint16_t> got = to_host(dcodes), want = to_host(dcodes_sep);
