@@ -193,9 +193,10 @@ json bench_decode_timeline(cuda::CudaModel& m, const cuda::CudaSequence& base, c
   const std::vector<KernelRecord>& step = (*steps)[mid];
   const int64_t layers = m.config().num_hidden_layers;
   auto layer_json = [&](int64_t layer) -> json {
-    // A layer opens with q_norm: its own launch, or one with the SWA KV encode (q_norm_kv_encode).
-    static const std::string heads[] = {"rms_norm_kernel<true>", "rms_norm_kernel<false>",
-                                        "q_norm_swa_kv_encode_kernel<true>", "q_norm_swa_kv_encode_kernel<false>"};
+    // A layer opens with q_norm: its own launch, or one with the SWA KV encode (q_norm_kv_encode), both with
+    // the codes (fused_act_quant). Not the <false> forms: the final norm is rms_norm_kernel<false>, and one
+    // call more than the layers sends cut_layer back to its single-name rule.
+    static const std::string heads[] = {"rms_norm_kernel<true>", "q_norm_swa_kv_encode_kernel<true>"};
     auto cut = cut_layer(step, layers, layer, heads);
     if (!cut.ok() || cut->records.empty()) {
       const std::string why = cut.ok() ? "the layer has no kernels" : cut.error().message;
