@@ -162,10 +162,14 @@ Result<LayerCut> cut_layer(std::span<const KernelRecord> step, int64_t layers, i
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const KernelRecord* a, const KernelRecord* b) { return a->start_ns < b->start_ns; });
   auto is_head = [&](const std::string& name) { return std::find(heads.begin(), heads.end(), name) != heads.end(); };
+  auto starts_of = [&](const auto& match) {  // the start of every record whose name matches, in time order
+    std::vector<uint64_t> s;
+    for (const KernelRecord* r : sorted)
+      if (match(r->name)) s.push_back(r->start_ns);
+    return s;
+  };
   std::string anchor_name;
-  std::vector<uint64_t> starts;
-  for (const KernelRecord* r : sorted)
-    if (is_head(r->name)) starts.push_back(r->start_ns);
+  std::vector<uint64_t> starts = starts_of(is_head);
   if (!heads.empty() && static_cast<int64_t>(starts.size()) == layers) {
     std::vector<std::string> ran;  // the heads that ran, in the order of their first call
     for (const KernelRecord* r : sorted)
@@ -189,9 +193,7 @@ Result<LayerCut> cut_layer(std::span<const KernelRecord> step, int64_t layers, i
                         std::to_string(sorted.size()) + " kernels, " + std::to_string(seen.size()) +
                         " names): no per-layer anchor");
     anchor_name = *anchor;
-    starts.clear();
-    for (const KernelRecord* r : sorted)
-      if (r->name == anchor_name) starts.push_back(r->start_ns);
+    starts = starts_of([&](const std::string& name) { return name == anchor_name; });
   }
   const uint64_t from = starts[static_cast<size_t>(layer)];
   const bool last = layer + 1 == layers;
