@@ -183,7 +183,18 @@ class Carver {
   uint64_t offset_ = 0;
 };
 
-// Small helpers of the layer loop's files (cuda_model_layers.cpp, cuda_model_moe.cpp).
+// One dense projection of the layer loop (CudaModel::dense): FP8 / MXFP4 GEMV or GEMM, or bf16 / fp32.
+struct CudaModel::DenseCall {
+  const DeviceMatrix* w = nullptr;
+  int64_t out = 0, in = 0, groups = 1;  // per group; groups share x's and y's rows (wo_a)
+  const float* x = nullptr;
+  float* y = nullptr;
+  int64_t n = 0;
+  bool bf16_output = true;
+  bool x_staged = false;  // the staged wo_a path's f16 codes of x are in act_b already (paths.attn_stage_wo_a)
+};
+
+// Small helpers of the layer loop's files (cuda_model_layers.cpp, cuda_model_keys.cpp, cuda_model_moe.cpp).
 namespace model_detail {
 inline std::string str(int64_t v) { return std::to_string(v); }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
