@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 
+# chat_request_fuzz tokenizes V4.1 prompts with the V4.1 tokenizer derived from the V4 one (stdlib Python).
+[ -f third_party/downloads/deepseek-v41-derived/tokenizer.json ] || python3 tools/derive_v41_tokenizer.py
+
 cmake --preset fuzz -G Ninja >/dev/null
 cmake --build --preset fuzz -j "$(nproc)"
 

@@ -190,9 +190,12 @@ void StreamParser::apply(const Marker& m, std::vector<ParseEvent>& events) {
   }
 }
 
-// One step over buf_: consume up to and including the earliest marker that is certain to match, or
-// emit the text that can no longer be part of a marker and keep the rest. Waiting whenever a marker
-// could still start earlier makes the result independent of how the text was split.
+// One step over buf_: apply the marker whose match ends first, or emit the text that can no longer be
+// part of a marker and keep the rest. The first match to end is the one a reader of the text piece by
+// piece sees first, however the pieces fall, so applying it at once is split-invariant (no text still
+// to come can end a match earlier). Ties: the match that starts first, then the marker listed first
+// (stop sequences before the markup's markers). This is deepseek-recipe's rule: a stop sequence longer
+// than the `<｜DSML｜` it starts with loses to it, one that ends with it (or within it) wins.
 bool StreamParser::step(std::vector<ParseEvent>& events) {
   if (stage_ == Stage::kFinished) { buf_.clear(); return false; }
   if (leading_ && (stage_ == Stage::kReasoning || stage_ == Stage::kContent)) {
@@ -202,12 +205,23 @@ bool StreamParser::step(std::vector<ParseEvent>& events) {
     leading_ = false;
   }
   const auto ms = markers();
-  size_t best = std::string::npos;
+  size_t best = std::string::npos, best_end = std::string::npos;
   const Marker* hit = nullptr;
   for (const auto& m : ms) {
     if (m.text.empty()) continue;
-    const size_t p = buf_.find(m.text);
-    if (p < best) { best = p; hit = &m; }
+    const size_t p = buf_.find(m.text);  // the first occurrence also ends first
+    if (p == std::string::npos) continue;
+    const size_t end = p + m.text.size();
+    if (end < best_end || (end == best_end && p < best)) { best = p; best_end = end; hit = &m; }
+  }
+  if (hit) {
+    size_t text_end = best;
+    if (hit->strip_newlines) while (text_end > 0 && buf_[text_end - 1] == '\n') --text_end;
+    const Marker m = *hit;
+    emit_data(std::string_view(buf_).substr(0, text_end), events);
+    buf_.erase(0, best_end);
+    apply(m, events);
+    return true;
   }
   // Earliest position from which the rest of buf_ could still grow into a marker.
   size_t hold = buf_.size();
@@ -223,15 +237,6 @@ bool StreamParser::step(std::vector<ParseEvent>& events) {
         hold = std::min(hold, k);
       }
     }
-  }
-  if (hit && best <= hold) {
-    size_t text_end = best;
-    if (hit->strip_newlines) while (text_end > 0 && buf_[text_end - 1] == '\n') --text_end;
-    const Marker m = *hit;
-    emit_data(std::string_view(buf_).substr(0, text_end), events);
-    buf_.erase(0, best + m.text.size());
-    apply(m, events);
-    return true;
   }
   emit_data(std::string_view(buf_).substr(0, hold), events);
   buf_.erase(0, hold);

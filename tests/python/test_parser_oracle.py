@@ -103,6 +103,45 @@ def test_random_outputs_match_recipe_stream_processor():
         assert got["finish_reason"] == ref[3], ctx
 
 
+def overlapping_stop(rng, text):
+    """A stop sequence cut from the text around one of its markers (`<｜DSML｜`, `</｜DSML｜`, `</think>`): it
+    may end before, inside or after the marker, start before or at it."""
+    spots = [i for m in ("<｜DSML｜", "</｜DSML｜", "</think>") for i in range(len(text)) if text.startswith(m, i)]
+    if not spots:
+        return None
+    at = rng.choice(spots)
+    start = max(0, at - rng.randint(0, 3))
+    end = min(len(text), at + rng.randint(1, 12))
+    return text[start:end] or None
+
+
+def test_stop_sequences_overlapping_markup_match_recipe():
+    """Stop sequences that run into the markup: the match that ends first wins, a stop over a marker that ends
+    with it or earlier, the marker over a longer stop (found by tests/fuzz/output_parser_fuzz.cpp: cedar's
+    result depended on how the text was split there). cedar given the text whole = the recipe fed character
+    by character and in random chunks."""
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(400):
+        text, thinking, cut = rand_output(rng)
+        stop = overlapping_stop(rng, text)
+        if stop is None:
+            continue
+        checked += 1
+        ctx = json.dumps({"text": text, "thinking": thinking, "stop": stop, "cut": cut}, ensure_ascii=False)
+        ref = recipe_parse(list(text) or [""], thinking, [stop], cut)
+        assert recipe_parse(chunks(rng, text), thinking, [stop], cut) == ref, "recipe split-dependent: " + ctx
+        got = cedar_parse(text, *(["--thinking"] if thinking else []), "--stop", stop, cut=cut)
+        assert got[0] == ref[0], ctx
+        if thinking:
+            assert (got[1] or "") == (ref[1] or ""), ctx
+        assert [c[0] for c in got[2]] == [c[0] for c in ref[2]], ctx
+        if not cut:
+            assert got[2] == ref[2], ctx
+        assert got[3] == ref[3], ctx
+    assert checked > 100
+
+
 def cedar_parse(text, *flags, cut=False):
     proc = run_cedar(["parse", *flags], text + ("" if cut else "<｜end▁of▁sentence｜>"))
     assert proc.returncode == 0, proc.stderr.decode()

@@ -128,6 +128,41 @@ TEST(StreamParser, StopsMatchAnswerOnlyAndStrayThinkEndIsDropped) {
   EXPECT_EQ(run({"a</think>b</think>c"}, chat).content, "abc");
 }
 
+// The match that ends first wins, whatever the split (tests/fuzz/output_parser_fuzz.cpp found the whole
+// text and its pieces disagreeing when a stop sequence began with the markup): a stop longer than the
+// `<｜DSML｜` it starts with loses to it; one that ends with the marker, or inside it, wins. The outcomes are
+// deepseek-recipe's (tests/python/test_parser_oracle.py, test_stop_sequences_overlapping_markup_match_recipe).
+TEST(StreamParser, TheMatchThatEndsFirstWinsBetweenStopsAndMarkup) {
+  const std::string block =
+      "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const std::string text = "ab" + block;
+  struct Case {
+    std::string stop, content, calls;
+    FinishReason finish;
+  };
+  const Case cases[] = {
+      {"<｜DSML｜tool_calls>", "ab", "f|{};", FinishReason::kToolCalls},  // longer, same start: the marker
+      {"b<｜DSML｜t", "ab", "f|{};", FinishReason::kToolCalls},           // ends after the marker
+      {"b<｜DSML｜", "a", "", FinishReason::kStop},                       // ends with it, starts first
+      {"<｜DSML｜", "ab", "", FinishReason::kStop},                        // the marker itself: stops first
+      {"<｜DS", "ab", "", FinishReason::kStop},                            // ends inside it
+  };
+  for (const Case& c : cases) {
+    ParserOptions opt;
+    opt.stop = {c.stop};
+    const Outcome o = run({text}, opt);
+    EXPECT_EQ(o.content, c.content) << c.stop;
+    EXPECT_EQ(o.calls, c.calls) << c.stop;
+    EXPECT_EQ(o.finish, c.finish) << c.stop;
+    expect_split_invariant(text, opt);
+  }
+  // A stray `</think>` in the answer is dropped before a stop that runs past it can match.
+  ParserOptions chat;
+  chat.stop = {"x</think>y"};
+  EXPECT_EQ(run({"x</think>yz"}, chat).content, "xyz");
+  expect_split_invariant("x</think>yz", chat);
+}
+
 TEST(StreamParser, TruncationFlushesHeldPartialsVerbatim) {
   ParserOptions chat;
   for (std::string t : {"hello <", "hello </thi", "hello\n"}) {
