@@ -2,9 +2,9 @@
 
 * corpus/chat_request/: request bodies (the goldens' and deepseek-recipe's requests, the official cases'
   messages, an Anthropic Messages body), each after one policy byte;
-* corpus/output_parser/: completions (fastllm's DSML cases, hand-written thinking / tool / JSON-mode
-  texts), each after an options byte and a split-seed byte (chat_request_fuzz.cpp and
-  output_parser_fuzz.cpp say what the bytes mean).
+* corpus/output_parser/ and corpus/response/: completions (fastllm's DSML cases, hand-written thinking /
+  tool / JSON-mode texts), each after an options byte and a split-seed byte (the targets' sources say what
+  the bytes mean; response_fuzz reads the options byte its own way, any byte is valid).
 
 Small seeds on purpose: libFuzzer mutates them. Run: python3 tests/fuzz/make_text_corpus.py
 """
@@ -88,6 +88,7 @@ def completions(out: pathlib.Path) -> None:
 def main() -> None:
     chat_requests(HERE / "corpus" / "chat_request")
     completions(HERE / "corpus" / "output_parser")
+    completions(HERE / "corpus" / "response")
 
 
 if __name__ == "__main__":
