@@ -6,6 +6,9 @@
   tool / JSON-mode texts), each after an options byte and a split-seed byte (the targets' sources say what
   the bytes mean; response_fuzz reads the options byte its own way, any byte is valid).
 
+* corpus/config/: the checkpoint configs of tests/data/configs (HF and reference-inference spellings), each
+  after one unused byte (config_fuzz.cpp).
+
 Small seeds on purpose: libFuzzer mutates them. Run: python3 tests/fuzz/make_text_corpus.py
 """
 import json
@@ -85,10 +88,17 @@ def completions(out: pathlib.Path) -> None:
         write(out, name, bytes([options, 0x03]) + text.encode())
 
 
+def configs(out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted((HERE.parent / "data" / "configs").glob("*/config.json")):
+        write(out, path.parent.name, b"\x00" + path.read_bytes())
+
+
 def main() -> None:
     chat_requests(HERE / "corpus" / "chat_request")
     completions(HERE / "corpus" / "output_parser")
     completions(HERE / "corpus" / "response")
+    configs(HERE / "corpus" / "config")
 
 
 if __name__ == "__main__":
