@@ -223,20 +223,19 @@ bool StreamParser::step(std::vector<ParseEvent>& events) {
     apply(m, events);
     return true;
   }
-  // Earliest position from which the rest of buf_ could still grow into a marker.
+  // Earliest position from which the rest of buf_ could still grow into a marker: its first partial
+  // match, or the end of buf_ (the marker may begin with the next piece). A marker that drops the newlines
+  // before it holds those too, before either position — whatever another marker holds.
   size_t hold = buf_.size();
   for (const auto& m : ms) {
+    size_t start = buf_.size();
     const size_t from = buf_.size() > m.text.size() ? buf_.size() - m.text.size() + 1 : 0;
     for (size_t k = from; k < buf_.size(); ++k) {
-      if (m.text.compare(0, buf_.size() - k, buf_, k, buf_.size() - k) == 0) { hold = std::min(hold, k); break; }
+      if (m.text.compare(0, buf_.size() - k, buf_, k, buf_.size() - k) == 0) { start = k; break; }
     }
-    if (m.strip_newlines) {  // newlines right before a possible marker are held too
-      size_t k = std::min(hold, buf_.size());
-      if (k == buf_.size() || m.text.compare(0, buf_.size() - k, buf_, k, buf_.size() - k) == 0) {
-        while (k > 0 && buf_[k - 1] == '\n') --k;
-        hold = std::min(hold, k);
-      }
-    }
+    if (m.strip_newlines)
+      while (start > 0 && buf_[start - 1] == '\n') --start;
+    hold = std::min(hold, start);
   }
   emit_data(std::string_view(buf_).substr(0, hold), events);
   buf_.erase(0, hold);

@@ -156,6 +156,15 @@ TEST(StreamParser, TheMatchThatEndsFirstWinsBetweenStopsAndMarkup) {
     EXPECT_EQ(o.finish, c.finish) << c.stop;
     expect_split_invariant(text, opt);
   }
+  // Newlines before a possible `<｜DSML｜` are held even while a stop string's partial match holds the text
+  // from a later newline (the fuzzer's second finding: a split after "S\n\n\n" let one newline through).
+  ParserOptions nl;
+  nl.stop = {"\n\nkept"};
+  const std::string nl_text = "S\n\n\n" + block;
+  const Outcome nl_out = run({nl_text}, nl);
+  EXPECT_EQ(nl_out.content, "S");
+  EXPECT_EQ(nl_out.calls, "f|{};");
+  expect_split_invariant(nl_text, nl);
   // A stray `</think>` in the answer is dropped before a stop that runs past it can match.
   ParserOptions chat;
   chat.stop = {"x</think>y"};
