@@ -30,7 +30,9 @@ Result<std::vector<SplitPattern>> parse_pre_tokenizer(const json& root) {
   if (it == root.end() || !it->is_object()) return make_error("pre_tokenizer is missing");
   std::vector<json> steps;
   if (it->value("type", "") == "Sequence") {
-    for (const json& s : (*it)["pretokenizers"]) steps.push_back(s);
+    auto list = it->find("pretokenizers");
+    if (list == it->end() || !list->is_array()) return make_error("pre_tokenizer Sequence without a pretokenizers list");
+    for (const json& s : *list) steps.push_back(s);
   } else {
     steps.push_back(*it);
   }
@@ -189,10 +191,16 @@ Result<Tokenizer> Tokenizer::from_json_unchecked(std::string_view json_text, con
 
   if (auto st = check_added_token_ids(*added, vocab); !st) return fail(st.error());
 
+  // The tables below are indexed by id: an id space with holes (a largest id far past the number of
+  // entries) would make a small file allocate without bound. HF's files number their tokens densely.
+  int64_t size = 0;
+  for (const auto& [s, id] : vocab) size = std::max<int64_t>(size, int64_t{id} + 1);
+  for (const AddedToken& a : *added) size = std::max<int64_t>(size, int64_t{a.id} + 1);
+  const auto entries = static_cast<int64_t>(vocab.size() + added->size());
+  if (size > entries)
+    return fail(make_error("token ids run to " + std::to_string(size - 1) + " for " + std::to_string(entries) +
+                           " vocab and added entries: cedar reads tokenizers whose ids leave no holes"));
   Tokenizer tok(std::move(bpe).value(), PreTokenizer(std::move(patterns).value()), std::move(added).value());
-  TokenId size = 0;
-  for (const auto& [s, id] : vocab) size = std::max(size, id + 1);
-  for (const AddedToken& a : tok.added_) size = std::max(size, a.id + 1);
   tok.tokens_.assign(static_cast<size_t>(size), {});
   tok.known_.assign(static_cast<size_t>(size), false);
   tok.special_.assign(static_cast<size_t>(size), false);

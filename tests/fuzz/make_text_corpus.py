@@ -6,6 +6,9 @@
   tool / JSON-mode texts), each after an options byte and a split-seed byte (the targets' sources say what
   the bytes mean; response_fuzz reads the options byte its own way, any byte is valid).
 
+* corpus/tokenizer_load/: small tokenizer.json files in DeepSeek's format (its pre-tokenizer, decoder and
+  added-token flags over a 256-byte vocabulary with a few merges), each after one unused byte
+  (tokenizer_load_fuzz.cpp; needs third_party/downloads/deepseek-v4/tokenizer.json, tools/fetch_tokenizer.py).
 * corpus/config/: the checkpoint configs of tests/data/configs (HF and reference-inference spellings), each
   after one unused byte (config_fuzz.cpp).
 
@@ -94,11 +97,41 @@ def configs(out: pathlib.Path) -> None:
         write(out, path.parent.name, b"\x00" + path.read_bytes())
 
 
+def byte_level(b: int) -> str:
+    """GPT-2's byte -> printable character map (HF ByteLevel)."""
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    if b in printable:
+        return chr(b)
+    return chr(256 + [x for x in range(256) if x not in printable].index(b))
+
+
+def tokenizers(out: pathlib.Path) -> None:
+    real = HERE.parent.parent / "third_party" / "downloads" / "deepseek-v4" / "tokenizer.json"
+    if not real.exists():
+        return
+    t = json.loads(real.read_text(encoding="utf-8"))
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {byte_level(b): b for b in range(256)}
+    merges = [("t", "h"), ("th", "e"), ("Ġ", "t"), ("i", "n"), ("e", "r")]
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    for n_added in (0, 3):
+        added = []
+        for i, tok in enumerate(t["added_tokens"][:n_added]):
+            added.append(dict(tok, id=len(vocab) + i))
+        model = dict(t["model"], vocab=vocab, merges=[f"{a} {b}" for a, b in merges])
+        small = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+                 "normalizer": t["normalizer"], "pre_tokenizer": t["pre_tokenizer"], "post_processor": None,
+                 "decoder": t["decoder"], "model": model}
+        write(out, f"small_{n_added}_added", b"\x00" + json.dumps(small, ensure_ascii=False, separators=(",", ":")).encode())
+
+
 def main() -> None:
     chat_requests(HERE / "corpus" / "chat_request")
     completions(HERE / "corpus" / "output_parser")
     completions(HERE / "corpus" / "response")
     configs(HERE / "corpus" / "config")
+    tokenizers(HERE / "corpus" / "tokenizer_load")
 
 
 if __name__ == "__main__":

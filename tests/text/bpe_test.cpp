@@ -155,6 +155,14 @@ TEST(TokenizerLoad, RejectsWhatItDoesNotImplement) {
   j = good;
   j["model"]["vocab"] = "oops";  // wrong JSON type: an error, not an exception
   expect_error(j, "vocab");
+  // tests/fuzz/tokenizer_load_fuzz.cpp's findings: a Sequence without its list read a missing key (an
+  // assertion, undefined behaviour without one); one id far past the entries made a 3 KB file allocate 64 GB.
+  j = good;
+  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizer", json::array()}};
+  expect_error(j, "without a pretokenizers list");
+  j = good;
+  j["model"]["vocab"][bl("ab")] = 2147483600;
+  expect_error(j, "token ids run to 2147483600");
   auto t = Tokenizer::from_json("{not json", "bad.json");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.error().message.find("not valid JSON"), std::string::npos);
