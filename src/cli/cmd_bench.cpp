@@ -76,6 +76,10 @@ CommandSpec bench_spec() {
          "--device cuda: 1 = A/B of each fast kernel path against its old path (decode at batch 1, the "
          "first prefill length), 0 = skip",
          true, "1", "N"},
+        {"ab-specs",
+         "--device cuda: the decode A/B's rows instead of the built-in list, SPEC;SPEC;... (each a --cuda-options "
+         "spec on the defaults; implies --ab 1; the defaults row first)",
+         true, "", "SPECS"},
         {"timeline",
          "--device cuda: decode steps recorded as a CUPTI kernel timeline at each batch <= 8 (0 = off, at most 32; "
          "$CEDAR_CUPTI: the libcupti to load)",

@@ -65,3 +65,14 @@ def test_help_documents_the_cuda_options():
     assert proc.returncode == 0
     for option in ("--device", "--batches", "--prefill-lens", "--context"):
         assert option in proc.stdout, option
+
+
+def test_cuda_build_checks_every_ab_spec_before_any_device_work():
+    if not is_cuda_build():
+        pytest.skip("this binary is a CPU build: it refuses --device cuda before reading --ab-specs")
+    # --ab-specs: ';'-separated --cuda-options specs; a bad one is named, a usage error before any GPU work.
+    proc = run("bench", "--device", "cuda", "--ab-specs", "gemv_preload=1;gemv_preload_wo_a=1,gemv_preload_kib=300")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "--ab-specs 'gemv_preload_wo_a=1,gemv_preload_kib=300'" in proc.stderr
+    assert "gemv_preload_kib" in proc.stderr
+    assert "--ab-specs" in run("bench", "--help").stdout
