@@ -68,7 +68,7 @@ CommandSpec bench_spec() {
          "--device cuda: kernel-path switches of the CUDA model, NAME=VALUE,... or legacy (names: "
          "programmatic_launch, router_splitk, mhc_batched, mhc_cluster, mhc_fused_norm, gemv_multi, fused_q_rope, "
          "attn_head_split, mhc_split, mhc_split_norm, engram_ahead, wo_a_f16, fused_act_quant, site_act_quant, site_cluster, "
-         "swa_commit_aside, router_ahead, dispatch_in_router, router_splitk_beside, fork_pdl, fork_pdl_compressor, q_norm_kv_encode, "
+         "swa_commit_aside, router_ahead, dispatch_in_router, router_splitk_beside, fork_pdl, fork_pdl_compressor, q_norm_kv_encode, attn_merge_trigger, "
          "routed_full_edge, attn_stage_wo_a, site_combine, warp_items, scale_exp_add, blas_min_rows, "
          "moe_items_max_rows, routed_warps, wo_a_fp8, concurrent_branches, cuda_graphs)",
          true, "", "SPEC"},
@@ -76,6 +76,10 @@ CommandSpec bench_spec() {
          "--device cuda: 1 = A/B of each fast kernel path against its old path (decode at batch 1, the "
          "first prefill length), 0 = skip",
          true, "1", "N"},
+        {"ab-specs",
+         "--device cuda: the decode A/B's rows instead of the built-in list, SPEC;SPEC;... (each a --cuda-options "
+         "spec on the defaults; implies --ab 1; the defaults row first)",
+         true, "", "SPECS"},
         {"timeline",
          "--device cuda: decode steps recorded as a CUPTI kernel timeline at each batch <= 8 (0 = off, at most 32; "
          "$CEDAR_CUPTI: the libcupti to load)",

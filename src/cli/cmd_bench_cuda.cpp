@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/args.h"
@@ -62,6 +63,7 @@ struct BenchOptions {
   int64_t context = 4096, gemm_size = 8192, bandwidth_mib = 1024, ced_tail = 0, threads = 0;
   int64_t timeline = 0;  // decode steps recorded as a CUPTI kernel timeline per batch <= kGemvMaxRows
   bool profile = true, ab = true;
+  std::vector<std::string> ab_specs;  // --ab-specs: the decode A/B's rows instead of ab_specs() (+ defaults)
   std::string json_path;
   std::string cuda_options;  // apply_cuda_options spec
 };
@@ -91,6 +93,22 @@ Result<BenchOptions> parse(const ParsedArgs& a) {
   cuda::CudaModelOptions check;
   if (Status st = cuda::apply_cuda_options(o.cuda_options, check); !st.ok())
     return make_error("--cuda-options: " + st.error().message);
+  // --ab-specs A;B;...: each a --cuda-options spec applied to the defaults (checked here, on a copy of them).
+  const std::string ab_list = a.get("ab-specs");
+  for (std::string_view rest = ab_list; !rest.empty();) {
+    const size_t cut = rest.find(';');
+    const std::string spec(rest.substr(0, cut));
+    rest = cut == std::string_view::npos ? std::string_view() : rest.substr(cut + 1);
+    if (spec.empty()) continue;
+    cuda::CudaModelOptions spec_check = check;
+    if (Status st = cuda::apply_cuda_options(spec, spec_check); !st.ok())
+      return make_error("--ab-specs '" + spec + "': " + st.error().message);
+    o.ab_specs.push_back(spec);
+  }
+  if (!o.ab_specs.empty()) {
+    o.ab = true;
+    o.ab_specs.insert(o.ab_specs.begin(), "defaults");
+  }
   if (o.batches.empty() || o.prefill_lens.empty()) return make_error("--batches and --prefill-lens must not be empty");
   if (o.gemm_size % 16 != 0 || o.gemm_size == 0) return make_error("--gemm-size must be a positive multiple of 16");
   if (o.bandwidth_mib == 0) return make_error("--bandwidth-mib must be positive");
@@ -189,7 +207,7 @@ const std::vector<std::string>& ab_specs() {
       "fused_act_quant=0",     "site_act_quant=1",      "site_cluster=0",        "swa_commit_aside=0", "router_ahead=1",
       "fork_pdl=0",            "dispatch_in_router=0",  "router_splitk_beside=0",
       "router_splitk_beside=0,dispatch_in_router=0,fork_pdl=0", "router_ahead=1,router_splitk_beside=0",
-      "fork_pdl_compressor=1", "q_norm_kv_encode=0", "routed_full_edge=0", "attn_stage_wo_a=0", "site_combine=0", "warp_items=0", "scale_exp_add=0", "legacy"};
+      "fork_pdl_compressor=1", "q_norm_kv_encode=0", "attn_merge_trigger=0", "routed_full_edge=0", "attn_stage_wo_a=0", "site_combine=0", "warp_items=0", "scale_exp_add=0", "legacy"};
   return specs;
 }
 
@@ -216,7 +234,7 @@ struct DecodeTiming {
 // directly, the second captures the step's graph). Every row decodes its own token stream, so the rows
 // route to different experts as independent sequences do.
 Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& base, int64_t batch, bool profile,
-                                 bool ab) {
+                                 bool ab, const std::vector<std::string>& specs) {
   std::vector<cuda::CudaSequence> seqs;
   std::vector<cuda::CudaSequence*> ptrs;
   for (int64_t b = 0; b < batch; ++b) {
@@ -245,7 +263,7 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
   if (batch == 1 && ab) {  // A/B: every fast kernel path against its old one (the graphs are re-captured)
     const cuda::CudaKernelPaths defaults = m.options().paths;
     int first = 200;
-    for (const std::string& spec : ab_specs()) {
+    for (const std::string& spec : specs.empty() ? ab_specs() : specs) {
       AbRow row{spec, 0, ""};
       auto p = spec == "defaults" ? Result<cuda::CudaKernelPaths>(defaults) : paths_with(m, defaults, spec);
       // A fresh fork per switch: a failing variant poisons only its own sequence.
@@ -417,7 +435,7 @@ int run(const BenchOptions& o) {
     DecodeTiming timing;
     std::string error = base ? "" : (model ? base_error : model_error);
     if (base) {
-      auto r = time_decode(*model, *base, b, o.profile, o.ab);
+      auto r = time_decode(*model, *base, b, o.profile, o.ab, o.ab_specs);
       if (r.ok()) {
         timing = std::move(*r);
         // Achieved bandwidth over the bytes this step really reads: the measured distinct experts.

@@ -65,3 +65,14 @@ def test_help_documents_the_cuda_options():
     assert proc.returncode == 0
     for option in ("--device", "--batches", "--prefill-lens", "--context"):
         assert option in proc.stdout, option
+
+
+def test_cuda_build_checks_every_ab_spec_before_any_device_work():
+    if not is_cuda_build():
+        pytest.skip("this binary is a CPU build: it refuses --device cuda before reading --ab-specs")
+    # --ab-specs: ';'-separated --cuda-options specs; a bad one is named, a usage error before any GPU work.
+    proc = run("bench", "--device", "cuda", "--ab-specs", "attn_merge_trigger=0;routed_warps=1,attn_merge_trigger=1")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "--ab-specs 'routed_warps=1,attn_merge_trigger=1'" in proc.stderr
+    assert "routed_warps" in proc.stderr
+    assert "--ab-specs" in run("bench", "--help").stdout

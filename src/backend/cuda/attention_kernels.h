@@ -393,6 +393,10 @@ struct SparseAttnArgs {
   // without a merge (one key range, the legacy merge, the tiled kernel) run stage_act_f16 after.
   uint16_t* out_f16_codes = nullptr;
   float* out_f16_scales = nullptr;
+  // Decode kernel only: the fast merge lets the launch after it (PDL) start at the merge's start instead of
+  // its end, so that launch's blocks are resident (waiting in griddepcontrol.wait) when the merge ends.
+  // What either reads and writes is unchanged: the same bits.
+  bool decode_merge_trigger = false;
 };
 // Workspace that lets a launch of `n` rows split its keys (zeros: this shape never splits); covers both
 // kernels sparse_attention may pick for n rows.

@@ -358,6 +358,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.router_splitk_beside = false;
   p.fork_pdl = false;
   p.q_norm_kv_encode = false;
+  p.attn_merge_trigger = false;
   p.routed_full_edge = false;
   p.attn_stage_wo_a = false;
   p.site_combine = false;
@@ -398,6 +399,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"fork_pdl", &p.fork_pdl, nullptr},
           {"fork_pdl_compressor", &p.fork_pdl_compressor, nullptr},
           {"q_norm_kv_encode", &p.q_norm_kv_encode, nullptr},
+          {"attn_merge_trigger", &p.attn_merge_trigger, nullptr},
           {"routed_full_edge", &p.routed_full_edge, nullptr},
           {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"site_combine", &p.site_combine, nullptr},

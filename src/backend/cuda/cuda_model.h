@@ -158,6 +158,11 @@ struct CudaKernelPaths {
   // bits, one launch fewer per such layer. On: batch 1 6.845 -> 6.763 ms, batch 8 11.297 -> 11.242 (s21 run 5;
   // the attention now starts as wq_b ends, and q_norm ends 3.9 µs after its input instead of 7.3).
   bool q_norm_kv_encode = true;
+  // Decode: the attention's fast merge triggers its dependents at its start (SparseAttnArgs::
+  // decode_merge_trigger), so wo_a's blocks are resident when the merge ends; without it the merge
+  // triggered at its end and wo_a started ~0.5 µs after it (s21 timeline). The same bits. On: batch 1
+  // 6.772 -> 6.736 ms in one process (s24 run 2, --ab-specs).
+  bool attn_merge_trigger = true;
   // Decode with concurrent branches: the routed experts' w1 / w3 waits on a full edge for the router
   // instead of a programmatic one. Under PDL its persistent grid (one wave of every SM) becomes resident at
   // the router's start and spins in its wait, so the shared expert's GEMVs on the aux stream find no SM

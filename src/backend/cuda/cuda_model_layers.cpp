@@ -681,6 +681,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   sa.out = w.o;
   sa.q_before_rope = q_rope_in_attention;
   sa.decode_head_split = options_.paths.attn_head_split;
+  sa.decode_merge_trigger = options_.paths.attn_merge_trigger;
   // paths.attn_stage_wo_a: o's f16 staging for the staged wo_a GEMV written with o (act_b: qr's codes are
   // dead once the attention read q).
   const int64_t wo_a_in = H * hd / c.o_groups;

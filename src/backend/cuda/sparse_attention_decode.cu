@@ -74,6 +74,7 @@ struct DecodeParams : detail::SparseAttnInputs {
   bool q_rope;         // q is before RoPE: the kernel rotates it as rope_apply would (one launch saved)
   uint16_t* out_codes;  // SparseAttnArgs::out_f16_codes (null: none); written by the fast merge
   float* out_scales;
+  bool merge_trigger;  // SparseAttnArgs::decode_merge_trigger
 };
 
 enum KeyKind : int8_t { kNone = 0, kFp8 = 1, kFp4 = 2 };
@@ -560,8 +561,11 @@ __global__ void __launch_bounds__(kHd / 4) sparse_attention_merge_kernel(DecodeP
 //   the partial sums loaded 8 ranges at a time, unconditionally (an empty range's partials are written
 //   zeros), then added in range order skipping empty ranges exactly as before.
 // Dynamic shared memory: 3 floats per range.
-template <int kHd>
+// kTrigger: DecodeParams::merge_trigger — the grid after it may launch at this grid's start
+// (griddepcontrol.launch_dependents) instead of its end; what either reads and writes is unchanged.
+template <int kHd, bool kTrigger = false>
 __global__ void __launch_bounds__(kHd / 4) sparse_attention_merge_fast_kernel(DecodeParams p) {
+  if constexpr (kTrigger) detail::pdl_launch_dependents();
   extern __shared__ float msm[];  // [splits] m_z, [splits] l_z, [splits] w_z
   float* sm = msm;
   float* sl = msm + p.splits;
@@ -753,7 +757,8 @@ Status launch_decode(const DecodeParams& p, int64_t n, cudaStream_t stream) {
     CEDAR_RETURN_IF_ERROR(launch_status("sparse_attention_merge_kernel"));
     return stage_after();
   }
-  return launch_kernel(&sparse_attention_merge_fast_kernel<kHd>, mgrid, dim3(kHd / 4),
+  auto* merge = p.merge_trigger ? &sparse_attention_merge_fast_kernel<kHd, true> : &sparse_attention_merge_fast_kernel<kHd>;
+  return launch_kernel(merge, mgrid, dim3(kHd / 4),
                        static_cast<size_t>(3 * p.splits) * sizeof(float), stream, /*pdl=*/true,
                        "sparse_attention_merge_fast_kernel", p);
 }
@@ -833,6 +838,7 @@ Status sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t stream, con
   p.q_rope = a.q_before_rope;
   p.out_codes = a.out_f16_codes;
   p.out_scales = a.out_f16_scales;
+  p.merge_trigger = a.decode_merge_trigger;
   p.splits = d.splits;
   p.keys_per_split = d.keys_per_split;
   p.ld_s = d.keys_per_split + 8;

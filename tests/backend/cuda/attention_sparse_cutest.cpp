@@ -111,6 +111,11 @@ void check_head_split(const SparseAttnArgs& a, const RopeTableView& rope, const 
     const size_t at = first_bit_difference(again, got);
     EXPECT_EQ(at, count) << htag << ": two runs differ, first at output " << at << " (" << got[at < count ? at : 0]
                          << " vs " << again[at < count ? at : 0] << ")";
+    SparseAttnArgs ta = ha;  // the fast merge triggering its dependents at its start: the same bits
+    ta.decode_merge_trigger = true;
+    std::vector<float> triggered(count);
+    run(ta, htag + " merge trigger", triggered);
+    EXPECT_EQ(first_bit_difference(triggered, got), count) << htag << ": decode_merge_trigger changed out";
     for (const int max_splits : {1, 2}) {  // fewer, longer key ranges (1: no merge launch)
       SparseAttnArgs ma = ha;
       ma.decode_max_splits = max_splits;

@@ -812,6 +812,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: fork_pdl_compressor 1 vs 0", with(fast, "fork_pdl_compressor=1"), fast, 0},
       // q_norm and the SWA KV encode in one launch where the keys branch is the encode alone (no fork there).
       {"defaults: q_norm_kv_encode 1 vs 0", fast, with(fast, "q_norm_kv_encode=0"), -1, true},
+      // The merge triggering its dependents at its start: the same launches, the same bits.
+      {"defaults: attn_merge_trigger 1 vs 0", fast, with(fast, "attn_merge_trigger=0"), 0},
       // The routed w1 / w3 on a full edge after the router: the same launches.
       {"defaults: routed_full_edge 1 vs 0", fast, with(fast, "routed_full_edge=0"), 0},
       // wo_a's f16 staging written by the attention's merge (stage_act_f16's bits): a stage launch less per

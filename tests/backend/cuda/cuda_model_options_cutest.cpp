@@ -85,6 +85,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"fork_pdl", &CudaKernelPaths::fork_pdl, true, false},
       {"fork_pdl_compressor", &CudaKernelPaths::fork_pdl_compressor, false, false},  // s10: slower
       {"q_norm_kv_encode", &CudaKernelPaths::q_norm_kv_encode, true, false},
+      {"attn_merge_trigger", &CudaKernelPaths::attn_merge_trigger, true, false},
       {"routed_full_edge", &CudaKernelPaths::routed_full_edge, true, false},
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
