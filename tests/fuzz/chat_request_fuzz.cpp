@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "server/anthropic.h"
 #include "server/wire_request.h"
 #include "text/prompt_tokens.h"
@@ -28,16 +29,10 @@
 namespace {
 
 using cedar::text::Json;
+using cedar::fuzz::check;
 
 const cedar::text::Tokenizer* g_v4 = nullptr;   // V4 and V4-0731 prompts
 const cedar::text::Tokenizer* g_v41 = nullptr;  // the V4.1 dialects' (`<｜System｜>`, `<｜deepseek_image｜>`)
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "chat_request_fuzz: %s\n", what);
-    std::abort();
-  }
-}
 
 bool all_finite(const Json& j) {
   if (j.is_number_float()) return std::isfinite(j.get<double>());
@@ -62,22 +57,11 @@ void check_chat(const Json& body, const cedar::text::RequestPolicy& policy) {
   check(back.ok() && *back == text, "the prompt's token ids do not decode to its text");
 }
 
-const cedar::text::Tokenizer* load(const char* relative) {
-  static std::vector<std::unique_ptr<cedar::text::Tokenizer>> kept;
-  auto tok = cedar::text::Tokenizer::load(std::string(CEDAR_SOURCE_DIR) + relative);
-  if (!tok) {
-    std::fprintf(stderr, "chat_request_fuzz: %s\n", tok.error().message.c_str());
-    std::abort();
-  }
-  kept.push_back(std::make_unique<cedar::text::Tokenizer>(std::move(tok.value())));
-  return kept.back().get();
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  g_v4 = load("/third_party/downloads/deepseek-v4/tokenizer.json");
-  g_v41 = load("/third_party/downloads/deepseek-v41-derived/tokenizer.json");
+  g_v4 = &cedar::fuzz::load_tokenizer("/third_party/downloads/deepseek-v4/tokenizer.json");
+  g_v41 = &cedar::fuzz::load_tokenizer("/third_party/downloads/deepseek-v41-derived/tokenizer.json");
   return 0;
 }
 

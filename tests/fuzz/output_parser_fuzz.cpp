@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "text/output_parser.h"
 
 namespace {
@@ -22,13 +23,7 @@ using cedar::text::ParseEvent;
 using cedar::text::ParserOptions;
 using cedar::text::StopCause;
 using cedar::text::StreamParser;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "output_parser_fuzz: %s\n", what);
-    std::abort();
-  }
-}
+using cedar::fuzz::check;
 
 struct Run {
   cedar::text::ParsedCompletion result;
@@ -100,11 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const uint8_t o = data[0];
   ParserOptions opt;
-  constexpr cedar::text::ParseStart kStarts[] = {
-      cedar::text::ParseStart::kContent, cedar::text::ParseStart::kReasoning,
-      cedar::text::ParseStart::kReasoningContinuation, cedar::text::ParseStart::kContentContinuation,
-      cedar::text::ParseStart::kToolCalls};
-  opt.start = kStarts[(o & 7) % 5];
+  opt.start = cedar::fuzz::parse_start(o);
   opt.json_output = (o & 8) != 0;
   opt.parse_tool_calls = (o & 16) == 0;
   opt.dialect = (o & 32) ? cedar::text::Dialect::kV41_1017 : cedar::text::Dialect::kV41;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "server/anthropic.h"
 #include "server/wire_response.h"
 #include "text/tokenizer.h"
@@ -24,15 +25,9 @@ namespace {
 using cedar::server::BackendEvent;
 using cedar::server::BackendFinish;
 using cedar::text::Json;
+using cedar::fuzz::check;
 
 const cedar::text::Tokenizer* g_tok = nullptr;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "response_fuzz: %s\n", what);
-    std::abort();
-  }
-}
 
 std::string str(const Json& j, const char* key) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
@@ -145,13 +140,7 @@ void check_messages(const Json& first, const std::vector<Json>& events, const Js
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  static auto tok = cedar::text::Tokenizer::load(std::string(CEDAR_SOURCE_DIR) +
-                                                 "/third_party/downloads/deepseek-v4/tokenizer.json");
-  if (!tok) {
-    std::fprintf(stderr, "response_fuzz: %s\n", tok.error().message.c_str());
-    std::abort();
-  }
-  g_tok = &tok.value();
+  g_tok = &cedar::fuzz::load_tokenizer("/third_party/downloads/deepseek-v4/tokenizer.json");
   return 0;
 }
 
@@ -159,11 +148,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const uint8_t o = data[0];
   cedar::text::ParserOptions parser;
-  constexpr cedar::text::ParseStart kStarts[] = {
-      cedar::text::ParseStart::kContent, cedar::text::ParseStart::kReasoning,
-      cedar::text::ParseStart::kReasoningContinuation, cedar::text::ParseStart::kContentContinuation,
-      cedar::text::ParseStart::kToolCalls};
-  parser.start = kStarts[(o & 7) % 5];
+  parser.start = cedar::fuzz::parse_start(o);
   parser.json_output = (o & 8) != 0;
   if (o & 16) parser.stop = {"STOP"};
   const BackendFinish finish = (o & 32) ? BackendFinish::kLength : BackendFinish::kStop;

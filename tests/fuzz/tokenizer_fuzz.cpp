@@ -7,29 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "text/tokenizer.h"
 
 namespace {
 
 const cedar::text::Tokenizer* g_tok = nullptr;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tokenizer_fuzz: %s\n", what);
-    std::abort();
-  }
-}
+using cedar::fuzz::check;
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  static auto tok = cedar::text::Tokenizer::load(std::string(CEDAR_SOURCE_DIR) +
-                                                 "/third_party/downloads/deepseek-v4/tokenizer.json");
-  if (!tok) {
-    std::fprintf(stderr, "tokenizer_fuzz: %s\n", tok.error().message.c_str());
-    std::abort();
-  }
-  g_tok = &tok.value();
+  g_tok = &cedar::fuzz::load_tokenizer("/third_party/downloads/deepseek-v4/tokenizer.json");
   return 0;
 }
 

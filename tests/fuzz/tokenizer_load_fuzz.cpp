@@ -10,18 +10,10 @@
 #include <string_view>
 #include <vector>
 
+#include "fuzz_common.h"
 #include "text/tokenizer.h"
 
-namespace {
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tokenizer_load_fuzz: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+using cedar::fuzz::check;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
