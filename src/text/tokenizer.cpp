@@ -31,7 +31,8 @@ Result<std::vector<SplitPattern>> parse_pre_tokenizer(const json& root) {
   std::vector<json> steps;
   if (it->value("type", "") == "Sequence") {
     auto list = it->find("pretokenizers");
-    if (list == it->end() || !list->is_array()) return make_error("pre_tokenizer Sequence without a pretokenizers list");
+    if (list == it->end() || !list->is_array())
+      return make_error("pre_tokenizer Sequence without a pretokenizers list");
     for (const json& s : *list) steps.push_back(s);
   } else {
     steps.push_back(*it);

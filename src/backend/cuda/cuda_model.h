@@ -161,7 +161,7 @@ struct CudaKernelPaths {
   // Decode: the attention's fast merge triggers its dependents at its start (SparseAttnArgs::
   // decode_merge_trigger), so wo_a's blocks are resident when the merge ends; without it the merge
   // triggered at its end and wo_a started ~0.5 µs after it (s21 timeline). The same bits. On: batch 1
-  // 6.772 -> 6.736 ms in one process (s24 run 2, --ab-specs).
+  // -0.036 ms (s24 run 2, 6.772 -> 6.736 in one process) and -0.028 ms (run 4, 6.735 -> 6.707).
   bool attn_merge_trigger = true;
   // Decode with concurrent branches: the routed experts' w1 / w3 waits on a full edge for the router
   // instead of a programmatic one. Under PDL its persistent grid (one wave of every SM) becomes resident at

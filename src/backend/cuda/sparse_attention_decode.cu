@@ -757,7 +757,8 @@ Status launch_decode(const DecodeParams& p, int64_t n, cudaStream_t stream) {
     CEDAR_RETURN_IF_ERROR(launch_status("sparse_attention_merge_kernel"));
     return stage_after();
   }
-  auto* merge = p.merge_trigger ? &sparse_attention_merge_fast_kernel<kHd, true> : &sparse_attention_merge_fast_kernel<kHd>;
+  auto* merge =
+      p.merge_trigger ? &sparse_attention_merge_fast_kernel<kHd, true> : &sparse_attention_merge_fast_kernel<kHd>;
   return launch_kernel(merge, mgrid, dim3(kHd / 4),
                        static_cast<size_t>(3 * p.splits) * sizeof(float), stream, /*pdl=*/true,
                        "sparse_attention_merge_fast_kernel", p);
