@@ -125,36 +125,37 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   }
   // The model's chain: the same 4 nodes with programmatic (PDL) edges after the dispatch, and the GEMVs'
   // units taken from work counters; at the default split and forced to 2 and 4 warps (`routed_warps`).
-  for (const int warps : {0, 2, 4}) {
+  for (const int warps : {0, 2, 4, -1}) {  // -1: the tile layout
+    const Mxfp4Layout bal = warps < 0 ? Mxfp4Layout::Tiles : Mxfp4Layout::PackedBalanced;
     auto work = must(DeviceBuffer<unsigned>::allocate(4));
     must(work.zero());
     const double us = time_graph_us(stream, kSteps, [&](int c) {
       dispatch(c);
-      const Mxfp4Layout bal = Mxfp4Layout::PackedBalanced;
+      const int split = warps < 0 ? 0 : warps;
       must(gemv_quantized_items(shape13, bal, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
-                                {.programmatic_launch = true, .work = work.get(), .packed_warps = warps}));
+                                {.programmatic_launch = true, .work = work.get(), .packed_warps = split}));
       SwigluArgs sw{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()};
       sw.programmatic_launch = true;
       must(swiglu(sw, stream));
       must(gemv_quantized_items(shape2, bal, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream,
-                                {.programmatic_launch = true, .work = work.get() + 2, .packed_warps = warps}));
+                                {.programmatic_launch = true, .work = work.get() + 2, .packed_warps = split}));
     });
-    const std::string tag = warps == 0 ? "" : "_w" + std::to_string(warps);
+    const std::string tag = warps == 0 ? "" : warps < 0 ? "_tiles" : "_w" + std::to_string(warps);
     rows.push_back(make_row("moe_routed_path_packbal_pdl" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
   }
   // The balanced packed kernel at every forced split (2..8 warps per block, a wave of resident blocks
   // each): the sweep behind gemv_quantized_items' default split (4 warps).
   if (n <= 8) {
     // w1/w3 and w2 rows of the balanced packed kernel under `opt`, named moe_items_w13 / _w2 + tag.
-    auto balanced_rows = [&](const std::string& tag, const GemvItemsOptions& opt) {
+    auto balanced_rows = [&](const std::string& tag, const GemvItemsOptions& opt,
+                             Mxfp4Layout layout = Mxfp4Layout::PackedBalanced) {
       double us = time_graph_us(stream, kSteps, [&](int c) {
-        must(gemv_quantized_items(shape13, Mxfp4Layout::PackedBalanced, items13.get() + c * 2 * P, counts.get() + 2 * c,
-                                  2 * P, true, stream, opt));
+        must(gemv_quantized_items(shape13, layout, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
+                                  opt));
       });
       rows.push_back(make_row("moe_items_w13" + tag, shape, n, us, bytes13, copy_gbps));
       us = time_graph_us(stream, kSteps, [&](int c) {
-        must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get() + c * P, counts.get() + 2 * c + 1, P,
-                                  true, stream, opt));
+        must(gemv_quantized_items(shape2, layout, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream, opt));
       });
       rows.push_back(make_row("moe_items_w2" + tag, shape, n, us, bytes2, copy_gbps));
     };
@@ -162,6 +163,10 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     // The model's option: the scale product as an exponent add (GemvItemsOptions::scale_exp_add). The bench's
     // random scale bytes are not range-checked: the rows time the kernel, their values are not used.
     balanced_rows("_packbal_expadd", {.scale_exp_add = true});
+    // The tile layout (gemv_tiles.cu: the same arithmetic, weights streamed by TMA into per-warp rings). The
+    // pool's experts are contiguous data + scales, which is the tile layout's size: the same bytes are read.
+    balanced_rows("_tiles_expadd", {.scale_exp_add = true}, Mxfp4Layout::Tiles);
+    balanced_rows("_tiles_s2_expadd", {.scale_exp_add = true, .tile_slots = 2}, Mxfp4Layout::Tiles);
     // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
     const double us = time_graph_us(stream, kSteps, [&](int) {
       must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));

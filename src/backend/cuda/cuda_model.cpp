@@ -364,6 +364,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.site_combine = false;
   p.warp_items = false;
   p.scale_exp_add = false;
+  p.routed_tiles = false;
   return p;
 }
 
@@ -408,6 +409,8 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"routed_warps", nullptr, &p.routed_warps},
+          {"routed_tiles", &p.routed_tiles, nullptr},
+          {"tiled_experts", &o.tiled_experts, nullptr},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
           {"concurrent_branches", &o.concurrent_branches, nullptr},
           {"cuda_graphs", &o.cuda_graphs, nullptr}};
@@ -590,6 +593,11 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(std::shared_ptr<const Deepsee
     };
     o.weights.keep_plain_mxfp4 = true;
     o.weights.mxfp4_scale_check = mxfp4_scales_allow_exp_add;
+    if (o.tiled_experts && mxfp4_tileable(c.moe_intermediate_size, c.hidden_size) &&
+        mxfp4_tileable(c.hidden_size, c.moe_intermediate_size))
+      o.weights.tile_mxfp4 = [](const uint8_t* plain, const uint8_t* scales, int64_t out, int64_t in, uint8_t* tiles) {
+        return repack_mxfp4_tiles(plain, scales, out, in, tiles);
+      };
   }
   o.weights.wo_a_fp8 = o.wo_a_fp8;
 

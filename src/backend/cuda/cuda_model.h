@@ -194,6 +194,11 @@ struct CudaKernelPaths {
   // per block, one K part each — another summation order, other bits); 0 = the default split (4). A benchmark
   // switch: s19 run 3, 2 warps: batch 1 6.960 → 6.810 ms, batch 8 11.341 → 11.669 ms.
   int64_t routed_warps = 0;
+  // Decode: the routed experts' GEMVs read the tile layout (Mxfp4Layout::Tiles, gemv_tiles.cu: the balanced
+  // packed kernel's arithmetic and bits, the weights streamed into per-warp shared-memory rings by TMA bulk
+  // copies, 64 registers and 32 warps per SM instead of 128 and 16) where it was uploaded
+  // (CudaModelOptions::tiled_experts).
+  bool routed_tiles = false;
   static CudaKernelPaths legacy();
 };
 
@@ -206,6 +211,7 @@ struct CudaModelOptions {
   uint64_t headroom_bytes = uint64_t{2} << 30;  // left free: CUDA context, library workspaces
   bool cuda_graphs = true;                      // decode steps replayed as one graph per (batch, context bucket)
   bool packed_experts = true;                   // MXFP4 experts also in the packed layout (decode GEMVs)
+  bool tiled_experts = true;                    // and in the tile layout (paths.routed_tiles)
   bool use_cublas = true;                       // BF16 prefill GEMMs through cuBLASLt when it loads
   // Decode (GEMV path): independent chains of a layer run on a second stream inside the step's graph
   // (the query path beside the SWA KV path and the compressor; the shared expert beside the routed ones).

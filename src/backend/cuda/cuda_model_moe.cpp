@@ -125,9 +125,12 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   da.n_experts = X.count;
   da.n_tables = 2;
   da.block_build = !options_.paths.warp_items;
+  // paths.routed_tiles: the items point at the tile-layout copy (its chunks hold the scales too).
+  const bool tiles = options_.paths.routed_tiles && X.tile_table[DeviceExperts::kW1] != nullptr;
+  auto data = [&](DeviceExperts::Kind k) { return tiles ? X.tile_table[k] : X.data_table[k]; };
   da.tables[0] = MoeItemTable{2,
-                              {{X.data_table[DeviceExperts::kW1], X.scale_table[DeviceExperts::kW1]},
-                               {X.data_table[DeviceExperts::kW3], X.scale_table[DeviceExperts::kW3]}},
+                              {{data(DeviceExperts::kW1), X.scale_table[DeviceExperts::kW1]},
+                               {data(DeviceExperts::kW3), X.scale_table[DeviceExperts::kW3]}},
                               {w.g, w.gu},
                               w.act_a,
                               w.act_a_scales,
@@ -136,7 +139,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                               w.item_counts,
                               2 * P};
   da.tables[1] = MoeItemTable{1,
-                              {{X.data_table[DeviceExperts::kW2], X.scale_table[DeviceExperts::kW2]}, {}},
+                              {{data(DeviceExperts::kW2), X.scale_table[DeviceExperts::kW2]}, {}},
                               {w.routed, nullptr},
                               w.h_codes,
                               w.h_scales,
@@ -144,7 +147,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                               w.items2,
                               w.item_counts + 1,
                               P};
-  const Mxfp4Layout layout = X.repacked ? Mxfp4Layout::PackedBalanced : Mxfp4Layout::Plain;
+  const Mxfp4Layout layout = tiles ? Mxfp4Layout::Tiles : X.repacked ? Mxfp4Layout::PackedBalanced : Mxfp4Layout::Plain;
   // The router and the dispatch are latency-bound (4 MB and a few item rows at batch 1). In the routed
   // branch, beside the shared expert's GEMVs, the s8 kernel timeline shows router + select + dispatch + the
   // fork's first launch put ~31 µs before w1/w3 at batch 1. paths.router_ahead: both on the main stream
@@ -164,6 +167,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     const bool packed = layout != Mxfp4Layout::Plain;
     const bool exp_add = packed && X.scales_checked && options_.paths.scale_exp_add;
     const int warps = layout == Mxfp4Layout::PackedBalanced ? static_cast<int>(options_.paths.routed_warps) : 0;
+    // (Tiles: the 4-warp split only; routed_warps does not apply.)
     GemvItemsOptions o13{.programmatic_launch = pdl(),
                          .work = packed ? w.item_work : nullptr,
                          .packed_warps = warps,

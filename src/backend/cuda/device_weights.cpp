@@ -337,6 +337,24 @@ class DeviceWeightPlacer {
         CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts", scales, scale_bytes, "top-k"));
         scale_ptrs.push_back(p);
       }
+      if (o_.tile_mxfp4 && m.format == DeviceFormat::Mxfp4) {
+        std::vector<const uint8_t*> tile_ptrs;
+        std::vector<uint8_t> tiles;
+        const uint64_t tile_bytes = data_bytes + scale_bytes;
+        for (size_t e = 0; e < ex.size(); ++e) {
+          if (device_base_) {
+            tiles.resize(tile_bytes);
+            const cpu::LinearWeight& w = pick(ex[e], k);
+            Status st = o_.tile_mxfp4(w.data, w.scale, w.out, w.in, tiles.data());
+            if (!st.ok()) return st.error().with_context("tiling routed expert " + std::to_string(e));
+          }
+          CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts (tiles)", tiles.data(), tile_bytes, "top-k"));
+          tile_ptrs.push_back(p);
+        }
+        CEDAR_ASSIGN_OR_RETURN(const uint8_t* tt, place("routed experts (tiles)", tile_ptrs.data(),
+                                                        tile_ptrs.size() * sizeof(const uint8_t*), "top-k"));
+        d.tile_table[k] = reinterpret_cast<const uint8_t* const*>(tt);
+      }
       if (repack && o_.keep_plain_mxfp4) {
         std::vector<const uint8_t*> plain_ptrs;
         for (size_t e = 0; e < ex.size(); ++e) {

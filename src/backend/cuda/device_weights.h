@@ -81,6 +81,8 @@ struct DeviceExperts {
   // With repack and keep_plain_mxfp4: the checkpoint's plain bytes as well (the prefill GEMMs read the plain
   // layout); device arrays [count] per kind; the scales are shared (repacking leaves them unchanged).
   const uint8_t* const* plain_data_table[3] = {nullptr, nullptr, nullptr};
+  // With DeviceWeightOptions::tile_mxfp4: each expert's tile-layout buffer; device arrays [count] per kind.
+  const uint8_t* const* tile_table[3] = {nullptr, nullptr, nullptr};
   DeviceMatrix matrix(int64_t expert, Kind kind) const;
 };
 
@@ -142,6 +144,10 @@ struct DeviceWeightOptions {
   std::function<Status(const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed)> repack_mxfp4;
   // With repack_mxfp4: keep a plain copy too ("routed experts (plain)": the prefill GEMMs read that layout).
   bool keep_plain_mxfp4 = false;
+  // Applied to every MXFP4 expert matrix at upload as a further copy (e.g. ffn_kernels.h repack_mxfp4_tiles, the
+  // "tiles" layout the decode GEMVs stream with TMA: data + scales bytes in one buffer per matrix; "routed experts
+  // (tiles)", DeviceExperts::tile_table); null: none.
+  std::function<Status(const uint8_t* plain, const uint8_t* scales, int64_t out, int64_t in, uint8_t* tiles)> tile_mxfp4;
   // Run over every MXFP4 expert matrix's scale bytes at upload; DeviceExperts::scales_checked = all passed
   // (e.g. ffn_kernels.h mxfp4_scales_allow_exp_add, the condition of GemvItemsOptions::scale_exp_add).
   std::function<bool(const uint8_t* scales, size_t count)> mxfp4_scale_check;

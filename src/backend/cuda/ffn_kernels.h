@@ -164,7 +164,9 @@ Status check_moe_dispatch(const MoeDispatchArgs& a);  // moe_build_items' argume
 // per warp over 4 warps at 4 blocks per SM (gemv_packed.cu kItemsWarps; w1/w3 5120: 10 groups of 4 K
 // blocks per warp, w2 2304: 4 or 5), where the plain schedule leaves warps idle (2304: 9 runs over 8
 // warps); it differs from the plain result by summation order only, and not with the batch.
-enum class Mxfp4Layout { Plain, Packed, PackedBalanced };
+// Tiles: the balanced schedule's arithmetic and bits over the tile layout ("MXFP4 tile layout" below; the
+// item's data points at it, its scales are not read), streamed through shared memory by TMA bulk copies.
+enum class Mxfp4Layout { Plain, Packed, PackedBalanced, Tiles };
 
 // GEMVs of a device item table: item i computes y[y_row[j]] = W_i · act[act_row[j]] for its rows, as
 // gemv_quantized does (same arithmetic, bit-equal to it for Plain / Packed). `shape` gives out, in, the
@@ -185,6 +187,8 @@ struct GemvItemsOptions {
   // compute_group): the same bits, valid when every item's weight scale byte passes
   // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.
   bool scale_exp_add = false;
+  // Tiles: chunks in flight per warp (0 = 3; 2 or 3).
+  int tile_slots = 0;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
@@ -240,6 +244,18 @@ Status repack_mxfp4(const uint8_t* plain, int64_t out, int64_t in, uint8_t* pack
 // 32 rows per warp (two m16 tiles share each activation fragment), 16-byte weight loads. balanced =
 // false: the plain kernel's K partition and summation order without split-K (bit-equal to it); true:
 // the balanced schedule of Mxfp4Layout::PackedBalanced.
+
+// ---- MXFP4 tile layout ----------------------------------------------------------------------------------
+// Device layout "MXFP4 tiles" (out % 32 == 0, in % 128 == 0; mxfp4_tiles_bytes = data + scales bytes): for
+// each 32-row tile and each group q of 4 K blocks, one contiguous 2 176-byte chunk — the tile's packed
+// words (the packed layout's words, f16 placement) as [u 4][lane 32][i 4] (lane = 4g + t: thread t's word
+// of K block 4q + u of row 32·tile + g + 8i), then its scale bytes as [u 4][g 8][i 4]. A warp's chunk is
+// one bulk copy, and a lane reads its 4 rows' words of a K block as one 16-byte shared load.
+bool mxfp4_tileable(int64_t out, int64_t in);
+uint64_t mxfp4_tiles_bytes(int64_t out, int64_t in);
+// Host-side (load time): the plain [out, in/2] codes and [out, in/32] scale bytes → the tile layout.
+Status repack_mxfp4_tiles(const uint8_t* plain, const uint8_t* scales, int64_t out, int64_t in, uint8_t* tiles);
+
 Status gemv_mxfp4_packed(const QuantWeightView& w, const uint16_t* act_codes, const float* act_scales, int64_t n,
                          float* y, bool bf16_output, cudaStream_t stream, bool balanced = false);
 Status gemv_mxfp4_packed_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ffn_kernels.h"
 
 namespace cedar::cuda::gemv_detail {
@@ -108,6 +109,61 @@ __device__ __forceinline__ void e2m1_word_to_f16x2(uint32_t w, uint32_t (&f)[4])
   f[3] = __byte_perm(b, 0u, 0x3424);
 }
 
+// One K block (32 values) of a thread's 4 packed rows (g, g + 8, g + 16, g + 24; w[i] the packed word of
+// row i, b[i] its scale byte) against one activation fragment: 4 MMAs, accumulated into acc[row tile]
+// [fragment] — the packed GEMVs' arithmetic (gemv_packed.cu per group, gemv_tiles.cu per K block from
+// shared memory), one function so that both give the same bits.
+// kOne: the unit has one token (every decode step at batch 1): the accumulator columns of token 1 are
+// never stored, so their scale math is skipped (the MMA computes them regardless).
+// kExpAdd (GemvItemsOptions::scale_exp_add): the scale product s_w·(2^14·s_a) of two powers of two as one
+// integer add on the exponent field, (b << 23) + bits(s_a) − (113 << 23), instead of the e8m0 decode, its
+// zero-scale guard and an FMUL: the same bits wherever the float product is a normal float — every weight
+// scale byte b in 9..127 (the caller proves it) and s_a in [2^-22, 2^113] (act_block_scale's range below
+// block maxima of 448·2^113 ≈ 4.6e36; beyond, the float path gives inf and this one a finite value).
+// s18 run 5: w1/w3 at batch 1 30.72 → 29.91 µs, w2 18.05 → 17.94; batch 8 178.3 → 173.6, 109.2 → 106.0.
+template <bool kOne, bool kExpAdd>
+__device__ __forceinline__ void packed_block_math(const uint32_t (&w)[4], const uint32_t (&b)[4], const uint4& act,
+                                                  float sa0_raw, float sa1_raw, float (&acc)[2][4]) {
+  // 2^14 undoes the f16 placement's e2m1 · 2^-14: an exact power-of-two rescaling of the plain
+  // kernel's e4m3 route (e2m1 · 2^-6, its 2^6 on the weight scale) — the same products and MMA sums
+  // scaled by 2^-8, and (Σ·2^-8)·(s_w·2^14·s_a) is the plain (Σ)·(2^6·s_w·s_a): the same result bits.
+  // Taken on the activation scale, once per block and token instead of per row tile.
+  const float sa0 = 16384.0f * sa0_raw, sa1 = 16384.0f * sa1_raw;
+  const uint32_t c0 = __float_as_uint(sa0_raw) - (113u << 23);
+  const uint32_t c1 = __float_as_uint(sa1_raw) - (113u << 23);
+#pragma unroll
+  for (int rt = 0; rt < 2; ++rt) {
+    uint32_t lo[4], hi[4];  // f16x2 of values {0,1}, {2,3}, {4,5}, {6,7} of rows g(+16) and g+8(+16)
+    e2m1_word_to_f16x2(w[2 * rt], lo);
+    e2m1_word_to_f16x2(w[2 * rt + 1], hi);
+    const uint32_t b_lo = b[2 * rt], b_hi = b[2 * rt + 1];
+    float s_lo0, s_hi0, s_lo1, s_hi1;  // weight scale × activation scale (× 2^14) per row half and token
+    if constexpr (kExpAdd) {
+      s_lo0 = __uint_as_float((b_lo << 23) + c0);
+      s_hi0 = __uint_as_float((b_hi << 23) + c0);
+      s_lo1 = __uint_as_float((b_lo << 23) + c1);
+      s_hi1 = __uint_as_float((b_hi << 23) + c1);
+    } else {
+      const float sw_lo = detail::ue8m0_scale(b_lo), sw_hi = detail::ue8m0_scale(b_hi);
+      s_lo0 = sw_lo * sa0;
+      s_hi0 = sw_hi * sa0;
+      s_lo1 = sw_lo * sa1;
+      s_hi1 = sw_hi * sa1;
+    }
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t a1[4] = {lo[0], hi[0], lo[1], hi[1]};
+    mma_f16(a1, act.x, act.y, d);
+    const uint32_t a2[4] = {lo[2], hi[2], lo[3], hi[3]};
+    mma_f16(a2, act.z, act.w, d);
+    acc[rt][0] += d[0] * s_lo0;
+    acc[rt][2] += d[2] * s_hi0;
+    if (!kOne) {
+      acc[rt][1] += d[1] * s_lo1;
+      acc[rt][3] += d[3] * s_hi1;
+    }
+  }
+}
+
 // Multiprocessors of the current device (132 on an H200; 132 if the query fails): sizes persistent grids.
 inline int device_sm_count() {
   int dev = 0, sms = 0;
@@ -121,5 +177,9 @@ inline int device_sm_count() {
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
                                int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced,
                                const GemvItemsOptions& options);
+
+// gemv_quantized_items for the MXFP4 tile layout (gemv_tiles.cu).
+Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
+                              int64_t capacity, bool bf16_output, cudaStream_t stream, const GemvItemsOptions& options);
 
 }  // namespace cedar::cuda::gemv_detail

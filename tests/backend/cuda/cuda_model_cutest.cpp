@@ -763,6 +763,9 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
   const DeviceExperts& experts0 = g.weights().layers()[0].experts;
   if (experts0.repacked) {
     EXPECT_TRUE(experts0.scales_checked) << GetParam() << ": expert scales outside 9..127";
+    // routed_tiles below is a real comparison wherever the experts are packed (the small profile): the tile
+    // copy was uploaded too.
+    EXPECT_NE(experts0.tile_table[DeviceExperts::kW1], nullptr) << GetParam() << ": packed experts without tiles";
   }
   const CudaKernelPaths legacy_cluster = CudaKernelPaths::legacy();  // the cluster kernel + rms_norm at 5..127 rows
   const Case cases[] = {
@@ -825,6 +828,11 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // The routed GEMVs' scale product as an exponent add (the packed experts of the small profile, whose
       // scale bytes pass the upload check): the same bits, the same launches.
       {"defaults: scale_exp_add 1 vs 0", fast, with(fast, "scale_exp_add=0"), 0},
+      // The routed GEMVs over the tile layout (TMA-fed rings, the balanced packed kernel's arithmetic): the
+      // same bits, the same launches; with and without the exponent add.
+      {"defaults: routed_tiles 1 vs 0", with(fast, "routed_tiles=1"), fast, 0},
+      {"scale_exp_add=0: routed_tiles 1 vs 0", with(fast, "scale_exp_add=0,routed_tiles=1"),
+       with(fast, "scale_exp_add=0"), 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.
