@@ -78,7 +78,7 @@ CommandSpec bench_spec() {
          true, "1", "N"},
         {"ab-specs",
          "--device cuda: the decode A/B's rows instead of the built-in list, SPEC;SPEC;... (each a --cuda-options "
-         "spec on the defaults; implies --ab 1; the defaults row first)",
+         "spec on the defaults; implies --ab 1; the defaults row first; at every batch <= 8)",
          true, "", "SPECS"},
         {"timeline",
          "--device cuda: decode steps recorded as a CUPTI kernel timeline at each batch <= 8 (0 = off, at most 32; "

@@ -207,7 +207,9 @@ const std::vector<std::string>& ab_specs() {
       "fused_act_quant=0",     "site_act_quant=1",      "site_cluster=0",        "swa_commit_aside=0", "router_ahead=1",
       "fork_pdl=0",            "dispatch_in_router=0",  "router_splitk_beside=0",
       "router_splitk_beside=0,dispatch_in_router=0,fork_pdl=0", "router_ahead=1,router_splitk_beside=0",
-      "fork_pdl_compressor=1", "q_norm_kv_encode=0", "attn_merge_trigger=0", "routed_full_edge=0", "attn_stage_wo_a=0", "site_combine=0", "warp_items=0", "scale_exp_add=0", "legacy"};
+      "fork_pdl_compressor=1", "q_norm_kv_encode=0", "attn_merge_trigger=0", "routed_full_edge=0",
+      "attn_stage_wo_a=0",     "site_combine=0",        "warp_items=0",    "scale_exp_add=0",
+      "routed_tiles=1",        "legacy"};
   return specs;
 }
 
@@ -227,7 +229,7 @@ struct DecodeTiming {
   std::vector<cuda::StageTime> stages;  // batch 1 only (--profile)
   double profiled_step_us = 0;
   double serial_step_s = 0;  // the same steps without the concurrent branches (batch <= 8)
-  std::vector<AbRow> ab;     // batch 1 (--ab): each kernel-path switch against the defaults
+  std::vector<AbRow> ab;     // (--ab) each kernel-path switch against the defaults
 };
 
 // Mean time of 16 decode steps of `batch` forks of `base` (after two warm-up steps: the first runs
@@ -260,24 +262,33 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
     m.use_concurrent_branches(true);
     CEDAR_RETURN_IF_ERROR(st);
   }
-  if (batch == 1 && ab) {  // A/B: every fast kernel path against its old one (the graphs are re-captured)
+  // A/B: every fast kernel path against its old one (the graphs are re-captured). The built-in list at batch 1;
+  // explicit --ab-specs rows (few) at every batch the GEMV paths serve.
+  if (ab && (batch == 1 || (!specs.empty() && batch <= cuda::kGemvMaxRows))) {
     const cuda::CudaKernelPaths defaults = m.options().paths;
     int first = 200;
     for (const std::string& spec : specs.empty() ? ab_specs() : specs) {
       AbRow row{spec, 0, ""};
       auto p = spec == "defaults" ? Result<cuda::CudaKernelPaths>(defaults) : paths_with(m, defaults, spec);
-      // A fresh fork per switch: a failing variant poisons only its own sequence.
-      auto fork = p.ok() ? m.fork_sequence(base) : Result<cuda::CudaSequence>(p.error());
-      if (fork.ok()) {
+      // Fresh forks per switch: a failing variant poisons only its own sequences.
+      std::vector<cuda::CudaSequence> forks;
+      std::vector<cuda::CudaSequence*> fork_ptrs;
+      Status st = p.ok() ? Status{} : Status(p.error());
+      for (int64_t b = 0; b < batch && st.ok(); ++b) {
+        auto fork = m.fork_sequence(base);
+        if (!fork.ok()) st = fork.error();
+        else forks.push_back(std::move(*fork));
+      }
+      if (st.ok()) {
+        for (auto& f : forks) fork_ptrs.push_back(&f);
         m.set_paths(*p);
-        cuda::CudaSequence* one[] = {&*fork};
-        auto s = time_steps(m, std::span<cuda::CudaSequence* const>(one), tokens, first);
+        auto s = time_steps(m, fork_ptrs, tokens, first);
         if (s.ok())
           row.step_s = *s;
         else
           row.error = s.error().message;
       } else {
-        row.error = fork.error().message;
+        row.error = st.error().message;
       }
       first += 2 + kSteps;
       t.ab.push_back(row);
@@ -372,8 +383,9 @@ int run(const BenchOptions& o) {
   result["cuda_options"] = cuda::describe_cuda_options(mo);
   mo.max_batch = max_batch;
   mo.max_chunk = std::min<int64_t>(max_prompt, 2048);
-  // The decode context, its forks, one prefill sequence, and the A/B rows' own fork next to batch 1's.
-  const int64_t forks = std::max<int64_t>(max_batch, o.ab ? 2 : 1);
+  // The decode context, its forks, one prefill sequence, and the A/B rows' own forks next to the batch's.
+  const int64_t ab_batch = o.ab_specs.empty() ? 1 : std::min<int64_t>(max_batch, cuda::kGemvMaxRows);
+  const int64_t forks = std::max<int64_t>(max_batch, 1) + (o.ab ? ab_batch : 0);
   mo.kv.max_sequences = forks + 2;
   mo.kv.max_context = std::max(o.context + 64, max_prompt);
   mo.kv.token_capacity = (forks + 1) * (o.context + 64) + max_prompt;
