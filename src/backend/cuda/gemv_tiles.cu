@@ -87,13 +87,8 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
   as1 += q_begin * 4;
   int s = 0;
   for (int k = 0; k < mine; ++k) {
-    // The group's activations (L2) are requested before the wait for its chunk: their latency overlaps
-    // the weights' instead of following it (s25 ncu: issued after the wait, it was the kernel's top stall).
     const float4 sa0 = __ldg(reinterpret_cast<const float4*>(as0));
     const float4 sa1 = __ldg(reinterpret_cast<const float4*>(as1));
-    uint4 av[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) av[u] = __ldg(reinterpret_cast<const uint4*>(a_row + u * 32));
     wait_chunk(&bars[s], (phases >> s) & 1u);
     phases ^= 1u << s;
     const uint8_t* c = ring + s * kChunkBytes;
@@ -101,9 +96,10 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
     for (int u = 0; u < 4; ++u) {
       const uint4 wv = *reinterpret_cast<const uint4*>(c + u * 512 + lane * 16);
       const uint32_t sb = *reinterpret_cast<const uint32_t*>(c + kWeightBytes + u * 32 + g * 4);
+      const uint4 av = __ldg(reinterpret_cast<const uint4*>(a_row + u * 32));
       const uint32_t w[4] = {wv.x, wv.y, wv.z, wv.w};
       const uint32_t b[4] = {sb & 0xFFu, (sb >> 8) & 0xFFu, (sb >> 16) & 0xFFu, sb >> 24};
-      packed_block_math<kOne, kExpAdd>(w, b, av[u], comp_of(sa0, u), comp_of(sa1, u), acc);
+      packed_block_math<kOne, kExpAdd>(w, b, av, comp_of(sa0, u), comp_of(sa1, u), acc);
     }
     if (k + kSlots < mine) {
       __syncwarp();  // every lane has read slot s
