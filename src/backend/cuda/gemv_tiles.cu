@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ffn_kernels.h"
@@ -39,29 +40,10 @@ struct TilesParams {
   unsigned* work;  // or null: [next unit, blocks done] (GemvItemsOptions::work)
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // Slot `bar` expects one chunk; the bulk copy completes it (weights evict-first in L2, as ld_weight).
 __device__ __forceinline__ void fetch_chunk(uint64_t* bar, void* dst, const uint8_t* src, uint64_t policy) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(kChunkBytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(kChunkBytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-
-__device__ __forceinline__ void wait_chunk(uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "TILE_WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra TILE_WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+  detail::mbar_expect_tx(bar, kChunkBytes);
+  detail::bulk_copy(dst, src, kChunkBytes, bar, policy);
 }
 
 __device__ __forceinline__ float comp_of(const float4& v, int u) {
@@ -89,7 +71,7 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
   for (int k = 0; k < mine; ++k) {
     const float4 sa0 = __ldg(reinterpret_cast<const float4*>(as0));
     const float4 sa1 = __ldg(reinterpret_cast<const float4*>(as1));
-    wait_chunk(&bars[s], (phases >> s) & 1u);
+    detail::mbar_wait(&bars[s], (phases >> s) & 1u);
     phases ^= 1u << s;
     const uint8_t* c = ring + s * kChunkBytes;
 #pragma unroll
@@ -125,9 +107,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
   const int g = lane >> 2, t = lane & 3;
   const int tok0 = 2 * t, tok1 = 2 * t + 1;
   if (lane == 0) {
-    for (int s = 0; s < kSlots; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bars[warp][s])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int s = 0; s < kSlots; ++s) detail::mbar_init(&bars[warp][s]);
+    detail::mbar_init_fence();
   }
   __syncwarp();
   // Under PDL: the item table (which experts) and the activations come from the previous kernels.

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
 #include "backend/cuda/ffn_kernels.h"
@@ -32,20 +33,6 @@ struct MhcClusterArgs {
   int64_t chunks_per_block;  // 32-channel chunks per block (the last blocks may own fewer)
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned phase) {
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(phase)
-      : "memory");
-}
-
 __global__ void __launch_bounds__(kClThreads, 1) mhc_cluster_kernel(MhcClusterArgs args) {
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
@@ -70,21 +57,16 @@ __global__ void __launch_bounds__(kClThreads, 1) mhc_cluster_kernel(MhcClusterAr
   const int nt = static_cast<int>(a.n - t0 < kMaxTokens ? a.n - t0 : kMaxTokens);
 
   if (tid == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    detail::mbar_init(&bar);
+    detail::mbar_init_fence();
   }
   __syncthreads();
   if (tid == 0 && ncl > 0) {
     const unsigned bytes = static_cast<unsigned>(ncl * sizeof(float));
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(&bar)),
-                 "r"(bytes * kMix * kHc)
-                 : "memory");
+    detail::mbar_expect_tx(&bar, bytes * kMix * kHc);
     for (int i = 0; i < kMix; ++i)
       for (int k = 0; k < kHc; ++k)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                         smem_u32(fs + (i * kHc + k) * stride)),
-                     "l"(a.fn + i * width + k * d + c_begin), "r"(bytes), "r"(smem_u32(&bar))
-                     : "memory");
+        detail::bulk_copy(fs + (i * kHc + k) * stride, a.fn + i * width + k * d + c_begin, bytes, &bar);
   }
   // Programmatic dependent launch: everything above touches only fn (a weight); X, y and the
   // coefficients come from the previous kernel. A no-op unless launched with programmatic serialization.
@@ -120,7 +102,7 @@ __global__ void __launch_bounds__(kClThreads, 1) mhc_cluster_kernel(MhcClusterAr
       a.collapsed[tok * d + c] = detail::round_bf16(acc);
     }
   }
-  if (ncl > 0) mbar_wait(&bar, 0);
+  if (ncl > 0) detail::mbar_wait(&bar, 0);
   __syncthreads();
   // Per token: 24 dot products with fn + the sum of squares over this block's 4·ncl values (a thread
   // sums its values in order), butterfly reduce-scatter per warp, then the warps in order.
