@@ -137,9 +137,11 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
     const uint8_t* chunks = it->data + tile * n_groups * int64_t{kChunkBytes};
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     if (n == 1)  // block-uniform
-      tiles_k_loop<kSlots, true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
+      tiles_k_loop<kSlots, true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy,
+                                          acc);
     else
-      tiles_k_loop<kSlots, false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
+      tiles_k_loop<kSlots, false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy,
+                                           acc);
     __syncwarp();  // every lane has read the warp's last chunk: slot 0 takes the partial sums
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
@@ -174,7 +176,8 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
 bool mxfp4_tileable(int64_t out, int64_t in) { return mxfp4_packable(out, in) && out % kTileRows == 0; }
 
 uint64_t mxfp4_tiles_bytes(int64_t out, int64_t in) {
-  return static_cast<uint64_t>(out) * static_cast<uint64_t>(in) / 2 + static_cast<uint64_t>(out) * static_cast<uint64_t>(in) / 32;
+  const uint64_t values = static_cast<uint64_t>(out) * static_cast<uint64_t>(in);
+  return values / 2 + values / 32;  // e2m1 codes + one scale byte per 32
 }
 
 Status repack_mxfp4_tiles(const uint8_t* plain, const uint8_t* scales, int64_t out, int64_t in, uint8_t* tiles) {
@@ -208,7 +211,8 @@ Status repack_mxfp4_tiles(const uint8_t* plain, const uint8_t* scales, int64_t o
 
 namespace gemv_detail {
 Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
-                              int64_t capacity, bool bf16_output, cudaStream_t stream, const GemvItemsOptions& options) {
+                              int64_t capacity, bool bf16_output, cudaStream_t stream,
+                              const GemvItemsOptions& options) {
   const char* who = "cuda::gemv_quantized_items(tiles)";
   if (shape.format != QuantWeightFormat::MXFP4 || !mxfp4_tileable(shape.out, shape.in))
     return make_error(std::string(who) + ": MXFP4 with out a multiple of 32 and in of 128 (got " +
@@ -230,10 +234,12 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
   p.bf16_output = bf16_output;
   p.work = options.work;
   const size_t smem = static_cast<size_t>(kTileWarps) * slots * kChunkBytes;
-  auto kernel = slots == 2 ? (options.scale_exp_add ? gemv_mxfp4_tiles_kernel<2, true> : gemv_mxfp4_tiles_kernel<2, false>)
-                           : (options.scale_exp_add ? gemv_mxfp4_tiles_kernel<3, true> : gemv_mxfp4_tiles_kernel<3, false>);
+  const bool e = options.scale_exp_add;
+  auto kernel = slots == 2 ? (e ? gemv_mxfp4_tiles_kernel<2, true> : gemv_mxfp4_tiles_kernel<2, false>)
+                           : (e ? gemv_mxfp4_tiles_kernel<3, true> : gemv_mxfp4_tiles_kernel<3, false>);
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileWarps * 32, smem) != cudaSuccess || per_sm <= 0) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileWarps * 32, smem) != cudaSuccess ||
+      per_sm <= 0) {
     (void)cudaGetLastError();
     per_sm = kTileBlocksPerSm;
   }
