@@ -276,8 +276,10 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
       Status st = p.ok() ? Status{} : Status(p.error());
       for (int64_t b = 0; b < batch && st.ok(); ++b) {
         auto fork = m.fork_sequence(base);
-        if (!fork.ok()) st = fork.error();
-        else forks.push_back(std::move(*fork));
+        if (fork.ok())
+          forks.push_back(std::move(*fork));
+        else
+          st = fork.error();
       }
       if (st.ok()) {
         for (auto& f : forks) fork_ptrs.push_back(&f);
@@ -383,9 +385,10 @@ int run(const BenchOptions& o) {
   result["cuda_options"] = cuda::describe_cuda_options(mo);
   mo.max_batch = max_batch;
   mo.max_chunk = std::min<int64_t>(max_prompt, 2048);
-  // The decode context, its forks, one prefill sequence, and the A/B rows' own forks next to the batch's.
+  // The decode context, its forks, one prefill sequence, and the A/B rows' own forks next to the batch's
+  // (A/B batches: 1 for the built-in list, up to kGemvMaxRows for --ab-specs rows).
   const int64_t ab_batch = o.ab_specs.empty() ? 1 : std::min<int64_t>(max_batch, cuda::kGemvMaxRows);
-  const int64_t forks = std::max<int64_t>(max_batch, 1) + (o.ab ? ab_batch : 0);
+  const int64_t forks = std::max<int64_t>(max_batch, o.ab ? 2 * ab_batch : 1);
   mo.kv.max_sequences = forks + 2;
   mo.kv.max_context = std::max(o.context + 64, max_prompt);
   mo.kv.token_capacity = (forks + 1) * (o.context + 64) + max_prompt;

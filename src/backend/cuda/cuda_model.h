@@ -198,7 +198,7 @@ struct CudaKernelPaths {
   // packed kernel's arithmetic and bits, the weights streamed into per-warp shared-memory rings by TMA bulk
   // copies, 64 registers and 32 warps per SM instead of 128 and 16) where it was uploaded
   // (CudaModelOptions::tiled_experts). s25 on an H100, one process: batch 1 7.666 → 7.553 ms, batch 8 12.540 →
-  // 12.504 (kernel rows: the routed path 61.2 → 53.0 µs at batch 1); on the H200 (s25 run 1) −0.007..−0.025 ms.
+  // 12.504 (kernel rows: the routed path 61.2 → 53.0 µs at batch 1); on the H200 (s25 run 0) −0.007..−0.025 ms.
   bool routed_tiles = true;
   static CudaKernelPaths legacy();
 };
