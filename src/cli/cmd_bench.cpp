@@ -70,7 +70,8 @@ CommandSpec bench_spec() {
          "attn_head_split, mhc_split, mhc_split_norm, engram_ahead, wo_a_f16, fused_act_quant, site_act_quant, site_cluster, "
          "swa_commit_aside, router_ahead, dispatch_in_router, router_splitk_beside, fork_pdl, fork_pdl_compressor, q_norm_kv_encode, attn_merge_trigger, "
          "routed_full_edge, attn_stage_wo_a, site_combine, warp_items, scale_exp_add, blas_min_rows, "
-         "moe_items_max_rows, routed_warps, wo_a_fp8, concurrent_branches, cuda_graphs)",
+         "moe_items_max_rows, routed_warps, routed_tiles, tiled_experts, packed_experts, wo_a_fp8, concurrent_branches, "
+         "cuda_graphs)",
          true, "", "SPEC"},
         {"ab",
          "--device cuda: 1 = A/B of each fast kernel path against its old path (decode at batch 1, the "

@@ -223,6 +223,16 @@ Result<cuda::CudaKernelPaths> paths_with(const cuda::CudaModel& m, const cuda::C
   return o.paths;
 }
 
+// Whether an A/B row of the list turns the tile routed GEMV off: the load then uploads the packed experts too
+// (CudaModelOptions::packed_experts), so that the row compares the tiles with the balanced packed kernel.
+bool ab_rows_need_packed_experts(const cuda::CudaModelOptions& loaded, const std::vector<std::string>& specs) {
+  for (const std::string& spec : specs.empty() ? ab_specs() : specs) {
+    cuda::CudaModelOptions o = loaded;
+    if (spec != "defaults" && cuda::apply_cuda_options(spec, o).ok() && !o.paths.routed_tiles) return true;
+  }
+  return false;
+}
+
 struct DecodeTiming {
   double step_s = 0;
   double distinct_experts = 0;          // measured: distinct routed experts per layer in the last step
@@ -381,6 +391,7 @@ int run(const BenchOptions& o) {
   const int64_t max_prompt = *std::max_element(o.prefill_lens.begin(), o.prefill_lens.end());
   cuda::CudaModelOptions mo;
   (void)cuda::apply_cuda_options(o.cuda_options, mo);  // checked in parse()
+  if (o.ab && ab_rows_need_packed_experts(mo, o.ab_specs)) mo.packed_experts = true;
   std::fprintf(stderr, "CUDA model options: %s\n", cuda::describe_cuda_options(mo).c_str());
   result["cuda_options"] = cuda::describe_cuda_options(mo);
   mo.max_batch = max_batch;

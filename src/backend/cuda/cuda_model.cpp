@@ -411,6 +411,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"routed_warps", nullptr, &p.routed_warps},
           {"routed_tiles", &p.routed_tiles, nullptr},
           {"tiled_experts", &o.tiled_experts, nullptr},
+          {"packed_experts", &o.packed_experts, nullptr},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
           {"concurrent_branches", &o.concurrent_branches, nullptr},
           {"cuda_graphs", &o.cuda_graphs, nullptr}};
@@ -585,20 +586,21 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(std::shared_ptr<const Deepsee
   if (!c.quant.quantized())
     return make_error("CudaModel: " + c.source +
                       " has BF16 linear weights; the CUDA layer loop runs the released FP8 / MXFP4 formats only");
-  // Packed MXFP4 experts for the decode GEMVs (16-byte loads), plus the plain bytes the prefill GEMMs read.
-  if (o.packed_experts && mxfp4_packable(c.moe_intermediate_size, c.hidden_size) &&
-      mxfp4_packable(c.hidden_size, c.moe_intermediate_size)) {
+  // Routed MXFP4 experts: the checkpoint's plain bytes (the prefill GEMMs; the decode GEMVs' fallback), the
+  // tile copy the decode GEMVs stream (tiled_experts), and the packed copy only when asked (packed_experts: the
+  // balanced packed kernel, routed_tiles=0's comparison). Either copy checks the scales for the exponent add.
+  const int64_t inter = c.moe_intermediate_size, d = c.hidden_size;
+  if (o.packed_experts && mxfp4_packable(inter, d) && mxfp4_packable(d, inter)) {
     o.weights.repack_mxfp4 = [](const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed) {
       return repack_mxfp4(plain, out, in, packed);
     };
     o.weights.keep_plain_mxfp4 = true;
-    o.weights.mxfp4_scale_check = mxfp4_scales_allow_exp_add;
-    if (o.tiled_experts && mxfp4_tileable(c.moe_intermediate_size, c.hidden_size) &&
-        mxfp4_tileable(c.hidden_size, c.moe_intermediate_size))
-      o.weights.tile_mxfp4 = [](const uint8_t* plain, const uint8_t* scales, int64_t out, int64_t in, uint8_t* tiles) {
-        return repack_mxfp4_tiles(plain, scales, out, in, tiles);
-      };
   }
+  if (o.tiled_experts && mxfp4_tileable(inter, d) && mxfp4_tileable(d, inter))
+    o.weights.tile_mxfp4 = [](const uint8_t* plain, const uint8_t* scales, int64_t out, int64_t in, uint8_t* tiles) {
+      return repack_mxfp4_tiles(plain, scales, out, in, tiles);
+    };
+  if (o.weights.repack_mxfp4 || o.weights.tile_mxfp4) o.weights.mxfp4_scale_check = mxfp4_scales_allow_exp_add;
   o.weights.wo_a_fp8 = o.wo_a_fp8;
 
   // Everything is planned before anything is allocated: weights + KV + workspace must fit together.

@@ -211,8 +211,11 @@ struct CudaModelOptions {
   int64_t max_chunk = 2048;                     // prefill rows per call (the activation workspace is sized for it)
   uint64_t headroom_bytes = uint64_t{2} << 30;  // left free: CUDA context, library workspaces
   bool cuda_graphs = true;                      // decode steps replayed as one graph per (batch, context bucket)
-  bool packed_experts = true;                   // MXFP4 experts also in the packed layout (decode GEMVs)
-  bool tiled_experts = true;                    // and in the tile layout (paths.routed_tiles)
+  // The routed MXFP4 experts are uploaded as stored (the prefill GEMMs) plus one decode layout: the tiles
+  // (paths.routed_tiles). The packed layout (the balanced packed kernel, taken with routed_tiles=0) is a third
+  // copy, 12 GB on the perf profile: only for comparisons. Without either, the decode GEMVs read the plain bytes.
+  bool packed_experts = false;
+  bool tiled_experts = true;
   bool use_cublas = true;                       // BF16 prefill GEMMs through cuBLASLt when it loads
   // Decode (GEMV path): independent chains of a layer run on a second stream inside the step's graph
   // (the query path beside the SWA KV path and the compressor; the shared expert beside the routed ones).

@@ -129,6 +129,9 @@ Model* model_for(const std::string& profile) {
   go.kv.max_context = 1024;
   go.kv.token_capacity = 16384;
   go.headroom_bytes = uint64_t{1} << 30;
+  // The packed experts as well (not a default): routed_tiles=0 then takes the balanced packed kernel, which the
+  // LaunchOnly switches compare with the tiles bit for bit. variant_for loads the default copies.
+  go.packed_experts = true;
   go.engram_map = lo.engram_map;
   go.pool = m->pool.get();
   m->options = go;
@@ -145,13 +148,15 @@ Model* model_for(const std::string& profile) {
   return m.get();
 }
 
-// The second GPU model of a profile: wo_a uploaded as BF16 values (the loop before wo_a_fp8) and the
-// routed experts' item tables sized for 128 rows. Null (with the reason in `error`) if it fails to load.
+// The second GPU model of a profile: wo_a uploaded as BF16 values (the loop before wo_a_fp8), the routed
+// experts' item tables sized for 128 rows, and the default expert copies (plain + tiles, no packed copy).
+// Null (with the reason in `error`) if it fails to load.
 CudaModel* variant_for(Model& m, std::string* error) {
   if (m.gpu_bf16_wo_a) return m.gpu_bf16_wo_a.get();
   CudaModelOptions o = m.options;
   o.wo_a_fp8 = false;
   o.paths.moe_items_max_rows = 128;
+  o.packed_experts = CudaModelOptions().packed_experts;
   auto g = CudaModel::load(m.dir, o);
   if (!g.ok()) {
     *error = "CUDA load (wo_a_fp8=0, moe_items_max_rows=128): " + g.error().message;
@@ -966,6 +971,41 @@ TEST_P(CudaModelParity, RoutedItemTablesAboveTheGemvTileMatchCpu) {
   EXPECT_EQ(v->options().paths.moe_items_max_rows, 128) << "the variant's item tables were not sized for 128 rows";
   const Scenario sc = run_scenario(*m, prompt(77, 35), {}, 4, false, v);
   check_scenario(GetParam() + " item tables to 128 rows 77", sc);
+}
+
+// The default load keeps two copies of the routed experts, not three: the plain bytes (the prefill GEMMs, and
+// the decode GEMVs when routed_tiles is off) and the tiles; the packed copy comes only with packed_experts.
+TEST_P(CudaModelParity, DefaultExpertCopiesArePlainAndTiles) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  std::string error;
+  CudaModel* v = variant_for(*m, &error);
+  ASSERT_NE(v, nullptr) << error;
+  const DeviceExperts& packed = m->gpu->weights().layers()[0].experts;
+  const DeviceExperts& plain = v->weights().layers()[0].experts;
+  EXPECT_FALSE(plain.repacked) << GetParam() << ": the default load repacked the experts";
+  EXPECT_EQ(plain.plain_data_table[DeviceExperts::kW1], nullptr) << GetParam() << ": a second plain copy";
+  EXPECT_EQ(plain.tile_table[DeviceExperts::kW1] != nullptr, packed.tile_table[DeviceExperts::kW1] != nullptr)
+      << GetParam() << ": the tile copy depends on packed_experts";
+  if (plain.tile_table[DeviceExperts::kW1]) {
+    EXPECT_TRUE(plain.scales_checked) << GetParam() << ": tiles, but the scales were not checked";
+  }
+  auto bytes_of = [](const CudaModel& g, const std::string& component) {
+    uint64_t b = 0;
+    for (const auto& e : g.memory_plan().entries) b += e.component == component ? e.bytes : 0;
+    return b;
+  };
+  if (packed.repacked) {  // the packed load's third copy is the plain one; the default has none of it
+    EXPECT_GT(bytes_of(*m->gpu, "routed experts (plain)"), 0u) << GetParam();
+    EXPECT_EQ(bytes_of(*v, "routed experts (plain)"), 0u) << GetParam();
+    EXPECT_EQ(bytes_of(*v, "routed experts"), bytes_of(*m->gpu, "routed experts")) << GetParam();
+  }
+  // Without the packed copy, routed_tiles=0 decodes through the plain-layout item GEMVs: the CPU bounds apply.
+  PathsGuard guard(*v);
+  CudaKernelPaths p;
+  p.routed_tiles = false;
+  v->set_paths(p);
+  const Scenario sc = run_scenario(*m, prompt(77, 36), {}, 4, false, v);
+  check_scenario(GetParam() + " plain-layout routed GEMVs 77", sc);
 }
 
 INSTANTIATE_TEST_SUITE_P(Profiles, CudaModelParity, ::testing::Values(std::string("tiny"), std::string("small")),

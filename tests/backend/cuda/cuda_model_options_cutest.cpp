@@ -55,6 +55,22 @@ TEST(CudaModelOptionsSpec, RoutedWarpsTakesTheDefaultOrASplitOfTwoToEight) {
   }
 }
 
+// The routed experts' device copies: plain + tiles by default; the packed copy (12 GB on the perf profile) only
+// when asked, by name.
+TEST(CudaModelOptionsSpec, ExpertCopiesArePlainAndTilesUnlessPackedIsAsked) {
+  const CudaModelOptions defaults;
+  EXPECT_FALSE(defaults.packed_experts);
+  EXPECT_TRUE(defaults.tiled_experts);
+  EXPECT_TRUE(defaults.paths.routed_tiles);
+  EXPECT_NE(describe_cuda_options(defaults).find("tiled_experts=1,packed_experts=0"), std::string::npos)
+      << describe_cuda_options(defaults);
+  CudaModelOptions o;
+  ASSERT_TRUE(apply_cuda_options("packed_experts=1,tiled_experts=0", o).ok());
+  EXPECT_TRUE(o.packed_experts);
+  EXPECT_FALSE(o.tiled_experts);
+  EXPECT_TRUE(o.paths.routed_tiles);  // a load option: the kernel path stays as it was
+}
+
 // Every on / off switch: its default, its legacy() value, and NAME=0 / NAME=1 setting it (and nothing else).
 TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
   struct Switch {
