@@ -82,7 +82,7 @@ CommandSpec bench_spec() {
          "spec on the defaults; implies --ab 1; the defaults row first; at every batch <= 8)",
          true, "", "SPECS"},
         {"timeline",
-         "--device cuda: decode steps recorded as a CUPTI kernel timeline at each batch <= 8 (0 = off, at most 32; "
+         "--device cuda: decode steps recorded as a CUPTI kernel timeline at each batch (0 = off, at most 32; "
          "$CEDAR_CUPTI: the libcupti to load)",
          true, "0", "STEPS"},
     }};
