@@ -173,6 +173,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                          .packed_warps = warps,
                          .scale_exp_add = exp_add};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
+    if (options_.paths.routed_swiglu_edge && branches(r)) pdl_barrier();  // SwiGLU / w2 not resident during w1 / w3
     const SwigluArgs sw{.rows = P,
                         .inter = inter,
                         .g = w.g,
