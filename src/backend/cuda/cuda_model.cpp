@@ -404,6 +404,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"attn_merge_trigger", &p.attn_merge_trigger, nullptr},
           {"routed_full_edge", &p.routed_full_edge, nullptr},
           {"routed_swiglu_edge", &p.routed_swiglu_edge, nullptr},
+          {"routed_tile_blocks", nullptr, &p.routed_tile_blocks},
           {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"site_combine", &p.site_combine, nullptr},
           {"warp_items", &p.warp_items, nullptr},
