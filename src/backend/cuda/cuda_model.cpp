@@ -604,6 +604,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::load(std::shared_ptr<const Deepsee
       return repack_mxfp4_tiles(plain, scales, out, in, tiles);
     };
   if (o.weights.repack_mxfp4 || o.weights.tile_mxfp4) o.weights.mxfp4_scale_check = mxfp4_scales_allow_exp_add;
+  o.weights.pool = o.pool;
   o.weights.wo_a_fp8 = o.wo_a_fp8;
 
   // Everything is planned before anything is allocated: weights + KV + workspace must fit together.

@@ -294,6 +294,40 @@ class DeviceWeightPlacer {
     return h;
   }
 
+  // Every expert's matrix of one kind converted (`convert(e, out)`, `bytes` each) and placed in expert order. A
+  // batch of experts converts on the pool at a time (each expert's bytes are its own, so the threads change
+  // nothing); the batch bounds the host staging memory. Planning (no device) converts nothing.
+  Result<std::vector<const uint8_t*>> convert_experts(size_t count, uint64_t bytes, const std::string& component,
+                                                       const std::string& what,
+                                                       const std::function<Status(size_t, uint8_t*)>& convert) {
+    std::vector<const uint8_t*> ptrs;
+    const size_t batch = std::max<size_t>(1, 2 * static_cast<size_t>(o_.pool ? o_.pool->size() : 1));
+    std::vector<uint8_t> staging;
+    for (size_t e0 = 0; e0 < count; e0 += batch) {
+      const size_t n = std::min(batch, count - e0);
+      if (device_base_) {
+        staging.resize(n * bytes);
+        std::vector<Status> status(n, Status::Ok());
+        auto run = [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i)
+            status[static_cast<size_t>(i)] = convert(e0 + static_cast<size_t>(i), staging.data() + i * bytes);
+        };
+        if (o_.pool)
+          o_.pool->parallel_for(static_cast<int64_t>(n), run);
+        else
+          run(0, static_cast<int64_t>(n));
+        for (size_t i = 0; i < n; ++i)
+          if (!status[i].ok()) return status[i].error().with_context(what + " routed expert " + std::to_string(e0 + i));
+      }
+      for (size_t i = 0; i < n; ++i) {
+        CEDAR_ASSIGN_OR_RETURN(const uint8_t* p,
+                               place(component, device_base_ ? staging.data() + i * bytes : nullptr, bytes, "top-k"));
+        ptrs.push_back(p);
+      }
+    }
+    return ptrs;
+  }
+
   // All experts of a layer, one contiguous run per matrix kind and part (data, scales), then the
   // per-expert pointer tables of each kind.
   Status experts(const std::vector<ExpertWeights>& ex, DeviceExperts& d) {
@@ -302,7 +336,6 @@ class DeviceWeightPlacer {
     auto pick = [](const ExpertWeights& e, int k) -> const cpu::LinearWeight& {
       return k == DeviceExperts::kW1 ? e.w1 : (k == DeviceExperts::kW3 ? e.w3 : e.w2);
     };
-    std::vector<uint8_t> repacked;
     d.scales_checked = o_.mxfp4_scale_check && device_base_;  // checked as the scales are placed
     for (int k = 0; k < 3; ++k) {
       const cpu::LinearWeight& w0 = pick(ex[0], k);
@@ -320,15 +353,18 @@ class DeviceWeightPlacer {
         const cpu::LinearWeight& w = pick(ex[e], k);
         if (w.out != m.out || w.in != m.in || device_format_of(w.format) != m.format)
           return make_error("routed expert " + std::to_string(e) + " differs in shape or format from expert 0");
-        const uint8_t* src = w.data;
-        if (repack && device_base_) {
-          repacked.resize(data_bytes);
-          Status st = o_.repack_mxfp4(w.data, w.out, w.in, repacked.data());
-          if (!st.ok()) return st.error().with_context("repacking routed expert " + std::to_string(e));
-          src = repacked.data();
+      }
+      if (repack) {
+        CEDAR_ASSIGN_OR_RETURN(data_ptrs, convert_experts(ex.size(), data_bytes, "routed experts", "repacking",
+                                                          [&](size_t e, uint8_t* out) {
+                                                            const cpu::LinearWeight& w = pick(ex[e], k);
+                                                            return o_.repack_mxfp4(w.data, w.out, w.in, out);
+                                                          }));
+      } else {
+        for (size_t e = 0; e < ex.size(); ++e) {
+          CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts", pick(ex[e], k).data, data_bytes, "top-k"));
+          data_ptrs.push_back(p);
         }
-        CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts", src, data_bytes, "top-k"));
-        data_ptrs.push_back(p);
       }
       for (size_t e = 0; e < ex.size() && scale_bytes > 0; ++e) {
         const uint8_t* scales = pick(ex[e], k).scale;
@@ -338,19 +374,12 @@ class DeviceWeightPlacer {
         scale_ptrs.push_back(p);
       }
       if (o_.tile_mxfp4 && m.format == DeviceFormat::Mxfp4) {
-        std::vector<const uint8_t*> tile_ptrs;
-        std::vector<uint8_t> tiles;
-        const uint64_t tile_bytes = data_bytes + scale_bytes;
-        for (size_t e = 0; e < ex.size(); ++e) {
-          if (device_base_) {
-            tiles.resize(tile_bytes);
-            const cpu::LinearWeight& w = pick(ex[e], k);
-            Status st = o_.tile_mxfp4(w.data, w.scale, w.out, w.in, tiles.data());
-            if (!st.ok()) return st.error().with_context("tiling routed expert " + std::to_string(e));
-          }
-          CEDAR_ASSIGN_OR_RETURN(const uint8_t* p, place("routed experts (tiles)", tiles.data(), tile_bytes, "top-k"));
-          tile_ptrs.push_back(p);
-        }
+        CEDAR_ASSIGN_OR_RETURN(const std::vector<const uint8_t*> tile_ptrs,
+                               convert_experts(ex.size(), data_bytes + scale_bytes, "routed experts (tiles)", "tiling",
+                                               [&](size_t e, uint8_t* out) {
+                                                 const cpu::LinearWeight& w = pick(ex[e], k);
+                                                 return o_.tile_mxfp4(w.data, w.scale, w.out, w.in, out);
+                                               }));
         CEDAR_ASSIGN_OR_RETURN(const uint8_t* tt, place("routed experts (tiles)", tile_ptrs.data(),
                                                         tile_ptrs.size() * sizeof(const uint8_t*), "top-k"));
         d.tile_table[k] = reinterpret_cast<const uint8_t* const*>(tt);

@@ -30,6 +30,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "core/status.h"
+#include "core/threads.h"
 #include "io/config.h"
 #include "model/layer_plan.h"
 #include "model/weight_binding.h"
@@ -151,6 +152,8 @@ struct DeviceWeightOptions {
   // Run over every MXFP4 expert matrix's scale bytes at upload; DeviceExperts::scales_checked = all passed
   // (e.g. ffn_kernels.h mxfp4_scales_allow_exp_add, the condition of GemvItemsOptions::scale_exp_add).
   std::function<bool(const uint8_t* scales, size_t count)> mxfp4_scale_check;
+  // Runs the expert conversions above (repack_mxfp4, tile_mxfp4) several experts at a time; null: one by one.
+  ThreadPool* pool = nullptr;
 };
 
 class DeviceWeights {

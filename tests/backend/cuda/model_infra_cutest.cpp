@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -217,28 +218,54 @@ TEST_F(CudaModelInfra, UploadOptionsFp8WoAAndHostEngramTables) {
 TEST_F(CudaModelInfra, UploadRepacksExpertsThroughTheHook) {
   CEDAR_REQUIRE_GPU();
   // A stand-in permutation (reversed bytes per row) for ffn_kernels.h repack_mxfp4: the hook sees every
-  // MXFP4 expert matrix with its logical shape, and the device holds what it returned.
-  int64_t calls = 0;
+  // MXFP4 expert matrix with its logical shape, and the device holds what it returned — one expert at a time
+  // and several at a time on a pool (DeviceWeightOptions::pool), with the same bytes in the same places.
+  ThreadPool pool(4);
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    const std::string how = p ? "on a pool of 4" : "one by one";
+    std::atomic<int64_t> calls = 0;
+    DeviceWeightOptions o;
+    o.pool = p;
+    o.repack_mxfp4 = [&calls](const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed) {
+      ++calls;
+      for (int64_t r = 0; r < out; ++r)
+        for (int64_t b = 0; b < in / 2; ++b) packed[r * (in / 2) + b] = plain[r * (in / 2) + (in / 2 - 1 - b)];
+      return Status::Ok();
+    };
+    auto dw = DeviceWeights::upload(host().config(), host().weights(), o, {}, 0);
+    ASSERT_TRUE(dw.ok()) << how << ": " << dw.error().message;
+    const ModelConfig& c = host().config();
+    EXPECT_EQ(calls.load(), 3 * c.n_routed_experts * c.num_hidden_layers) << how;
+    const DeviceExperts& d = dw->layers()[2].experts;
+    EXPECT_TRUE(d.repacked) << how;
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      const cpu::LinearWeight& h = host().weights().tensors().layers[2].ffn.experts[static_cast<size_t>(e)].w3;
+      const DeviceMatrix m = d.matrix(e, DeviceExperts::kW3);
+      const auto got = download<uint8_t>(m.data, m.data_bytes());
+      const int64_t row = h.in / 2;
+      for (int64_t r = 0; r < h.out; ++r)
+        for (int64_t b = 0; b < row; ++b)
+          ASSERT_EQ(got[static_cast<size_t>(r * row + b)], h.data[r * row + row - 1 - b]) << how << ", expert " << e;
+      EXPECT_EQ(download<uint8_t>(m.scales, m.scale_bytes()), bytes_of(h.scale, m.scale_bytes()))
+          << how << ", expert " << e;  // scales as stored
+    }
+  }
+}
+
+// A failing conversion names the expert and stops the upload.
+TEST_F(CudaModelInfra, UploadNamesTheExpertWhoseConversionFailed) {
+  CEDAR_REQUIRE_GPU();
+  ThreadPool pool(4);
   DeviceWeightOptions o;
-  o.repack_mxfp4 = [&calls](const uint8_t* plain, int64_t out, int64_t in, uint8_t* packed) {
-    ++calls;
-    for (int64_t r = 0; r < out; ++r)
-      for (int64_t b = 0; b < in / 2; ++b) packed[r * (in / 2) + b] = plain[r * (in / 2) + (in / 2 - 1 - b)];
-    return Status::Ok();
+  o.pool = &pool;
+  std::atomic<int64_t> calls = 0;
+  o.tile_mxfp4 = [&calls](const uint8_t*, const uint8_t*, int64_t, int64_t, uint8_t*) {
+    return ++calls == 2 ? make_error("stand-in failure") : Status::Ok();
   };
   auto dw = DeviceWeights::upload(host().config(), host().weights(), o, {}, 0);
-  ASSERT_TRUE(dw.ok()) << dw.error().message;
-  const ModelConfig& c = host().config();
-  EXPECT_EQ(calls, 3 * c.n_routed_experts * c.num_hidden_layers);
-  const DeviceExperts& d = dw->layers()[2].experts;
-  EXPECT_TRUE(d.repacked);
-  const cpu::LinearWeight& h = host().weights().tensors().layers[2].ffn.experts[1].w3;
-  const DeviceMatrix m = d.matrix(1, DeviceExperts::kW3);
-  const auto got = download<uint8_t>(m.data, m.data_bytes());
-  const int64_t row = h.in / 2;
-  for (int64_t r = 0; r < h.out; ++r)
-    for (int64_t b = 0; b < row; ++b) ASSERT_EQ(got[static_cast<size_t>(r * row + b)], h.data[r * row + row - 1 - b]);
-  EXPECT_EQ(download<uint8_t>(m.scales, m.scale_bytes()), bytes_of(h.scale, m.scale_bytes()));  // scales as stored
+  ASSERT_FALSE(dw.ok());
+  EXPECT_NE(dw.error().message.find("tiling routed expert "), std::string::npos) << dw.error().message;
+  EXPECT_NE(dw.error().message.find("stand-in failure"), std::string::npos) << dw.error().message;
 }
 
 TEST_F(CudaModelInfra, UploadThatDoesNotFitFailsWithThePlanAndAllocatesNothing) {
