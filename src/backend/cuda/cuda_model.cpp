@@ -360,7 +360,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.q_norm_kv_encode = false;
   p.attn_merge_trigger = false;
   p.routed_full_edge = false;
-  p.routed_swiglu_edge = false;
   p.attn_stage_wo_a = false;
   p.site_combine = false;
   p.warp_items = false;
@@ -403,8 +402,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"q_norm_kv_encode", &p.q_norm_kv_encode, nullptr},
           {"attn_merge_trigger", &p.attn_merge_trigger, nullptr},
           {"routed_full_edge", &p.routed_full_edge, nullptr},
-          {"routed_swiglu_edge", &p.routed_swiglu_edge, nullptr},
-          {"routed_tile_blocks", nullptr, &p.routed_tile_blocks},
           {"attn_stage_wo_a", &p.attn_stage_wo_a, nullptr},
           {"site_combine", &p.site_combine, nullptr},
           {"warp_items", &p.warp_items, nullptr},

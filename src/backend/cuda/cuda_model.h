@@ -170,14 +170,6 @@ struct CudaKernelPaths {
   // shared w1 / w3 starts 47 µs after the fork). On a full edge the shared expert runs while the router
   // does: −0.160 ms at batch 1 (s10 run 3, A/B routed_full_edge=1 against 8.271 ms).
   bool routed_full_edge = true;
-  // Decode (with concurrent branches): the routed SwiGLU waits for w1 / w3 on a full edge, so neither it nor w2
-  // becomes resident while w1 / w3 streams (s26 H100 timeline, layer 21: w1 / w3 took 40.8 µs in the model
-  // against 30.2 alone, with SwiGLU and w2 resident from ~10 µs into it). The same launches and bits.
-  bool routed_swiglu_edge = false;
-  // Decode: blocks per SM of the routed tile GEMVs' grid (GemvItemsOptions::tile_blocks_per_sm; 0 = as many as
-  // fit). A smaller grid takes the units from the work counter, so SMs still held by the shared expert's GEMVs
-  // take fewer. The same bits.
-  int64_t routed_tile_blocks = 0;
   // Decode: the attention's merge also writes wo_a's exact f16 staging of o (SparseAttnArgs::out_f16_codes:
   // stage_act_f16's bits), so the staged wo_a GEMV (wo_a_f16) follows the merge without the stage launch
   // (the s10 timeline: 2.9 µs from the merge's end to wo_a's start with the ring commit and the stage).

@@ -168,14 +168,11 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     const bool exp_add = packed && X.scales_checked && options_.paths.scale_exp_add;
     const int warps = layout == Mxfp4Layout::PackedBalanced ? static_cast<int>(options_.paths.routed_warps) : 0;
     // (Tiles: the 4-warp split only; routed_warps does not apply.)
-    const int tile_blocks = tiles ? static_cast<int>(std::min<int64_t>(options_.paths.routed_tile_blocks, 64)) : 0;
     GemvItemsOptions o13{.programmatic_launch = pdl(),
                          .work = packed ? w.item_work : nullptr,
                          .packed_warps = warps,
-                         .scale_exp_add = exp_add,
-                         .tile_blocks_per_sm = tile_blocks};
+                         .scale_exp_add = exp_add};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
-    if (options_.paths.routed_swiglu_edge && branches(r)) pdl_barrier();  // SwiGLU / w2 not resident during w1 / w3
     const SwigluArgs sw{.rows = P,
                         .inter = inter,
                         .g = w.g,
@@ -189,8 +186,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     GemvItemsOptions o2{.programmatic_launch = pdl(),
                         .work = packed ? w.item_work + 2 : nullptr,
                         .packed_warps = warps,
-                        .scale_exp_add = exp_add,
-                        .tile_blocks_per_sm = tile_blocks};
+                        .scale_exp_add = exp_add};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs(), o2));
     const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
     return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);

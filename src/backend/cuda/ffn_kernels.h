@@ -190,9 +190,6 @@ struct GemvItemsOptions {
   // Tiles: chunks in flight per warp (0 = 2; 2 or 3). s25 on the H200, batch 1 w1/w3 / w2: 2 slots 25.0 / 15.8 µs,
   // 3 slots 26.4 / 17.5 (batch 8: 155.7 / 88.6 vs 157.9 / 89.7).
   int tile_slots = 0;
-  // Tiles: blocks per SM of the grid (0 = as many as fit, up to one per unit). Fewer blocks take the units from the
-  // work counter, so an SM that a concurrent kernel still holds takes fewer of them. Same bits.
-  int tile_blocks_per_sm = 0;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,

@@ -243,8 +243,6 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
     (void)cudaGetLastError();
     per_sm = kTileBlocksPerSm;
   }
-  if (options.tile_blocks_per_sm < 0) return make_error(std::string(who) + ": tile_blocks_per_sm must be >= 0");
-  if (options.tile_blocks_per_sm > 0) per_sm = std::min(per_sm, options.tile_blocks_per_sm);
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   return launch_kernel(kernel, dim3(grid), dim3(kTileWarps * 32), smem, stream, options.programmatic_launch,

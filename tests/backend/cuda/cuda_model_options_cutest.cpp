@@ -103,7 +103,6 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"q_norm_kv_encode", &CudaKernelPaths::q_norm_kv_encode, true, false},
       {"attn_merge_trigger", &CudaKernelPaths::attn_merge_trigger, true, false},
       {"routed_full_edge", &CudaKernelPaths::routed_full_edge, true, false},
-      {"routed_swiglu_edge", &CudaKernelPaths::routed_swiglu_edge, false, false},  // s26: measuring
       {"attn_stage_wo_a", &CudaKernelPaths::attn_stage_wo_a, true, false},
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
       {"warp_items", &CudaKernelPaths::warp_items, true, false},

@@ -97,15 +97,6 @@ void check_tiles_gemv(const TilesCase& c) {
                                  (exp_add ? " exp_add" : "") + " vs packed balanced";
         EXPECT_TRUE(parity(what, download(y_tiles), want, exact));
       }
-    {  // one block per SM: each block takes several units from the counter
-      ASSERT_TRUE(y_tiles.zero().ok());
-      const GemvItemsOptions o{.work = work.get() + 2, .scale_exp_add = exp_add, .tile_blocks_per_sm = 1};
-      const Status s = gemv_quantized_items(shape, Mxfp4Layout::Tiles, items_tiles.get(), count.get() + 1, P, true,
-                                            nullptr, o);
-      ASSERT_TRUE(s.ok()) << s.error().message;
-      EXPECT_TRUE(parity(tag + " one block per SM" + (exp_add ? " exp_add" : "") + " vs packed balanced",
-                         download(y_tiles), want, exact));
-    }
     const auto w_after = download(work);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(w_after[i], 0u) << "work counter " << i << " not re-armed";
   }
@@ -151,14 +142,6 @@ TEST(CudaGemvTiles, RejectsShapesAndOptionsItCannotRun) {
                            {.tile_slots = 2});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().message.find("tile_slots"), std::string::npos) << s.error().message;
-  s = gemv_quantized_items(shape, Mxfp4Layout::PackedBalanced, items.get(), count.get(), 1, true, nullptr,
-                           {.tile_blocks_per_sm = 2});
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("tile_blocks_per_sm"), std::string::npos) << s.error().message;
-  s = gemv_quantized_items(shape, Mxfp4Layout::Tiles, items.get(), count.get(), 1, true, nullptr,
-                           {.tile_blocks_per_sm = -1});
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("tile_blocks_per_sm"), std::string::npos) << s.error().message;
 }
 
 TEST(CudaGemvTiles, RepackPlacesEveryWordAndScale) {
