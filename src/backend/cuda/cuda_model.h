@@ -213,7 +213,7 @@ struct CudaModelOptions {
   bool cuda_graphs = true;                      // decode steps replayed as one graph per (batch, context bucket)
   // The routed MXFP4 experts are uploaded as stored (the prefill GEMMs) plus one decode layout: the tiles
   // (paths.routed_tiles). The packed layout (the balanced packed kernel, taken with routed_tiles=0) is a third
-  // copy, 12 GB on the perf profile: only for comparisons. Without either, the decode GEMVs read the plain bytes.
+  // copy, 11.3 GB on the perf profile: only for comparisons. Without either, the decode GEMVs read the plain bytes.
   bool packed_experts = false;
   bool tiled_experts = true;
   bool use_cublas = true;                       // BF16 prefill GEMMs through cuBLASLt when it loads

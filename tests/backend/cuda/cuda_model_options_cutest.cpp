@@ -55,7 +55,7 @@ TEST(CudaModelOptionsSpec, RoutedWarpsTakesTheDefaultOrASplitOfTwoToEight) {
   }
 }
 
-// The routed experts' device copies: plain + tiles by default; the packed copy (12 GB on the perf profile) only
+// The routed experts' device copies: plain + tiles by default; the packed copy (11.3 GB on the perf profile) only
 // when asked, by name.
 TEST(CudaModelOptionsSpec, ExpertCopiesArePlainAndTilesUnlessPackedIsAsked) {
   const CudaModelOptions defaults;
