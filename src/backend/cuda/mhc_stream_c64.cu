@@ -57,6 +57,7 @@ struct C64Params {
 };
 
 using detail::cp_async16;  // cp_async.cuh
+using detail::smem_addr;
 using detail::cp_async_commit;
 
 // The pair of values of k-step s (0..3) in a lane's two float4 (values 4t..4t+3 and 16+4t..16+4t+3 of
@@ -96,9 +97,9 @@ __global__ void __launch_bounds__(kThreads, 2) mhc_stream_c64_kernel(C64Params p
   // i.e. token tid / 64 + 4q, stream (tid / 16) % 4) and y rows (token tid / 16 + 16q) into buffer b.
   // Shared addresses as one 32-bit base plus constants; global ones as 32-bit element offsets (the host
   // checks n · 4d < 2^32).
-  const uint32_t s_x = static_cast<uint32_t>(__cvta_generic_to_shared(xbuf)) +
+  const uint32_t s_x = smem_addr(xbuf) +
                        4 * ((tid >> 6) * kRow + ((tid >> 4) & 3) * kCh + 4 * (tid & 15));
-  const uint32_t s_y = static_cast<uint32_t>(__cvta_generic_to_shared(ybuf)) + 4 * ((tid >> 4) * kCh + 4 * (tid & 15));
+  const uint32_t s_y = smem_addr(ybuf) + 4 * ((tid >> 4) * kCh + 4 * (tid & 15));
   auto prefetch = [&](int64_t ch, int b) {
     const uint32_t d32 = static_cast<uint32_t>(d), w32 = kHc * d32;
     const uint32_t c = static_cast<uint32_t>(ch) * kCh + 4 * (tid & 15);

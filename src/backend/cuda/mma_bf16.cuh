@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/cp_async.cuh"
+
 namespace cedar::cuda::detail {
 
 __device__ __forceinline__ void mma_bf16_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
@@ -27,20 +29,20 @@ __device__ __forceinline__ void mma_bf16_16816(const uint32_t (&a)[4], uint32_t 
 // ldmatrix (.trans: transposed) of 8×8 b16 matrices from shared memory; lane l gives the row address
 // of matrix l / 8 (x2: lanes 0..15).
 __device__ __forceinline__ void ldmatrix_x4(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  const uint32_t a = smem_addr(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(a));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2,
                                                   uint32_t& r3) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  const uint32_t a = smem_addr(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(a));
 }
 __device__ __forceinline__ void ldmatrix_x2_trans(const void* p, uint32_t& r0, uint32_t& r1) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  const uint32_t a = smem_addr(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
 }
 
