@@ -166,7 +166,6 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     // The tile layout (gemv_tiles.cu: the same arithmetic, weights streamed by TMA into per-warp rings). The
     // pool's experts are contiguous data + scales, which is the tile layout's size: the same bytes are read.
     balanced_rows("_tiles_expadd", {.scale_exp_add = true}, Mxfp4Layout::Tiles);
-    balanced_rows("_tiles_s3_expadd", {.scale_exp_add = true, .tile_slots = 3}, Mxfp4Layout::Tiles);
     // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
     const double us = time_graph_us(stream, kSteps, [&](int) {
       must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));

@@ -187,9 +187,6 @@ struct GemvItemsOptions {
   // compute_group): the same bits, valid when every item's weight scale byte passes
   // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.
   bool scale_exp_add = false;
-  // Tiles: chunks in flight per warp (0 = 2; 2 or 3). s25 on the H200, batch 1 w1/w3 / w2: 2 slots 25.0 / 15.8 µs,
-  // 3 slots 26.4 / 17.5 (batch 8: 155.7 / 88.6 vs 157.9 / 89.7).
-  int tile_slots = 0;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,

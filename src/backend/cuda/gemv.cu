@@ -848,7 +848,6 @@ Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, co
                             const GemvItemsOptions& options) {
   if (layout == Mxfp4Layout::Tiles)
     return gemv_mxfp4_tiles_items(shape, items, count, capacity, bf16_output, stream, options);
-  if (options.tile_slots != 0) return make_error("cuda::gemv_quantized_items: tile_slots is for the tile layout only");
   if (layout != Mxfp4Layout::Plain)
     return gemv_mxfp4_packed_items(shape, items, count, capacity, bf16_output, stream,
                                    layout == Mxfp4Layout::PackedBalanced, options);

@@ -26,6 +26,9 @@ using namespace gemv_detail;
 constexpr int kTileRows = 32;
 constexpr int kTileWarps = 4;  // the K split of a unit: gemv_packed.cu's default (kItemsWarps)
 constexpr int kTileBlocksPerSm = 8;
+// Chunks in flight per warp. 3 slots were slower on both cards: s25 H200 batch 1 w1/w3 / w2 26.4 / 17.5 µs against
+// 25.0 / 15.8 with 2 (batch 8 157.9 / 89.7 against 155.7 / 88.6); s26 H100 33.1 / 20.5 against 30.2 / 17.7.
+constexpr int kTileSlots = 2;
 constexpr int kWeightBytes = 2048;  // a chunk: [u 4][lane 32][row i 4] words, then [u 4][g 8][row i 4] scale bytes
 constexpr int kChunkBytes = kWeightBytes + 128;
 static_assert(kChunkBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
@@ -222,8 +225,6 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
                       std::to_string(capacity) + ")");
   if (options.packed_warps != 0)
     return make_error(std::string(who) + ": packed_warps: the tile layout splits K over 4 warps only");
-  const int slots = options.tile_slots == 0 ? 2 : options.tile_slots;
-  if (slots != 2 && slots != 3) return make_error(std::string(who) + ": tile_slots must be 0, 2 or 3");
   TilesParams p{};
   p.items = items;
   p.count = count;
@@ -233,10 +234,8 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
   p.tiles = shape.out / kTileRows;
   p.bf16_output = bf16_output;
   p.work = options.work;
-  const size_t smem = static_cast<size_t>(kTileWarps) * slots * kChunkBytes;
-  const bool e = options.scale_exp_add;
-  auto kernel = slots == 2 ? (e ? gemv_mxfp4_tiles_kernel<2, true> : gemv_mxfp4_tiles_kernel<2, false>)
-                           : (e ? gemv_mxfp4_tiles_kernel<3, true> : gemv_mxfp4_tiles_kernel<3, false>);
+  const size_t smem = static_cast<size_t>(kTileWarps) * kTileSlots * kChunkBytes;
+  auto kernel = options.scale_exp_add ? gemv_mxfp4_tiles_kernel<kTileSlots, true> : gemv_mxfp4_tiles_kernel<kTileSlots, false>;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileWarps * 32, smem) != cudaSuccess ||
       per_sm <= 0) {
