@@ -53,9 +53,9 @@ __device__ __forceinline__ float comp_of(const float4& v, int u) {
   return u == 0 ? v.x : u == 1 ? v.y : u == 2 ? v.z : v.w;
 }
 
-// One warp's K groups [q_begin, q_end) of one unit: chunk k waits in slot k % kSlots; once the warp has
-// read it, lane 0 refills the slot with chunk k + kSlots. `phases` carries each slot's parity across units.
-template <int kSlots, bool kOne, bool kExpAdd>
+// One warp's K groups [q_begin, q_end) of one unit: chunk k waits in slot k % kTileSlots; once the warp has
+// read it, lane 0 refills the slot with chunk k + kTileSlots. `phases` carries each slot's parity across units.
+template <bool kOne, bool kExpAdd>
 __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin, int q_end, uint8_t* ring,
                                              uint64_t* bars, unsigned& phases, const uint16_t* a_row,
                                              const float* as0, const float* as1, uint64_t policy,
@@ -63,10 +63,10 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const int mine = q_end - q_begin;
   if (lane == 0)
-    for (int s = 0; s < kSlots && s < mine; ++s)
+    for (int s = 0; s < kTileSlots && s < mine; ++s)
       fetch_chunk(&bars[s], ring + s * kChunkBytes, chunks + int64_t{q_begin + s} * kChunkBytes, policy);
   // Pointers step by constants (no per-block address arithmetic): activations 128 codes and 4 scales per group.
-  const uint8_t* next = chunks + int64_t{q_begin + kSlots} * kChunkBytes;
+  const uint8_t* next = chunks + int64_t{q_begin + kTileSlots} * kChunkBytes;
   a_row += q_begin * 128;
   as0 += q_begin * 4;
   as1 += q_begin * 4;
@@ -86,7 +86,7 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
       const uint32_t b[4] = {sb & 0xFFu, (sb >> 8) & 0xFFu, (sb >> 16) & 0xFFu, sb >> 24};
       packed_block_math<kOne, kExpAdd>(w, b, av, comp_of(sa0, u), comp_of(sa1, u), acc);
     }
-    if (k + kSlots < mine) {
+    if (k + kTileSlots < mine) {
       __syncwarp();  // every lane has read slot s
       if (lane == 0) fetch_chunk(&bars[s], ring + s * kChunkBytes, next, policy);
       next += kChunkBytes;
@@ -94,23 +94,23 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
     a_row += 128;
     as0 += 4;
     as1 += 4;
-    s = s + 1 == kSlots ? 0 : s + 1;
+    s = s + 1 == kTileSlots ? 0 : s + 1;
   }
 }
 
 // Block = 4 warps = one (matrix, 32-row tile) unit at a time, K split as the balanced packed kernel;
 // blocks loop over the units (work counter or fixed stride, as gemv_mxfp4_packed_kernel).
-template <int kSlots, bool kExpAdd>
+template <bool kExpAdd>
 __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_tiles_kernel(TilesParams p) {
   extern __shared__ __align__(128) uint8_t rings[];  // [warp][slot][kChunkBytes]
-  __shared__ __align__(8) uint64_t bars[kTileWarps][kSlots];
+  __shared__ __align__(8) uint64_t bars[kTileWarps][kTileSlots];
   __shared__ int64_t next_unit;
   detail::pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int tok0 = 2 * t, tok1 = 2 * t + 1;
   if (lane == 0) {
-    for (int s = 0; s < kSlots; ++s) detail::mbar_init(&bars[warp][s]);
+    for (int s = 0; s < kTileSlots; ++s) detail::mbar_init(&bars[warp][s]);
     detail::mbar_init_fence();
   }
   __syncwarp();
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
   int64_t matrices = *p.count;
   matrices = matrices < 0 ? 0 : (matrices > p.capacity ? p.capacity : matrices);
   const int64_t units = matrices * p.tiles;
-  uint8_t* ring = rings + warp * kSlots * kChunkBytes;
+  uint8_t* ring = rings + warp * kTileSlots * kChunkBytes;
   float* partial = reinterpret_cast<float*>(ring);  // slot 0 after the warp's last chunk: [32 rows][8 tokens]
   const uint64_t policy = detail::l2_evict_first_policy();
   unsigned phases = 0;
@@ -140,11 +140,9 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
     const uint8_t* chunks = it->data + tile * n_groups * int64_t{kChunkBytes};
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     if (n == 1)  // block-uniform
-      tiles_k_loop<kSlots, true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy,
-                                          acc);
+      tiles_k_loop<true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
     else
-      tiles_k_loop<kSlots, false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy,
-                                           acc);
+      tiles_k_loop<false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
     __syncwarp();  // every lane has read the warp's last chunk: slot 0 takes the partial sums
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
@@ -160,7 +158,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
       const int row = e / kTokensPerTile, tok = e % kTokensPerTile;
       float sum = 0.0f;
       for (int ww = 0; ww < kTileWarps; ++ww)  // warp order, as the packed kernel
-        sum += reinterpret_cast<const float*>(rings + ww * kSlots * kChunkBytes)[row * kTokensPerTile + tok];
+        sum += reinterpret_cast<const float*>(rings + ww * kTileSlots * kChunkBytes)[row * kTokensPerTile + tok];
       if (tok < n) it->y[int64_t{it->y_row[tok]} * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
     // The partials (generic-proxy accesses) are done before the next unit's bulk copies (async proxy)
@@ -235,7 +233,7 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
   p.bf16_output = bf16_output;
   p.work = options.work;
   const size_t smem = static_cast<size_t>(kTileWarps) * kTileSlots * kChunkBytes;
-  auto kernel = options.scale_exp_add ? gemv_mxfp4_tiles_kernel<kTileSlots, true> : gemv_mxfp4_tiles_kernel<kTileSlots, false>;
+  auto kernel = options.scale_exp_add ? gemv_mxfp4_tiles_kernel<true> : gemv_mxfp4_tiles_kernel<false>;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileWarps * 32, smem) != cudaSuccess ||
       per_sm <= 0) {

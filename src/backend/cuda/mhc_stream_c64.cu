@@ -57,8 +57,8 @@ struct C64Params {
 };
 
 using detail::cp_async16;  // cp_async.cuh
-using detail::smem_addr;
 using detail::cp_async_commit;
+using detail::smem_addr;
 
 // The pair of values of k-step s (0..3) in a lane's two float4 (values 4t..4t+3 and 16+4t..16+4t+3 of
 // the warp's 32): fragment column t gets .first, column t + 4 gets .second.
