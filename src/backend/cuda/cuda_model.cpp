@@ -107,6 +107,11 @@ int64_t items_rows(const CudaModelOptions& o) {
   return std::clamp<int64_t>(o.paths.moe_items_max_rows, kGemvMaxRows, std::max(kGemvMaxRows, workspace_rows(o)));
 }
 
+// Rows the dense GEMV path (and the shared expert's GEMV scratch) is sized for.
+int64_t gemv_rows(const CudaModelOptions& o) {
+  return std::clamp<int64_t>(o.paths.gemv_max_rows, kGemvMaxRows, std::max(kGemvMaxRows, workspace_rows(o)));
+}
+
 // Every buffer of the loop for `rows` rows (decode batch or prefill chunk) and the tables sized by the
 // context. Planning (Carver without base) and allocation walk the same function.
 void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaModelOptions& o, Carver& k,
@@ -208,8 +213,9 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.perm.row_token = k.take<int32_t>("moe scratch", ps.rows);
   w.perm.row_weight = k.take<float>("moe scratch", ps.rows);
   w.perm.slot_row = k.take<int32_t>("moe scratch", ps.rows);
-  w.sg = k.take<float>("moe scratch", kGemvMaxRows * inter);
-  w.su = k.take<float>("moe scratch", kGemvMaxRows * inter);
+  w.gemv_rows = gemv_rows(o);
+  w.sg = k.take<float>("moe scratch", w.gemv_rows * inter);
+  w.su = k.take<float>("moe scratch", w.gemv_rows * inter);
   w.shared = k.take<float>("moe scratch", R * d);
   w.sh_codes = k.take<uint16_t>("moe scratch", R * inter);
   w.sh_scales = k.take<float>("moe scratch", R * inter / 32 + 1);
@@ -326,6 +332,7 @@ bool CudaModel::wo_a_fp8() const {
 void CudaModel::set_paths(const CudaKernelPaths& p) {
   options_.paths = p;
   options_.paths.moe_items_max_rows = std::clamp<int64_t>(p.moe_items_max_rows, kGemvMaxRows, ws_->items_rows);
+  options_.paths.gemv_max_rows = std::clamp<int64_t>(p.gemv_max_rows, kGemvMaxRows, ws_->gemv_rows);
   // A captured graph holds the launches of the paths it was captured with.
   decode_graphs_.clear();
   warmed_.clear();
@@ -343,6 +350,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.gemv_multi = false;
   p.blas_min_rows = INT64_MAX;
   p.moe_items_max_rows = kGemvMaxRows;
+  p.gemv_max_rows = kGemvMaxRows;
   p.fused_q_rope = false;
   p.attn_head_split = false;
   p.mhc_split = false;
@@ -408,6 +416,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"scale_exp_add", &p.scale_exp_add, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
+          {"gemv_max_rows", nullptr, &p.gemv_max_rows},
           {"routed_warps", nullptr, &p.routed_warps},
           {"routed_tiles", &p.routed_tiles, nullptr},
           {"tiled_experts", &o.tiled_experts, nullptr},

@@ -79,6 +79,10 @@ struct CudaKernelPaths {
   // (packed GEMVs: each expert read once per 8 of its rows), more rows through the grouped GEMMs. The
   // workspace is sized at load for the loaded value; set_paths clamps to it.
   int64_t moe_items_max_rows = kGemvMaxRows;
+  // Calls up to this many rows (>= kGemvMaxRows) run the FP8 linears and the shared expert through the GEMVs
+  // (8-token tiles, the weights read once per tile), more rows through quant_gemm / swiglu_gemm (or cuBLASLt
+  // from blas_min_rows). The workspace is sized at load for the loaded value; set_paths clamps to it.
+  int64_t gemv_max_rows = kGemvMaxRows;
   // Decode-shaped attention (sparse_attention_decode): q's RoPE applied by the attention kernel as it
   // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
   bool fused_q_rope = true;
@@ -391,6 +395,7 @@ class CudaModel {
   Status route(int64_t layer, const Rows& r, bool beside_shared, MoeDispatchArgs* dispatch = nullptr);
   Status moe_gemv(int64_t layer, const Rows& r);
   Status moe_gemm(int64_t layer, const Rows& r);
+  Status shared_expert(int64_t layer, const Rows& r);       // GEMVs up to paths.gemv_max_rows rows, else the GEMMs
   Status shared_expert_gemm(int64_t layer, const Rows& r);  // fused SwiGLU GEMM + W2 (shared → w.shared)
   Status finish(const Rows& r);
   // y = W·x for quantized weights (FP8 / MXFP4) from already quantized activations: GEMV or GEMM by rows.

@@ -71,6 +71,7 @@ struct CudaModel::Workspace {
   std::vector<int32_t*> experts;  // per layer: [rows, topk]
   SplitKWorkspace router_ws;      // router_workspace_size: split-K logits, the fused launch's ticket
   int64_t items_rows = 0;         // rows the item-table path (routed GEMVs) is sized for
+  int64_t gemv_rows = 0;          // rows the shared expert's GEMV path (sg, su) is sized for
   DeviceGemvItem *items13 = nullptr, *items2 = nullptr;
   int32_t* item_counts = nullptr;
   unsigned* item_work = nullptr;  // 2 × GemvItemsOptions::work (w1/w3, w2): zero, re-armed by the kernels

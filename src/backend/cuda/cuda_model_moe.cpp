@@ -107,6 +107,31 @@ Status CudaModel::shared_expert_gemm(int64_t l, const Rows& r) {
   return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
 }
 
+// The shared expert: up to paths.gemv_max_rows rows w1 / w3 in one grouped GEMV launch, SwiGLU (+ FP8 codes), the
+// w2 GEMV (8-token tiles); more rows shared_expert_gemm. Into w.shared.
+Status CudaModel::shared_expert(int64_t l, const Rows& r) {
+  if (r.n > std::max(kGemvMaxRows, options_.paths.gemv_max_rows)) return shared_expert_gemm(l, r);
+  const ModelConfig& c = config();
+  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
+  Workspace& w = *ws_;
+  const int64_t n = r.n, inter = c.moe_intermediate_size;
+  const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
+                                {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
+  CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
+  const SwigluArgs ss{.rows = n,
+                      .inter = inter,
+                      .g = w.sg,
+                      .u = w.su,
+                      .limit = static_cast<float>(c.swiglu_limit),
+                      .codes = w.sh_codes,
+                      .scales = w.sh_scales,
+                      .programmatic_launch = pdl()};
+  CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
+  CEDAR_RETURN_IF_ERROR(
+      gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk(), pdl()));
+  return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
+}
+
 // Decode: device-built item tables over the routed experts (packed MXFP4 GEMVs), SwiGLU, W2, the shared
 // expert as grouped GEMVs, and the combine in the CPU's order.
 Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
@@ -191,25 +216,8 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
     return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);
   };
-  // Shared expert (weight 1): w1 / w3 in one grouped launch, SwiGLU (+ FP8 codes), w2 — a second branch.
-  auto shared = [&]() -> Status {
-    if (n > kGemvMaxRows) return shared_expert_gemm(l, r);  // item tables above the GEMV tile
-    const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
-                                  {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
-    const SwigluArgs ss{.rows = n,
-                        .inter = inter,
-                        .g = w.sg,
-                        .u = w.su,
-                        .limit = limit,
-                        .codes = w.sh_codes,
-                        .scales = w.sh_scales,
-                        .programmatic_launch = pdl()};
-    CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
-    CEDAR_RETURN_IF_ERROR(
-        gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk(), pdl()));
-    return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
-  };
+  // Shared expert (weight 1) — a second branch.
+  auto shared = [&]() { return shared_expert(l, r); };
   CEDAR_RETURN_IF_ERROR(parallel(branches(r), routed, shared));
   if (options_.paths.site_combine && branches(r) && n <= kMhcNormFuseMaxTokens && K <= kMhcCombineMaxTopk) {
     pending_combine_ = MoeCombineArgs{n, K, d, experts, w.routed, w.shared, w.y};  // the next site combines it
@@ -263,7 +271,7 @@ Status CudaModel::moe_gemm(int64_t l, const Rows& r) {
   ea.y_rows = w.y_rows;
   CEDAR_RETURN_IF_ERROR(moe_experts(ea, s));
   CEDAR_RETURN_IF_ERROR(mark("moe.experts"));
-  CEDAR_RETURN_IF_ERROR(shared_expert_gemm(l, r));
+  CEDAR_RETURN_IF_ERROR(shared_expert(l, r));
   MoePrefillCombineArgs ca;
   ca.expert_ids = experts;
   ca.slot_row = w.perm.slot_row;

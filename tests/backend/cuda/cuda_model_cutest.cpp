@@ -149,17 +149,19 @@ Model* model_for(const std::string& profile) {
 }
 
 // The second GPU model of a profile: wo_a uploaded as BF16 values (the loop before wo_a_fp8), the routed
-// experts' item tables sized for 128 rows, and the default expert copies (plain + tiles, no packed copy).
+// experts' item tables and the shared expert's GEMV scratch sized for 128 rows, and the default expert copies
+// (plain + tiles, no packed copy).
 // Null (with the reason in `error`) if it fails to load.
 CudaModel* variant_for(Model& m, std::string* error) {
   if (m.gpu_bf16_wo_a) return m.gpu_bf16_wo_a.get();
   CudaModelOptions o = m.options;
   o.wo_a_fp8 = false;
   o.paths.moe_items_max_rows = 128;
+  o.paths.gemv_max_rows = 128;
   o.packed_experts = CudaModelOptions().packed_experts;
   auto g = CudaModel::load(m.dir, o);
   if (!g.ok()) {
-    *error = "CUDA load (wo_a_fp8=0, moe_items_max_rows=128): " + g.error().message;
+    *error = "CUDA load (wo_a_fp8=0, moe_items_max_rows=128, gemv_max_rows=128): " + g.error().message;
     return nullptr;
   }
   m.gpu_bf16_wo_a = std::move(*g);
@@ -971,6 +973,23 @@ TEST_P(CudaModelParity, RoutedItemTablesAboveTheGemvTileMatchCpu) {
   EXPECT_EQ(v->options().paths.moe_items_max_rows, 128) << "the variant's item tables were not sized for 128 rows";
   const Scenario sc = run_scenario(*m, prompt(77, 35), {}, 4, false, v);
   check_scenario(GetParam() + " item tables to 128 rows 77", sc);
+}
+
+TEST_P(CudaModelParity, DenseGemvsAboveTheGemvTileMatchCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  std::string error;
+  CudaModel* v = variant_for(*m, &error);
+  ASSERT_NE(v, nullptr) << error;
+  PathsGuard guard(*v);
+  // gemv_max_rows = 128: the 77-row call runs every FP8 linear and the shared expert through the GEMVs in
+  // 8-token tiles (the routed experts through the item GEMVs), not quant_gemm / swiglu_gemm; the CPU bounds apply.
+  CudaKernelPaths p;
+  p.moe_items_max_rows = 128;
+  p.gemv_max_rows = 128;
+  v->set_paths(p);
+  EXPECT_EQ(v->options().paths.gemv_max_rows, 128) << "the variant's GEMV scratch was not sized for 128 rows";
+  const Scenario sc = run_scenario(*m, prompt(77, 37), {}, 4, false, v);
+  check_scenario(GetParam() + " dense GEMVs to 128 rows 77", sc);
 }
 
 // The default load keeps two copies of the routed experts, not three: the plain bytes (the prefill GEMMs, and

@@ -55,6 +55,15 @@ TEST(CudaModelOptionsSpec, RoutedWarpsTakesTheDefaultOrASplitOfTwoToEight) {
   }
 }
 
+// gemv_max_rows: the rows up to which the dense linears and the shared expert take the GEMVs; a value by name.
+TEST(CudaModelOptionsSpec, GemvMaxRowsIsAValueByName) {
+  CudaModelOptions o;
+  ASSERT_TRUE(apply_cuda_options("gemv_max_rows=64", o).ok());
+  EXPECT_EQ(o.paths.gemv_max_rows, 64);
+  EXPECT_EQ(CudaKernelPaths::legacy().gemv_max_rows, kGemvMaxRows);
+  EXPECT_NE(describe_cuda_options(o).find("gemv_max_rows=64"), std::string::npos) << describe_cuda_options(o);
+}
+
 // The routed experts' device copies: plain + tiles by default; the packed copy (11.3 GB on the perf profile) only
 // when asked, by name.
 TEST(CudaModelOptionsSpec, ExpertCopiesArePlainAndTilesUnlessPackedIsAsked) {
