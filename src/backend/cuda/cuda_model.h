@@ -37,9 +37,14 @@
 
 namespace cedar::cuda {
 
-// Calls of at most this many rows use the GEMV kernels (one 8-token tile: the weights are read once);
-// larger ones the tiled GEMMs (a GEMV re-reads the weights per 8-token tile).
+// Calls of at most this many rows are one GEMV token tile (the weights read once): the concurrent branches, the
+// fused multi / staged GEMVs and the one-launch router run up to it.
 inline constexpr int64_t kGemvMaxRows = 8;
+// Decode batches up to this many rows keep the dense linears, the shared expert and the routed experts on the GEMVs
+// (CudaKernelPaths::gemv_max_rows, moe_items_max_rows), re-reading the weights per 8-token tile. The GEMMs they
+// replace were slower at these sizes: H200, s27 run 2, TPOT at batch 16 / 32 / 64 was 38.49 / 43.19 / 50.73 ms on
+// the GEMMs and 18.43 / 31.05 / 52.91 ms with both at 64 (at 64 the eight weight passes cost more than the GEMMs).
+inline constexpr int64_t kDecodeGemvMaxRows = 32;
 
 struct MhcWorkspace;  // kernels.h
 struct ActQuantOut;   // kernels.h
@@ -76,13 +81,13 @@ struct CudaKernelPaths {
   // loads; fewer rows (> kGemvMaxRows) the tiled quant_gemm / swiglu_gemm.
   int64_t blas_min_rows = 256;
   // Routed experts of calls up to this many rows (>= kGemvMaxRows) through the device item tables
-  // (packed GEMVs: each expert read once per 8 of its rows), more rows through the grouped GEMMs. The
+  // (tile GEMVs: each expert read once per 8 of its rows), more rows through the grouped GEMMs. The
   // workspace is sized at load for the loaded value; set_paths clamps to it.
-  int64_t moe_items_max_rows = kGemvMaxRows;
+  int64_t moe_items_max_rows = kDecodeGemvMaxRows;
   // Calls up to this many rows (>= kGemvMaxRows) run the FP8 linears and the shared expert through the GEMVs
   // (8-token tiles, the weights read once per tile), more rows through quant_gemm / swiglu_gemm (or cuBLASLt
   // from blas_min_rows). The workspace is sized at load for the loaded value; set_paths clamps to it.
-  int64_t gemv_max_rows = kGemvMaxRows;
+  int64_t gemv_max_rows = kDecodeGemvMaxRows;
   // Decode-shaped attention (sparse_attention_decode): q's RoPE applied by the attention kernel as it
   // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
   bool fused_q_rope = true;

@@ -574,7 +574,8 @@ TEST_P(CudaModelParity, BatchedDecodeMatchesSingleSequence) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   // Batch 3 runs the GEMV path like batch 1, and at these shapes the attention never splits its keys
   // (window + top-k fit one range), so every kernel computes a row exactly as for the row alone: bit-equal.
-  // Batch 10 takes the GEMM path (other summation orders): the rounding rule applies.
+  // Batch 10 is past one GEMV tile (kGemvMaxRows): the router, the mHC sites and wo_a take other kernels there
+  // (other summation orders), so the rounding rule applies.
   for (int64_t batch : {3, 10}) {
     std::vector<CudaSequence> together, alone;
     for (int64_t i = 0; i < batch; ++i) {
