@@ -960,37 +960,30 @@ TEST_P(CudaModelParity, LegacyPathsMatchCpu) {
   check_scenario(GetParam() + " legacy paths 77", sc);
 }
 
-TEST_P(CudaModelParity, RoutedItemTablesAboveTheGemvTileMatchCpu) {
+TEST_P(CudaModelParity, GemvPathsAboveTheGemvTileMatchCpu) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   std::string error;
   CudaModel* v = variant_for(*m, &error);
   ASSERT_NE(v, nullptr) << error;
   PathsGuard guard(*v);
-  // moe_items_max_rows = 128: the 77-row call routes its experts through the item GEMVs (each expert
-  // read once per 8 of its rows) and the shared expert through the GEMM; the CPU bounds apply.
-  CudaKernelPaths p;
-  p.moe_items_max_rows = 128;
-  v->set_paths(p);
-  EXPECT_EQ(v->options().paths.moe_items_max_rows, 128) << "the variant's item tables were not sized for 128 rows";
-  const Scenario sc = run_scenario(*m, prompt(77, 35), {}, 4, false, v);
-  check_scenario(GetParam() + " item tables to 128 rows 77", sc);
-}
-
-TEST_P(CudaModelParity, DenseGemvsAboveTheGemvTileMatchCpu) {
-  CEDAR_REQUIRE_MODEL(m, GetParam());
-  std::string error;
-  CudaModel* v = variant_for(*m, &error);
-  ASSERT_NE(v, nullptr) << error;
-  PathsGuard guard(*v);
-  // gemv_max_rows = 128: the 77-row call runs every FP8 linear and the shared expert through the GEMVs in
-  // 8-token tiles (the routed experts through the item GEMVs), not quant_gemm / swiglu_gemm; the CPU bounds apply.
-  CudaKernelPaths p;
-  p.moe_items_max_rows = 128;
-  p.gemv_max_rows = 128;
-  v->set_paths(p);
-  EXPECT_EQ(v->options().paths.gemv_max_rows, 128) << "the variant's GEMV scratch was not sized for 128 rows";
-  const Scenario sc = run_scenario(*m, prompt(77, 37), {}, 4, false, v);
-  check_scenario(GetParam() + " dense GEMVs to 128 rows 77", sc);
+  // A 77-row call with moe_items_max_rows = 128: the routed experts through the item GEMVs (each expert read
+  // once per 8 of its rows), and the FP8 linears and the shared expert through quant_gemm / swiglu_gemm, or
+  // (gemv_max_rows = 128) through the GEMVs in 8-token tiles. Other summation orders: the CPU bounds apply.
+  struct Case {
+    const char* what;
+    int64_t gemv_max_rows;
+    uint64_t seed;
+  };
+  for (const Case& c : {Case{"item tables to 128 rows", kGemvMaxRows, 35}, Case{"dense GEMVs to 128 rows", 128, 37}}) {
+    CudaKernelPaths p;
+    p.moe_items_max_rows = 128;
+    p.gemv_max_rows = c.gemv_max_rows;
+    v->set_paths(p);
+    EXPECT_EQ(v->options().paths.moe_items_max_rows, 128) << "the variant's item tables were not sized for 128 rows";
+    EXPECT_EQ(v->options().paths.gemv_max_rows, c.gemv_max_rows) << "the variant's GEMV scratch was not sized for it";
+    const Scenario sc = run_scenario(*m, prompt(77, c.seed), {}, 4, false, v);
+    check_scenario(GetParam() + " " + c.what + " 77", sc);
+  }
 }
 
 // The default load keeps two copies of the routed experts, not three: the plain bytes (the prefill GEMMs, and
