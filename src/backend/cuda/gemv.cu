@@ -414,6 +414,13 @@ Status launch_gemv(QuantWeightFormat format, const GemvParams& p, dim3 grid, cud
                        "gemv_quantized_kernel<FP8Block>", p);
 }
 
+// Tokens per launch: up to kGemvTokensPerLaunch for FP8 without a K split (gemv_fp8_tokens.cu reads each weight
+// word once for all of them, with the 8-token tiles' bits), else one 8-token tile per launch.
+int64_t tokens_per_launch(QuantWeightFormat format, int64_t ksplit, int64_t n) {
+  return format == QuantWeightFormat::FP8Block && ksplit == 1 && n > kTokensPerTile ? kGemvTokensPerLaunch
+                                                                                    : kTokensPerTile;
+}
+
 // FP8 rows are read 16 bytes per lane (rows are multiples of 32 bytes, so the base decides).
 Status check_weight_alignment(const QuantWeightView& w, int64_t i, const char* who) {
   if (w.format == QuantWeightFormat::FP8Block && reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
@@ -566,7 +573,8 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
     const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
     const dim3 grid(static_cast<unsigned>((shape.out + kRowsPerBlock - 1) / kRowsPerBlock),
                     static_cast<unsigned>(ksplit), static_cast<unsigned>(group));
-    for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+    const int64_t per_launch = tokens_per_launch(shape.format, ksplit, n);
+    for (int64_t t0 = 0; t0 < n; t0 += per_launch) {
       GemvParams p{};
       for (int64_t i = 0; i < group; ++i) p.ops[i] = tile_operands(items[g0 + i], shape.in, shape.out, t0, 0);
       p.out = shape.out;
@@ -574,7 +582,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.block_out = shape.block_out;
       p.scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
       p.kb_shift = kb_shift;
-      p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+      p.n = static_cast<int>(std::min(n - t0, per_launch));
       p.bf16_output = bf16_output;
       p.ksplit = static_cast<int>(ksplit);
       p.kb_per_split = static_cast<int>(kb_per_split);
@@ -583,7 +591,8 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.warps = gemv_warps(shape.format == QuantWeightFormat::MXFP4, kb_per_split,
                            static_cast<int64_t>(grid.x) * grid.y * grid.z);
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
-      CEDAR_RETURN_IF_ERROR(launch_gemv(shape.format, p, grid, stream, programmatic_launch));
+      CEDAR_RETURN_IF_ERROR(per_launch > kTokensPerTile ? launch_gemv_fp8_tokens(p, grid, stream, programmatic_launch)
+                                                        : launch_gemv(shape.format, p, grid, stream, programmatic_launch));
     }
   }
   return Status::Ok();
@@ -638,7 +647,8 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
   while ((int64_t{32} << kb_shift) < tallest.block_in) ++kb_shift;
   const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(ksplit),
                   static_cast<unsigned>(count));
-  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+  const int64_t per_launch = tokens_per_launch(tallest.format, ksplit, n);
+  for (int64_t t0 = 0; t0 < n; t0 += per_launch) {
     GemvParams p{};
     for (int64_t i = 0; i < count; ++i) p.ops[i] = tile_operands(items[i], tallest.in, mats[i].out, t0, mats[i].out);
     p.out = out;
@@ -646,7 +656,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.block_out = tallest.block_out;
     p.scale_cols = (tallest.in + tallest.block_in - 1) / tallest.block_in;
     p.kb_shift = kb_shift;
-    p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+    p.n = static_cast<int>(std::min(n - t0, per_launch));
     p.bf16_output = bf16_output;
     p.ksplit = static_cast<int>(ksplit);
     p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
@@ -654,7 +664,8 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.split_counters = splitk.counters;
     p.warps = gemv_warps(tallest.format == QuantWeightFormat::MXFP4, p.kb_per_split,
                          static_cast<int64_t>(grid.x) * grid.y * grid.z);
-    CEDAR_RETURN_IF_ERROR(launch_gemv(tallest.format, p, grid, stream, programmatic_launch));
+    CEDAR_RETURN_IF_ERROR(per_launch > kTokensPerTile ? launch_gemv_fp8_tokens(p, grid, stream, programmatic_launch)
+                                                      : launch_gemv(tallest.format, p, grid, stream, programmatic_launch));
   }
   return Status::Ok();
 }

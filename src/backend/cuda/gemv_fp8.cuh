@@ -19,7 +19,7 @@ struct GemvParams {
   int64_t out, in;
   int64_t block_out, scale_cols;  // FP8Block scale grid
   int kb_shift;                   // FP8Block: log2(block_in / 32)
-  int n;                          // tokens in this tile (1..8)
+  int n;                          // tokens of the launch: 1..8 (gemv.cu), up to kGemvTokensPerLaunch (gemv_fp8_tokens.cu)
   bool bf16_output;
   int ksplit;                     // blocks along K (gridDim.y); > 1 needs the two buffers below
   int kb_per_split;
@@ -227,5 +227,9 @@ __device__ __forceinline__ void gemv_block_end(const GemvParams& p, const GemvOp
   if (writer)
     op.y[static_cast<int64_t>(tok) * op.y_stride + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
 }
+
+// gemv_fp8_tokens.cu: FP8, no K split, up to this many tokens in one launch (gemv.cu's bits per 8-token tile).
+constexpr int kGemvTokensPerLaunch = 64;
+Status launch_gemv_fp8_tokens(const GemvParams& p, dim3 grid, cudaStream_t stream, bool programmatic_launch);
 
 }  // namespace cedar::cuda::gemv_detail
