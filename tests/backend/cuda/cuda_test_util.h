@@ -56,6 +56,12 @@ struct Tolerance {
   double bound_scale = 0.0;   // with a per-element error bound (e.g. Σ|terms| of a dot product)
 };
 
+// The block-scaled (FP8 / MXFP4) GEMV and GEMM tolerance. Every product q_a·q_w is exact on both sides; the block
+// sums are formed by the tensor core (whose fp32 accumulation keeps fewer bits than IEEE, ~2^-13 relative to
+// Σ|terms| at worst) and the blocks are summed in another order (K splits, warps). So per element: one bf16 rounding
+// flip (2^-7·|y|) plus 2^-12·Σ|terms| (the bound the references return).
+inline constexpr Tolerance kBlockSumTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+
 // Compares got (GPU) with want (CPU oracle); prints one PARITY line (the numbers docs/cuda-log.md quotes).
 inline ::testing::AssertionResult parity(const std::string& what, const std::vector<float>& got,
                                          const std::vector<float>& want, const Tolerance& tol,

@@ -387,7 +387,7 @@ TEST(CudaEngram, LayerMatchesEngramForward) {
   ASSERT_TRUE(engram_update(ua, nullptr).ok());
 
   const auto kv_gpu = download(kv);
-  const Tolerance gemv_tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  const Tolerance& gemv_tol = testing::kBlockSumTol;
   const auto kv_bound = abs_bound(wkv, E_cpu, n);
   EXPECT_TRUE(parity("engram kv (wkv GEMV)", kv_gpu, kv_cpu, gemv_tol, kv_bound));
 

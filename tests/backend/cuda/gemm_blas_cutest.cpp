@@ -28,10 +28,9 @@ using testing::QuantWeightHost;
 using testing::Tolerance;
 using testing::upload;
 
-// quant_gemm's tolerance (gemm_quant_cutest.cpp): every product is exact on both sides; here the sums
-// run in cuBLAS's fp32 order instead of per-32 blocks added in K order — a reassociation of exact
-// products like split-K. One bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms|.
-const Tolerance kGemmTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+// The parity checks take testing::kBlockSumTol, quant_gemm's tolerance: every product is exact on both sides;
+// here the sums run in cuBLAS's fp32 order instead of per-32 blocks added in K order — a reassociation of exact
+// products like split-K.
 
 size_t count_bit_mismatches(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, std::string* first) {
   size_t bad = 0;
@@ -160,7 +159,7 @@ void check_blas_gemm(BlasContext& blas, const QuantWeightHost& w, int64_t m, int
     const auto got = testing::columns(y, m, out, r0, count);
     const std::string tag = name + " " + std::to_string(out) + "x" + std::to_string(in) + " m=" + std::to_string(m) +
                             " rows[" + std::to_string(r0) + "+" + std::to_string(count) + "] cuBLASLt";
-    EXPECT_TRUE(parity(tag, got, ref.want, kGemmTol, ref.bound));
+    EXPECT_TRUE(parity(tag, got, ref.want, testing::kBlockSumTol, ref.bound));
     std::printf("EXACT  %-60s %zu / %zu outputs bit-equal to cpu::linear\n", tag.c_str(),
                 testing::count_equal(got, ref.want), got.size());
   }
@@ -215,7 +214,7 @@ void check_blas_swiglu(BlasContext& blas, bool fp4, int64_t inter, int64_t d, in
   DeviceBuffer<float> gu;
   testing::check_swiglu_expert(
       {.fp4 = fp4, .inter = inter, .d = d, .m = m, .act_block = act_block, .weighted = weighted, .seed = seed}, name,
-      "cuBLASLt", kGemmTol,
+      "cuBLASLt", testing::kBlockSumTol,
       [&](SwigluGemmArgs& a) {
         const SwigluBlasSizes sz = swiglu_gemm_blas_sizes(a.w1, m, false);
         bscratch = alloc<uint16_t>(static_cast<size_t>(sz.bf16_elems));

@@ -304,7 +304,7 @@ void check_moe(const MoeCase& c, uint32_t seed) {
   std::string first;
   std::vector<float> y_rows_f(yr.size());
   for (size_t i = 0; i < yr.size(); ++i) y_rows_f[i] = bf16_to_f32(yr[i]);
-  const Tolerance gemm_tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  const Tolerance& gemm_tol = testing::kBlockSumTol;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = hp.row_offsets[e], m = hp.row_offsets[e + 1] - r0;
     if (m == 0) continue;

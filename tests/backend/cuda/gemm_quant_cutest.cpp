@@ -29,8 +29,8 @@ using testing::upload;
 // (ascending) order; what differs is the tensor core's fp32 block sum (fewer guard bits than IEEE:
 // ~2^-13 of Σ|terms| at worst, and exact whenever the exact sum fits in fp32), for split-K also the
 // order of the partial sums, and for 128-wide activation blocks (V4) the per-32 promotion inside a
-// block. Per element: one bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms| — the GEMV's tolerance.
-const Tolerance kGemmTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+// block. Per element: one bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms| — the GEMV's tolerance,
+// testing::kBlockSumTol.
 
 struct Plan {
   int tile_m = 0, splits = 0;  // 0: automatic
@@ -97,7 +97,7 @@ void check_quant_gemm(const QuantWeightHost& w, int64_t m, int64_t act_block,
             (p.tile_m == 0 && p.splits == 0
                  ? "auto(tile" + std::to_string(automatic.tile_m) + "/split" + std::to_string(automatic.splits) + ")"
                  : plan_str(p));
-        EXPECT_TRUE(parity(tag, got, ref.want, kGemmTol, ref.bound));
+        EXPECT_TRUE(parity(tag, got, ref.want, testing::kBlockSumTol, ref.bound));
         std::printf("EXACT  %-60s %zu / %zu outputs bit-equal to cpu::linear\n", tag.c_str(),
                     testing::count_equal(got, ref.want), got.size());
       }
@@ -193,7 +193,7 @@ void check_swiglu(bool fp4, int64_t inter, int64_t d, int64_t m, int64_t act_blo
   DeviceBuffer<float> dpart;
   testing::check_swiglu_expert(
       {.fp4 = fp4, .inter = inter, .d = d, .m = m, .act_block = act_block, .weighted = weighted, .seed = seed}, name,
-      "tile" + std::to_string(tile_m), kGemmTol,
+      "tile" + std::to_string(tile_m), testing::kBlockSumTol,
       [&](SwigluGemmArgs& a) {
         a.force_tile_m = tile_m;
         return swiglu_gemm(a, nullptr);

@@ -117,7 +117,7 @@ void check_items_gemv(bool fp4, Mxfp4Layout layout, int64_t out, int64_t in, int
                           std::to_string(in) + " n=" + std::to_string(n) + " K=" + std::to_string(K) +
                           (packed_warps ? " warps=" + std::to_string(packed_warps) : "");
   // vs the CPU: as the GEMV tests (one bf16 flip + tensor-core block sums, 2^-12·Σ|terms|).
-  const Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  const Tolerance& tol = testing::kBlockSumTol;
   if (layout == Mxfp4Layout::PackedBalanced) {
     // Another K partition: the block sums meet in another order, within the same bound of the plain result.
     EXPECT_TRUE(parity("gemv " + tag + " vs plain gemv", got, plain, tol, bound));
@@ -201,7 +201,7 @@ void check_packed_grouped(int64_t count, int64_t out, int64_t in, int64_t n, uin
   const Status s = gemv_mxfp4_packed_grouped(shape, packed_items.data(), count, n, true, nullptr, balanced);
   ASSERT_TRUE(s.ok()) << s.error().message;
   const Tolerance exact{.max_nmse = 0, .min_cosine = 0, .rel = 0, .abs = 0};
-  const Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  const Tolerance& tol = testing::kBlockSumTol;
   for (int64_t i = 0; i < count; ++i) {
     const std::string tag = std::string(balanced ? "mxfp4-packed-balanced" : "mxfp4-packed") + " grouped " +
                             std::to_string(i) + "/" + std::to_string(count) + " " + std::to_string(out) + "x" +

@@ -101,7 +101,7 @@ void check_tiles_gemv(const TilesCase& c) {
   }
   // And the oracle: as the balanced packed kernel (its K partition), within the GEMV bound of the CPU.
   const auto got = download(y_tiles);
-  const Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  const Tolerance& tol = testing::kBlockSumTol;
   std::vector<float> want(P * c.out), bound(P * c.out);
   for (int64_t p = 0; p < P; ++p) {
     const int64_t t = p / c.K, e = experts[p];

@@ -197,10 +197,8 @@ void check_gemv(const QuantWeightHost& w, int64_t n, uint32_t seed, const std::s
   ASSERT_TRUE(dcount.zero().ok());
   ActWorkspace ws{dcodes.get(), dscales.get(), n * in,
                   SplitKWorkspace{dpart.get(), dcount.get(), split.partial_floats, split.counters}};
-  // Every product q_a·q_w is exact on both sides; the block sums are formed by the tensor core (whose
-  // fp32 accumulation keeps fewer bits than IEEE, ~2^-13 relative to Σ|terms| at worst) and the blocks
-  // are summed in another order. So per element: one bf16 rounding flip (2^-7·|y|) plus 2^-12·Σ|terms|.
-  Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  // Exact products, tensor-core block sums, another order of the blocks (cuda_test_util.h kBlockSumTol).
+  const Tolerance& tol = testing::kBlockSumTol;
   const std::string tag = name + " " + std::to_string(out) + "x" + std::to_string(in) + " n=" + std::to_string(n);
   for (int rep = 0; rep < 2; ++rep) {  // the second run checks that split-K re-armed its counters
     const Status s = linear_quantized(view, dx.get(), n, ws, dy.get(), true, nullptr);
@@ -326,7 +324,7 @@ void check_grouped(bool fp4, int64_t count, int64_t out, int64_t in, int64_t n, 
                                           SplitKWorkspace{dpart.get(), dcount.get(), split.partial_floats, split.counters});
   ASSERT_TRUE(s.ok()) << s.error().message;
   // Same tolerance and reasons as check_gemv.
-  Tolerance tol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
+  const Tolerance& tol = testing::kBlockSumTol;
   for (int64_t i = 0; i < count; ++i)
     EXPECT_TRUE(parity(std::string(fp4 ? "gemv_mxfp4" : "gemv_fp8") + " grouped " + std::to_string(i) + "/" +
                            std::to_string(count) + " " + std::to_string(out) + "x" + std::to_string(in) +

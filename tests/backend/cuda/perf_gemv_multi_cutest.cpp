@@ -21,9 +21,6 @@ using testing::QuantWeightHost;
 using testing::Tolerance;
 using testing::upload;
 
-// The FP8 / MXFP4 GEMV tolerance (kernels_cutest.cpp): one bf16 rounding flip plus 2^-12·Σ|terms|
-// (tensor-core block sums and the K split's order).
-const Tolerance kGemvTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
 
 void check_multi(const std::vector<QuantWeightHost>& ws, int64_t n, bool splitk, const std::string& name) {
   const int64_t in = ws[0].cpu.in;
@@ -65,7 +62,7 @@ void check_multi(const std::vector<QuantWeightHost>& ws, int64_t n, bool splitk,
         const auto ref = testing::reference_rows(ws[i], x, n, 0, ws[i].cpu.out, 32, true, nullptr);
         EXPECT_TRUE(parity(name + " matrix " + std::to_string(i) + " " + std::to_string(ws[i].cpu.out) + "x" +
                                std::to_string(in) + " n=" + std::to_string(n) + (need.counters ? " splitk" : ""),
-                           y, ref.want, kGemvTol, ref.bound));
+                           y, ref.want, testing::kBlockSumTol, ref.bound));
       } else {
         EXPECT_EQ(std::memcmp(y.data(), first[i].data(), y.size() * sizeof(float)), 0)
             << name << ": matrix " << i << " differs between two launches";
