@@ -20,10 +20,7 @@ using testing::alloc;
 using testing::download;
 using testing::parity;
 using testing::QuantWeightHost;
-using testing::Tolerance;
 using testing::upload;
-
-const Tolerance kGemvTol{.max_nmse = 1e-5, .min_cosine = 0.99999, .rel = 0x1p-7, .abs = 0, .bound_scale = 0x1p-12};
 
 // The first differing float, or "" when the two are the same bits.
 std::string first_difference(const std::vector<float>& a, const std::vector<float>& b, int64_t out) {
@@ -93,8 +90,8 @@ void check(const std::string& name, Form form, const std::vector<QuantWeightHost
       std::copy_n(x.begin() + (tok * groups + (form == Form::kGrouped ? static_cast<int64_t>(i) : 0)) * in, in,
                   xi.begin() + tok * in);
     const auto ref = testing::reference_rows(ws[i], xi, n, 0, ws[i].cpu.out, 32, true, &testing::pool());
-    EXPECT_TRUE(parity(name + " matrix " + std::to_string(i) + " n=" + std::to_string(n), a, ref.want, kGemvTol,
-                       ref.bound));
+    EXPECT_TRUE(parity(name + " matrix " + std::to_string(i) + " n=" + std::to_string(n), a, ref.want,
+                       testing::kBlockSumTol, ref.bound));
   }
 }
 
