@@ -102,14 +102,10 @@ void step_inputs_layout(int64_t capacity, Carver& k, StepInputs& in) {
 
 int64_t workspace_rows(const CudaModelOptions& o) { return std::max(o.max_batch, o.max_chunk); }
 
-// Rows the routed experts' item tables (and their outputs) are sized for.
-int64_t items_rows(const CudaModelOptions& o) {
-  return std::clamp<int64_t>(o.paths.moe_items_max_rows, kGemvMaxRows, std::max(kGemvMaxRows, workspace_rows(o)));
-}
-
-// Rows the dense GEMV path (and the shared expert's GEMV scratch) is sized for.
-int64_t gemv_rows(const CudaModelOptions& o) {
-  return std::clamp<int64_t>(o.paths.gemv_max_rows, kGemvMaxRows, std::max(kGemvMaxRows, workspace_rows(o)));
+// The rows a GEMV-path threshold (moe_items_max_rows: the item tables and their outputs; gemv_max_rows: the shared
+// expert's GEMV scratch) is sized for: at least one GEMV tile, at most the workspace's rows.
+int64_t gemv_path_rows(const CudaModelOptions& o, int64_t max_rows) {
+  return std::clamp<int64_t>(max_rows, kGemvMaxRows, std::max(kGemvMaxRows, workspace_rows(o)));
 }
 
 // Every buffer of the loop for `rows` rows (decode batch or prefill chunk) and the tables sized by the
@@ -120,7 +116,7 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   const int64_t d = c.hidden_size, hc = c.hc_mult, H = c.num_attention_heads, hd = c.head_dim;
   const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts, inter = c.moe_intermediate_size;
   const int64_t ih = c.index_n_heads, ihd = c.index_head_dim, og = c.o_groups, ol = c.o_lora_rank;
-  const int64_t L = plan.num_layers(), IR = items_rows(o), item_pairs = IR * K;
+  const int64_t L = plan.num_layers(), IR = gemv_path_rows(o, o.paths.moe_items_max_rows), item_pairs = IR * K;
   w.rows = R;
   w.logit_rows = LR;
   // Step inputs: the decode region first (one block per decode step), then the prefill region.
@@ -213,7 +209,7 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.perm.row_token = k.take<int32_t>("moe scratch", ps.rows);
   w.perm.row_weight = k.take<float>("moe scratch", ps.rows);
   w.perm.slot_row = k.take<int32_t>("moe scratch", ps.rows);
-  w.gemv_rows = gemv_rows(o);
+  w.gemv_rows = gemv_path_rows(o, o.paths.gemv_max_rows);
   w.sg = k.take<float>("moe scratch", w.gemv_rows * inter);
   w.su = k.take<float>("moe scratch", w.gemv_rows * inter);
   w.shared = k.take<float>("moe scratch", R * d);
@@ -318,7 +314,9 @@ CudaModel::CudaModel(std::shared_ptr<const DeepseekV41Model> host, const CudaMod
       ws_(std::move(ws)),
       tables_(std::move(tables)),
       memory_plan_(std::move(plan)),
-      engram_pending_(tables_->engram_done_ev.size(), false) {}
+      engram_pending_(tables_->engram_done_ev.size(), false) {
+  set_paths(options_.paths);  // the row thresholds clamped to the workspace, as every later set_paths does
+}
 
 CudaModel::~CudaModel() = default;
 

@@ -400,8 +400,7 @@ class CudaModel {
   Status route(int64_t layer, const Rows& r, bool beside_shared, MoeDispatchArgs* dispatch = nullptr);
   Status moe_gemv(int64_t layer, const Rows& r);
   Status moe_gemm(int64_t layer, const Rows& r);
-  Status shared_expert(int64_t layer, const Rows& r);       // GEMVs up to paths.gemv_max_rows rows, else the GEMMs
-  Status shared_expert_gemm(int64_t layer, const Rows& r);  // fused SwiGLU GEMM + W2 (shared → w.shared)
+  Status shared_expert(int64_t layer, const Rows& r);  // GEMVs up to paths.gemv_max_rows rows, else the GEMMs
   Status finish(const Rows& r);
   // y = W·x for quantized weights (FP8 / MXFP4) from already quantized activations: GEMV or GEMM by rows.
   Status qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,

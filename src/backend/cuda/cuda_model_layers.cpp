@@ -80,7 +80,7 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
   if (w.format != DeviceFormat::Fp8Block && w.format != DeviceFormat::Mxfp4)
     return make_error("qlinear: weight format " + std::string(device_format_name(w.format)) + " is not quantized");
   Workspace& ws = *ws_;
-  if (n <= std::max(kGemvMaxRows, options_.paths.gemv_max_rows))
+  if (n <= options_.paths.gemv_max_rows)
     return gemv_quantized(w.quant(), codes, scales, n, y, bf16_output, cs(), splitk(), pdl());
   QuantGemmArgs a;
   a.w = w.quant();

@@ -18,7 +18,7 @@ Status CudaModel::moe(int64_t l, const Rows& r) {
   // rows: the router runs inside moe_gemv's routed branch, beside the shared expert. Else the grouped GEMMs.
   // With paths.site_act_quant the ffn site's norm wrote them.
   const bool quantize_x = !fold_act_quant(r.n, c.hidden_size, true);
-  if (r.n <= std::max(kGemvMaxRows, options_.paths.moe_items_max_rows)) {
+  if (r.n <= options_.paths.moe_items_max_rows) {
     if (quantize_x) CEDAR_RETURN_IF_ERROR(quantize(w.xn, r.n, c.hidden_size, w.act_a, w.act_a_scales));
     return moe_gemv(l, r);
   }
@@ -78,57 +78,50 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatc
   return mark("moe.route", L.gate.bytes());
 }
 
-// The shared expert of more than kGemvMaxRows rows: the fused W1/W3 SwiGLU GEMM (cuBLASLt from
-// blas_min_rows rows on), W2 (qlinear), into w.shared.
-Status CudaModel::shared_expert_gemm(int64_t l, const Rows& r) {
-  const ModelConfig& c = config();
-  const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
-  Workspace& w = *ws_;
-  SwigluGemmArgs sg;
-  sg.w1 = L.shared_w1.quant();
-  sg.w3 = L.shared_w3.quant();
-  sg.act_codes = w.act_a;
-  sg.act_scales = w.act_a_scales;
-  sg.m = r.n;
-  sg.act_block = 32;
-  sg.swiglu_limit = static_cast<float>(c.swiglu_limit);
-  sg.h_codes = w.sh_codes;
-  sg.h_scales = w.sh_scales;
-  if (blas_rows(r.n)) {
-    sg.blas = tables_->blas.get();
-    sg.bf16_scratch = w.gemm.bf16;
-    sg.bf16_scratch_elems = w.gemm.bf16_elems;
-    sg.gu_scratch = w.blas_gu;
-    sg.gu_scratch_floats = w.blas_gu_floats;
-  }
-  CEDAR_RETURN_IF_ERROR(swiglu_gemm(sg, cs()));
-  if (sg.blas) pdl_barrier();
-  CEDAR_RETURN_IF_ERROR(qlinear(L.shared_w2, w.sh_codes, w.sh_scales, r.n, w.shared));
-  return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
-}
-
-// The shared expert: up to paths.gemv_max_rows rows w1 / w3 in one grouped GEMV launch, SwiGLU (+ FP8 codes), the
-// w2 GEMV (8-token tiles); more rows shared_expert_gemm. Into w.shared.
+// The shared expert into w.shared: w1 / w3 + SwiGLU (+ FP8 codes), then w2 (qlinear). Up to paths.gemv_max_rows rows
+// w1 / w3 are one grouped GEMV launch (8-token tiles) and a SwiGLU launch; more rows the fused SwiGLU GEMM (cuBLASLt
+// from blas_min_rows rows on).
 Status CudaModel::shared_expert(int64_t l, const Rows& r) {
-  if (r.n > std::max(kGemvMaxRows, options_.paths.gemv_max_rows)) return shared_expert_gemm(l, r);
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
-  const int64_t n = r.n, inter = c.moe_intermediate_size;
-  const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
-                                {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
-  CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
-  const SwigluArgs ss{.rows = n,
-                      .inter = inter,
-                      .g = w.sg,
-                      .u = w.su,
-                      .limit = static_cast<float>(c.swiglu_limit),
-                      .codes = w.sh_codes,
-                      .scales = w.sh_scales,
-                      .programmatic_launch = pdl()};
-  CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
-  CEDAR_RETURN_IF_ERROR(
-      gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), splitk(), pdl()));
+  const int64_t n = r.n;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  if (n <= options_.paths.gemv_max_rows) {
+    const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
+                                  {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
+    const SwigluArgs ss{.rows = n,
+                        .inter = c.moe_intermediate_size,
+                        .g = w.sg,
+                        .u = w.su,
+                        .limit = limit,
+                        .codes = w.sh_codes,
+                        .scales = w.sh_scales,
+                        .programmatic_launch = pdl()};
+    CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
+  } else {
+    SwigluGemmArgs sg;
+    sg.w1 = L.shared_w1.quant();
+    sg.w3 = L.shared_w3.quant();
+    sg.act_codes = w.act_a;
+    sg.act_scales = w.act_a_scales;
+    sg.m = n;
+    sg.act_block = 32;
+    sg.swiglu_limit = limit;
+    sg.h_codes = w.sh_codes;
+    sg.h_scales = w.sh_scales;
+    if (blas_rows(n)) {
+      sg.blas = tables_->blas.get();
+      sg.bf16_scratch = w.gemm.bf16;
+      sg.bf16_scratch_elems = w.gemm.bf16_elems;
+      sg.gu_scratch = w.blas_gu;
+      sg.gu_scratch_floats = w.blas_gu_floats;
+    }
+    CEDAR_RETURN_IF_ERROR(swiglu_gemm(sg, cs()));
+    if (sg.blas) pdl_barrier();
+  }
+  CEDAR_RETURN_IF_ERROR(qlinear(L.shared_w2, w.sh_codes, w.sh_scales, n, w.shared));
   return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
 }
 
