@@ -15,75 +15,141 @@ namespace {
 
 using namespace gemv_detail;
 
-// A run's weight words held in registers for every token tile: loaded as fp8_chunk's row-major source loads them
-// (its redirect of a block past the range included, so every tile sees the same words the tile loop's launches do).
-struct Fp8HeldWeights {
+// One chunk of a warp's K run (kU blocks from kb0, kPairs block pairs): this lane's weight words, where fp8_chunk
+// loads them (a block past the range redirected to block 0: finite values whose scale product is 0), and the
+// pairs' per-block validity and scale offsets.
+struct Fp8ChunkWords {
   uint4 lo[kUnroll<false> / 2], hi[kUnroll<false> / 2];
-  __device__ __forceinline__ void load(const Fp8Lane&, int j, int, bool, uint4& l, uint4& h) const {
-    l = lo[j];
-    h = hi[j];
-  }
 };
 
-template <bool kFull>
-__device__ __forceinline__ Fp8HeldWeights hold_weights(const uint8_t* w_lo, const uint8_t* w_hi, int kb0, int kb_begin,
-                                                       int kb_end, int t, uint64_t policy) {
-  Fp8HeldWeights w;
+__device__ __forceinline__ bool block_ok(int kb0, int j, int b, int kb_end) { return kb0 + 2 * j + b < kb_end; }
+
+__device__ __forceinline__ Fp8ChunkWords load_chunk(const uint8_t* w_lo, const uint8_t* w_hi, int kb0, int kb_end,
+                                                    int t, uint64_t policy) {
+  Fp8ChunkWords w;
 #pragma unroll
   for (int j = 0; j < kUnroll<false> / 2; ++j) {
-    const bool ok_e = kFull || kb0 + 2 * j < kb_end, ok_o = kFull || kb0 + 2 * j + 1 < kb_end;
-    const int off = ((t >> 1) ? ok_o : ok_e) ? kFp8PairBytes * j : 32 * (kb_begin - kb0) - 32 * (t >> 1);
+    const int off = block_ok(kb0, j, t >> 1, kb_end) ? 32 * kb0 + kFp8PairBytes * j : -32 * (t >> 1);
     w.lo[j] = detail::ld_weight(reinterpret_cast<const uint4*>(w_lo + off), policy);
     w.hi[j] = detail::ld_weight(reinterpret_cast<const uint4*>(w_hi + off), policy);
   }
   return w;
 }
 
-// Thread (g, t)'s operands of the 4-token group `quad` (tokens 4·quad .. of op, n in all) at K block kb0: what
-// fp8_chunk's first pass reads for those tokens. (Its second pass, tokens 4..7 of an 8-token tile, is the same
-// arithmetic on the next group, so a group at a time gives the tile loop's bits with half the operand registers.)
-__device__ __forceinline__ Fp8Lane quad_lane(const GemvParams& p, const GemvOperands& op, int64_t r_lo, int g, int t,
-                                             int quad, int n, int kb0) {
-  GemvOperands o = op;
-  o.act += static_cast<int64_t>(quad) * 4 * op.act_stride + 32 * static_cast<int64_t>(kb0);
-  o.act_scales += static_cast<int64_t>(quad) * 4 * op.scale_stride + kb0;
-  return fp8_lane(p, o, nullptr, nullptr, r_lo, g, t, min(n - quad * 4, 4));
+// Thread (g, t)'s token operands at tile 0 and K block 0; a tile is 8 tokens on (act_tile / scale_tile elements).
+// Tokens past n are not read: their MMA columns get zeros and are never stored.
+struct TokenLanes {
+  const uint16_t* act0;  // B operand: token g/2 of the tile, values 16t.. of a pair (fp8_chunk's pass 0)
+  const uint16_t* act1;  // token 4 + g/2 (pass 1)
+  const float* as0;      // activation scales of accumulator token t
+  const float* as1;      // token 4 + t
+  int64_t act_tile, scale_tile;
+  bool live;             // (g & 1) == (t >> 1): this lane's column takes its own block (else zeros)
+};
+
+// One chunk for every token tile: each pair's weights converted to f16 once, then per tile the 8-token MMAs and
+// scale products of fp8_chunk<.., kTok8> in its order (pair by pair, even block before odd), so each tile's
+// accumulators take the tile loop's bits. kFull: every block of the chunk inside the range (constant scale
+// offsets); kScaleStep as in fp8_warp_k.
+template <bool kFull, bool kScaleStep, int kTiles>
+__device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8ChunkWords& w, const uint8_t* s_row,
+                                             int kb0, int kb_end, int kb_shift, int g, int t, int n,
+                                             float (&acc)[kTiles][4]) {
+  constexpr int kPairs = kUnroll<false> / 2;
+  const int live_lim0 = tl.live ? n - (g >> 1) : 0, live_lim1 = live_lim0 - 4;  // token tok0 + .. < n
+  const int scale_lim0 = n - t, scale_lim1 = scale_lim0 - 4;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    bool ok[2];
+    int ob[2];  // the blocks' scale offsets (a block past the range: block 0's, a finite scale times sa = 0)
+    float sw[2];
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      ok[b] = kFull || block_ok(kb0, j, b, kb_end);
+      ob[b] = ok[b] ? kb0 + 2 * j + b : 0;
+      sw[b] = detail::ue8m0_scale(kScaleStep ? __ldg(s_row + ob[b]) : __ldg(s_row + (ob[b] >> kb_shift)));
+    }
+    uint32_t a[4][4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const uint32_t lo = word_of(w.lo[j], m), hi = word_of(w.hi[j], m);
+      a[m][0] = e4m3x2_to_f16x2(lo);
+      a[m][1] = e4m3x2_to_f16x2(hi);
+      a[m][2] = e4m3x2_hi_to_f16x2(lo);
+      a[m][3] = e4m3x2_hi_to_f16x2(hi);
+    }
+    // This lane's values of pair j (its block's half), redirected as its weight words are for a block past the range.
+    const int pair_off =
+        kFull || block_ok(kb0, j, t >> 1, kb_end) ? 32 * kb0 + kFp8PairBytes * j : -32 * (t >> 1);
+    const uint16_t* p0 = tl.act0 + pair_off;
+    const uint16_t* p1 = tl.act1 + pair_off;
+    const float* q0 = tl.as0;
+    const float* q1 = tl.as1;
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      const int tok0 = tile * kTokensPerTile;
+      if (tok0 >= n) break;
+      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+      const bool live0 = tok0 < live_lim0, live1 = tok0 < live_lim1;
+      uint4 a0[2], a1[2];
+      a0[0] = live0 ? __ldg(reinterpret_cast<const uint4*>(p0)) : zero;
+      a0[1] = live0 ? __ldg(reinterpret_cast<const uint4*>(p0 + 8)) : zero;
+      a1[0] = live1 ? __ldg(reinterpret_cast<const uint4*>(p1)) : zero;
+      a1[1] = live1 ? __ldg(reinterpret_cast<const uint4*>(p1 + 8)) : zero;
+      float sa0[2], sa1[2];
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        sa0[b] = ok[b] && tok0 < scale_lim0 ? __ldg(q0 + ob[b]) : 0.0f;
+        sa1[b] = ok[b] && tok0 < scale_lim1 ? __ldg(q1 + ob[b]) : 0.0f;
+      }
+      float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        mma_f16(a[m], word_of(a0[m >> 1], 2 * (m & 1)), word_of(a0[m >> 1], 2 * (m & 1) + 1), d0);
+        mma_f16(a[m], word_of(a1[m >> 1], 2 * (m & 1)), word_of(a1[m >> 1], 2 * (m & 1) + 1), d1);
+      }
+      const float se = sw[0] * sa0[0], so = sw[1] * sa0[1], se1 = sw[0] * sa1[0], so1 = sw[1] * sa1[1];
+      float(&c)[4] = acc[tile];
+      c[0] += d0[0] * se;
+      c[0] += d0[1] * so;
+      c[1] += d0[2] * se;
+      c[1] += d0[3] * so;
+      c[2] += d1[0] * se1;
+      c[2] += d1[1] * so1;
+      c[3] += d1[2] * se1;
+      c[3] += d1[3] * so1;
+      p0 += tl.act_tile;
+      p1 += tl.act_tile;
+      q0 += tl.scale_tile;
+      q1 += tl.scale_tile;
+    }
+  }
 }
 
-// kScaleStep as in fp8_warp_k. acc[quad] takes group `quad`'s sums (rows g, g + 8 × token t of the group).
-template <bool kScaleStep, int kQuads>
-__device__ __forceinline__ void tokens_warp_k(const GemvParams& p, const GemvOperands& op, const uint8_t* w_lo,
-                                              const uint8_t* w_hi, int64_t r_lo, int g, int t, int n, int first,
-                                              int step, int kb_end, float (&acc)[kQuads][2]) {
-  constexpr int kU = kUnroll<false>;
+// A warp's K run (the tile kernel's schedule: kU blocks from `first`, then every `step`); the next chunk's weight
+// words are loaded before this chunk's MMAs, so they stream while the tiles compute.
+template <bool kScaleStep, int kTiles>
+__device__ __forceinline__ void tokens_warp_k(const TokenLanes& tl, const uint8_t* w_lo, const uint8_t* w_hi,
+                                              const uint8_t* s_row, int first, int step, int kb_end, int kb_shift,
+                                              int g, int t, int n, float (&acc)[kTiles][4]) {
   const uint64_t policy = detail::l2_evict_first_policy();
-  const int quads = (n + 3) / 4;
-  // The weight scale row walks with the runs (kScaleStep) or is indexed from the row's start (fp8_chunk).
-  const uint8_t* s_row = op.w_scales + (r_lo / p.block_out) * p.scale_cols;
+  if (first >= kb_end) return;
+  Fp8ChunkWords cur = load_chunk(w_lo, w_hi, first, kb_end, t, policy);
   for (int kb0 = first; kb0 < kb_end; kb0 += step) {
-    const bool full = kb0 + kU <= kb_end;
-    const Fp8HeldWeights w = full ? hold_weights<true>(w_lo + 32 * kb0, w_hi + 32 * kb0, kb0, 0, kb_end, t, policy)
-                                  : hold_weights<false>(w_lo + 32 * kb0, w_hi + 32 * kb0, kb0, 0, kb_end, t, policy);
-#pragma unroll
-    for (int quad = 0; quad < kQuads; ++quad) {
-      if (quad >= quads) break;
-      Fp8Lane c = quad_lane(p, op, r_lo, g, t, quad, n, kb0);
-      c.s_row = kScaleStep ? s_row + kb0 : s_row;
-      float a4[4] = {acc[quad][0], acc[quad][1], 0.0f, 0.0f};
-      if (full)
-        fp8_chunk<true, kScaleStep, false>(c, w, kb0, 0, kb_end, p.kb_shift, t, a4);
-      else
-        fp8_chunk<false, kScaleStep, false>(c, w, kb0, 0, kb_end, p.kb_shift, t, a4);
-      acc[quad][0] = a4[0];
-      acc[quad][1] = a4[1];
-    }
+    Fp8ChunkWords next = cur;
+    if (kb0 + step < kb_end) next = load_chunk(w_lo, w_hi, kb0 + step, kb_end, t, policy);
+    if (kb0 + kUnroll<false> <= kb_end)
+      tokens_chunk<true, kScaleStep, kTiles>(tl, cur, s_row, kb0, kb_end, kb_shift, g, t, n, acc);
+    else
+      tokens_chunk<false, kScaleStep, kTiles>(tl, cur, s_row, kb0, kb_end, kb_shift, g, t, n, acc);
+    cur = next;
   }
 }
 
 // Block (x, z): 16 weight rows × matrix z, the whole K range (no split), all p.n (<= 8 · kTiles) tokens.
 template <int kTiles>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_fp8_tokens_kernel(GemvParams p) {
-  constexpr int kU = kUnroll<false>, kQuads = 2 * kTiles;
+  constexpr int kU = kUnroll<false>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
   __shared__ bool is_last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -97,21 +163,28 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_fp8_tokens_kernel(Gem
   const int n_kb = static_cast<int>(p.in / 32);
   const uint8_t* w_lo = op.w + r_lo * p.in + t * 16;
   const uint8_t* w_hi = op.w + r_hi * p.in + t * 16;
+  const uint8_t* s_row = op.w_scales + (r_lo / p.block_out) * p.scale_cols;  // 16 rows share it
+  const TokenLanes tl{op.act + (g >> 1) * static_cast<int64_t>(op.act_stride) + t * 16,
+                      op.act + (4 + (g >> 1)) * static_cast<int64_t>(op.act_stride) + t * 16,
+                      op.act_scales + t * static_cast<int64_t>(op.scale_stride),
+                      op.act_scales + (4 + t) * static_cast<int64_t>(op.scale_stride),
+                      kTokensPerTile * static_cast<int64_t>(op.act_stride),
+                      kTokensPerTile * static_cast<int64_t>(op.scale_stride),
+                      (g & 1) == (t >> 1)};
   detail::pdl_launch_dependents();
   detail::pdl_wait();
-  float acc[kQuads][2];
+  float acc[kTiles][4];
 #pragma unroll
-  for (int i = 0; i < kQuads; ++i) acc[i][0] = acc[i][1] = 0.0f;
+  for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   if (p.kb_shift == 0)
-    tokens_warp_k<true, kQuads>(p, op, w_lo, w_hi, r_lo, g, t, p.n, warp * kU, p.warps * kU, n_kb, acc);
+    tokens_warp_k<true, kTiles>(tl, w_lo, w_hi, s_row, warp * kU, p.warps * kU, n_kb, 0, g, t, p.n, acc);
   else
-    tokens_warp_k<false, kQuads>(p, op, w_lo, w_hi, r_lo, g, t, p.n, warp * kU, p.warps * kU, n_kb, acc);
+    tokens_warp_k<false, kTiles>(tl, w_lo, w_hi, s_row, warp * kU, p.warps * kU, n_kb, p.kb_shift, g, t, p.n, acc);
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
     const int n = min(p.n - tile * kTokensPerTile, kTokensPerTile);
     if (n <= 0) break;
-    const float a4[4] = {acc[2 * tile][0], acc[2 * tile][1], acc[2 * tile + 1][0], acc[2 * tile + 1][1]};
-    fp8_store<true>(partial[warp], a4, g, t);
+    fp8_store<true>(partial[warp], acc[tile], g, t);
     GemvOperands o = op;
     o.y += static_cast<int64_t>(tile) * kTokensPerTile * op.y_stride;
     gemv_block_end(p, o, partial, row0, out, n, is_last);  // ksplit 1: every block writes its rows
