@@ -55,7 +55,11 @@ int run(int argc, char** argv) {
   };
   std::vector<Row> rows;
   if (want("gemv")) {
-    for (const auto& s : shapes) bench_gemv(s, {1, 4, 8}, copy_gbps, stream->get(), rows);
+    // FP8 above 8 tokens: one launch for up to 64 (gemv_fp8_tokens.cu) where the shape takes no K split.
+    for (const auto& s : shapes)
+      bench_gemv(s, s.format == QuantWeightFormat::FP8Block ? std::vector<int64_t>{1, 4, 8, 16, 32, 64}
+                                                           : std::vector<int64_t>{1, 4, 8},
+                 copy_gbps, stream->get(), rows);
     // Routed experts of one token, top-6: w1 and w3 of 6 experts (12 matrices) in one launch, then w2 ×6.
     for (int64_t n : {1, 4}) {
       bench_grouped(shapes[5], 12, n, copy_gbps, stream->get(), rows);

@@ -31,6 +31,7 @@
 #include "backend/cuda/f16_stage.h"
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/gemv_fp8.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -98,20 +99,6 @@ __global__ void __launch_bounds__(kQuantThreads) stage_act_f16_kernel(const floa
   codes[blk * 32 + lane] = detail::f16_stage_code_of(v, j);
   if (lane == 0) scales[blk] = detail::f16_stage_scale_of(j);
 }
-
-struct GemvParams {
-  GemvOperands ops[kMaxGroup];
-  int64_t out, in;
-  int64_t block_out, scale_cols;  // FP8Block scale grid
-  int kb_shift;                   // FP8Block: log2(block_in / 32)
-  int n;                          // tokens in this tile (1..8)
-  bool bf16_output;
-  int ksplit;                     // blocks along K (gridDim.y); > 1 needs the two buffers below
-  int kb_per_split;
-  float* split_partials;          // [group][ksplit][8][out]
-  unsigned* split_counters;       // [group][row tiles], zero between launches
-  int warps;                      // = blockDim.x / 32 (gemv_warps)
-};
 
 // ---- MXFP4 (plain layout): thread (g = lane/4, t = lane%4) holds values 8t..8t+7 of each K block ----
 
@@ -206,149 +193,6 @@ __device__ __forceinline__ void mxfp4_store(float (&part)[kRowsPerBlock][kTokens
   part[g + 8][2 * t + 1] = acc[3];
 }
 
-// ---- FP8: K blocks in pairs, 16-byte weight loads ------------------------------------------------
-// A K-block pair is 64 bytes of a row; thread (g, t) loads bytes 16t..16t+15 of it — half (t & 1) of
-// block (t >> 1) — so one warp load covers 64 contiguous bytes of 8 rows: half the load instructions,
-// L1 wavefronts and L2 requests per weight byte of one 8-byte piece per lane (s16 ncu: the 8-byte form
-// kept L1's data pipe 75 % and L2's tags 61 % busy at 64 % of DRAM bandwidth). Each thread's 16 values
-// then belong to one block of the pair, and a block's scales must multiply its sum alone, so the MMA's
-// columns separate the blocks: column 2c + b holds token c's activations of block b in the k slots of
-// the lanes holding block b and zeros in the others, so D[row][2c + b] is Σ over block b exactly as a
-// block's own MMA would form it, and 4 chained MMAs (4 values per lane each) finish both blocks' sums.
-// Four tokens per pass: as many MMAs per weight byte as the one-block form for n <= 4 (every decode
-// GEMV at batch 1..4); a second pass over the same converted weights for tokens 4..7. Every (token,
-// block) sum is formed the same way in either pass, so a token's result does not depend on n.
-constexpr int kFp8PairBytes = 64;
-
-struct Fp8Lane {  // this thread's operands at K block 0
-  const uint8_t* w_lo;    // row g, bytes 16t.. of the pair
-  const uint8_t* w_hi;    // row g + 8
-  const uint8_t* s_row;   // the tile's weight-scale row (16 rows share it)
-  const uint16_t* act0;   // B operand: token g/2, values 16t.. of the pair (pass 0)
-  const uint16_t* act1;   // token 4 + g/2 (pass 1)
-  const float* as0;       // activation scales of accumulator token t (pass 0)
-  const float* as1;       // token 4 + t (pass 1)
-  bool live;              // (g & 1) == (t >> 1): this lane's column takes its own block (else zeros)
-
-  // Every operand `blocks` K blocks on (the scale row too where it has one scale per block).
-  template <bool kScaleStep>
-  __device__ __forceinline__ void advance(int blocks) {
-    w_lo += 32 * blocks;
-    w_hi += 32 * blocks;
-    if (kScaleStep) s_row += blocks;
-    act0 += 32 * blocks;
-    act1 += 32 * blocks;
-    as0 += blocks;
-    as1 += blocks;
-  }
-};
-
-// kU consecutive K blocks from kb0 (kU / 2 pairs); `c` points at kb0. kFull: all inside the range
-// (constant offsets). kScaleStep: one weight scale per K block; else block kb's is s_row[kb >> kb_shift].
-template <bool kFull, bool kScaleStep, bool kTok8>
-__device__ __forceinline__ void fp8_chunk(const Fp8Lane& c, int kb0, int kb_begin, int kb_end, int kb_shift, int t,
-                                          uint64_t policy, float (&acc)[4]) {
-  constexpr int kPairs = kUnroll<false> / 2;
-  uint4 wl[kPairs], wh[kPairs], a0[kPairs][2], a1[kPairs][2];
-  float sw[kPairs][2], sa0[kPairs][2], sa1[kPairs][2];
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    const bool ok_e = kFull || kb0 + 2 * j < kb_end, ok_o = kFull || kb0 + 2 * j + 1 < kb_end;
-    // A block past the range reads block kb_begin (valid memory) and gets sa = 0 below.
-    const int off = ((t >> 1) ? ok_o : ok_e) ? kFp8PairBytes * j : 32 * (kb_begin - kb0) - 32 * (t >> 1);
-    wl[j] = detail::ld_weight(reinterpret_cast<const uint4*>(c.w_lo + off), policy);
-    wh[j] = detail::ld_weight(reinterpret_cast<const uint4*>(c.w_hi + off), policy);
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    a0[j][0] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act0 + off)) : zero;
-    a0[j][1] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act0 + off + 8)) : zero;
-    if constexpr (kTok8) {
-      a1[j][0] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act1 + off)) : zero;
-      a1[j][1] = c.live ? __ldg(reinterpret_cast<const uint4*>(c.act1 + off + 8)) : zero;
-    }
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const bool ok = b ? ok_o : ok_e;
-      const int ob = ok ? 2 * j + b : kb_begin - kb0;
-      sw[j][b] = detail::ue8m0_scale(kScaleStep ? __ldg(c.s_row + ob) : __ldg(c.s_row + ((kb0 + ob) >> kb_shift)));
-      sa0[j][b] = ok ? __ldg(c.as0 + ob) : 0.0f;
-      sa1[j][b] = kTok8 && ok ? __ldg(c.as1 + ob) : 0.0f;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {  // values 4m..4m+3 of the lane's 16: k slots 2t, 2t+1, 2t+8, 2t+9
-      const uint32_t lo = word_of(wl[j], m), hi = word_of(wh[j], m);
-      const uint32_t a[4] = {e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi), e4m3x2_hi_to_f16x2(lo), e4m3x2_hi_to_f16x2(hi)};
-      mma_f16(a, word_of(a0[j][m >> 1], 2 * (m & 1)), word_of(a0[j][m >> 1], 2 * (m & 1) + 1), d0);
-      if constexpr (kTok8)
-        mma_f16(a, word_of(a1[j][m >> 1], 2 * (m & 1)), word_of(a1[j][m >> 1], 2 * (m & 1) + 1), d1);
-    }
-    // D columns 2t, 2t+1: token t's sums of the even and odd block, added in block order. Scales are
-    // powers of two: (Σ q_a q_w)·(s_w·s_a) rounds like the reference's (Σ)·s_a·s_w; a block past the K
-    // range has sa = 0 (its finite sum vanishes).
-    const float se = sw[j][0] * sa0[j][0], so = sw[j][1] * sa0[j][1];
-    acc[0] += d0[0] * se;
-    acc[0] += d0[1] * so;
-    acc[1] += d0[2] * se;
-    acc[1] += d0[3] * so;
-    if constexpr (kTok8) {
-      const float se1 = sw[j][0] * sa1[j][0], so1 = sw[j][1] * sa1[j][1];
-      acc[2] += d1[0] * se1;
-      acc[2] += d1[1] * so1;
-      acc[3] += d1[2] * se1;
-      acc[3] += d1[3] * so1;
-    }
-  }
-}
-
-// One warp's chunks (the MXFP4 schedule: kU blocks from `first`, then every `step`), pointers loop-carried.
-template <bool kScaleStep, bool kTok8>
-__device__ __forceinline__ void fp8_warp_k(const Fp8Lane& at0, int first, int step, int kb_begin, int kb_end,
-                                           int kb_shift, int t, float (&acc)[4]) {
-  constexpr int kU = kUnroll<false>;
-  Fp8Lane c = at0;
-  c.advance<kScaleStep>(first);
-  const uint64_t policy = detail::l2_evict_first_policy();
-  int kb0 = first;
-  for (; kb0 + kU <= kb_end; kb0 += step) {
-    fp8_chunk<true, kScaleStep, kTok8>(c, kb0, kb_begin, kb_end, kb_shift, t, policy, acc);
-    c.advance<kScaleStep>(step);
-  }
-  if (kb0 < kb_end) fp8_chunk<false, kScaleStep, kTok8>(c, kb0, kb_begin, kb_end, kb_shift, t, policy, acc);
-}
-
-// FP8 with one scale per K block (block_in 32, V4.1) walks its scales like the other operands; wider
-// blocks (V4: 128) index them by kb >> kb_shift from the row's start.
-template <bool kTok8>
-__device__ __forceinline__ void fp8_tile(const Fp8Lane& at0, int first, int step, int kb_begin, int kb_end,
-                                         int kb_shift, int t, float (&acc)[4]) {
-  if (kb_shift == 0) fp8_warp_k<true, kTok8>(at0, first, step, kb_begin, kb_end, kb_shift, t, acc);
-  else fp8_warp_k<false, kTok8>(at0, first, step, kb_begin, kb_end, kb_shift, t, acc);
-}
-
-// Thread (g, t)'s accumulators (rows g, g+8 × tokens t and, with kTok8, t + 4) into its warp's tile.
-template <bool kTok8>
-__device__ __forceinline__ void fp8_store(float (&part)[kRowsPerBlock][kTokensPerTile], const float (&acc)[4], int g,
-                                          int t) {
-  part[g][t] = acc[0];
-  part[g + 8][t] = acc[1];
-  if (kTok8) {
-    part[g][t + 4] = acc[2];
-    part[g + 8][t + 4] = acc[3];
-  }
-}
-
-// Adds the warps' tiles (warp order) for thread e's (row, token) of the block; tokens past n: 0.
-__device__ __forceinline__ float sum_partials(const float (&partial)[kGemvWarps][kRowsPerBlock][kTokensPerTile],
-                                              int warps, int row, int tok, int n) {
-  float sum = 0.0f;
-  if (tok < n)
-    for (int w = 0; w < warps; ++w) sum += partial[w][row][tok];
-  return sum;
-}
-
 // Block (x, y, z): 16 weight rows (x) × the y-th K range of matrix z; its warps take runs of kUnroll
 // consecutive K blocks (whole 128-byte lines per row for FP8), strided by the warp count, each
 // accumulating a 16-row tile. With ksplit > 1 the K ranges' sums meet in split_partials and the last
@@ -400,39 +244,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kMinBlocksPerSm<kFp4>) gemv_q
     mxfp4_warp_k(cp, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, acc);
     mxfp4_store(partial[warp], acc, g, t);
   } else {
-    // The tile's 16 rows share one scale row (block_out % 16 == 0, checked on the host).
-    const Fp8Lane lane_ops{w_lo_ptr,
-                           w_hi_ptr,
-                           op.w_scales + (r_lo / p.block_out) * p.scale_cols,
-                           op.act + token(g >> 1) * op.act_stride + t * 16,
-                           op.act + token(4 + (g >> 1)) * op.act_stride + t * 16,
-                           op.act_scales + token(t) * op.scale_stride,
-                           op.act_scales + token(4 + t) * op.scale_stride,
-                           (g & 1) == (t >> 1)};
+    const Fp8Lane lane_ops = fp8_lane(p, op, w_lo_ptr, w_hi_ptr, r_lo, g, t, p.n);
     fp8_tile<kTok8>(lane_ops, kb_begin + warp * kU, p.warps * kU, kb_begin, kb_end, p.kb_shift, t, acc);
     fp8_store<kTok8>(partial[warp], acc, g, t);
   }
-  __syncthreads();
-  const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
-  const bool writer = threadIdx.x < kRowsPerBlock * kTokensPerTile && tok < p.n && row0 + row < out;
-  float sum = threadIdx.x < kRowsPerBlock * kTokensPerTile ? sum_partials(partial, p.warps, row, tok, p.n) : 0.0f;
-  if (p.ksplit > 1) {
-    float* split_partials = p.split_partials + static_cast<int64_t>(blockIdx.z) * p.ksplit * kTokensPerTile * p.out;
-    unsigned* split_counters = p.split_counters + static_cast<int64_t>(blockIdx.z) * gridDim.x;
-    if (writer) split_partials[(static_cast<int64_t>(blockIdx.y) * kTokensPerTile + tok) * p.out + row0 + row] = sum;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(split_counters + blockIdx.x, 1u) == static_cast<unsigned>(p.ksplit - 1);
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    sum = 0.0f;
-    if (writer)
-      for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(split_partials + (static_cast<int64_t>(z) * kTokensPerTile + tok) * p.out + row0 + row);
-    if (threadIdx.x == 0) split_counters[blockIdx.x] = 0;  // re-armed for the next launch / graph replay
-  }
-  if (writer)
-    op.y[static_cast<int64_t>(tok) * op.y_stride + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
+  gemv_block_end(p, op, partial, row0, out, p.n, is_last);
 }
 
 // gemv_quantized_kernel over a device item table (DeviceGemvItem): the same tile computation (same K
@@ -598,6 +414,13 @@ Status launch_gemv(QuantWeightFormat format, const GemvParams& p, dim3 grid, cud
                        "gemv_quantized_kernel<FP8Block>", p);
 }
 
+// Tokens per launch: up to kGemvTokensPerLaunch for FP8 without a K split (gemv_fp8_tokens.cu reads each weight
+// word once for all of them, with the 8-token tiles' bits), else one 8-token tile per launch.
+int64_t tokens_per_launch(QuantWeightFormat format, int64_t ksplit, int64_t n) {
+  return format == QuantWeightFormat::FP8Block && ksplit == 1 && n > kTokensPerTile ? kGemvTokensPerLaunch
+                                                                                    : kTokensPerTile;
+}
+
 // FP8 rows are read 16 bytes per lane (rows are multiples of 32 bytes, so the base decides).
 Status check_weight_alignment(const QuantWeightView& w, int64_t i, const char* who) {
   if (w.format == QuantWeightFormat::FP8Block && reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
@@ -750,7 +573,8 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
     const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
     const dim3 grid(static_cast<unsigned>((shape.out + kRowsPerBlock - 1) / kRowsPerBlock),
                     static_cast<unsigned>(ksplit), static_cast<unsigned>(group));
-    for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+    const int64_t per_launch = tokens_per_launch(shape.format, ksplit, n);
+    for (int64_t t0 = 0; t0 < n; t0 += per_launch) {
       GemvParams p{};
       for (int64_t i = 0; i < group; ++i) p.ops[i] = tile_operands(items[g0 + i], shape.in, shape.out, t0, 0);
       p.out = shape.out;
@@ -758,7 +582,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.block_out = shape.block_out;
       p.scale_cols = (shape.in + shape.block_in - 1) / shape.block_in;
       p.kb_shift = kb_shift;
-      p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+      p.n = static_cast<int>(std::min(n - t0, per_launch));
       p.bf16_output = bf16_output;
       p.ksplit = static_cast<int>(ksplit);
       p.kb_per_split = static_cast<int>(kb_per_split);
@@ -767,7 +591,8 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
       p.warps = gemv_warps(shape.format == QuantWeightFormat::MXFP4, kb_per_split,
                            static_cast<int64_t>(grid.x) * grid.y * grid.z);
       // Token tiles of one call write disjoint rows, so every launch of the call may take PDL.
-      CEDAR_RETURN_IF_ERROR(launch_gemv(shape.format, p, grid, stream, programmatic_launch));
+      CEDAR_RETURN_IF_ERROR(per_launch > kTokensPerTile ? launch_gemv_fp8_tokens(p, grid, stream, programmatic_launch)
+                                                        : launch_gemv(shape.format, p, grid, stream, programmatic_launch));
     }
   }
   return Status::Ok();
@@ -822,7 +647,8 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
   while ((int64_t{32} << kb_shift) < tallest.block_in) ++kb_shift;
   const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(ksplit),
                   static_cast<unsigned>(count));
-  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerTile) {
+  const int64_t per_launch = tokens_per_launch(tallest.format, ksplit, n);
+  for (int64_t t0 = 0; t0 < n; t0 += per_launch) {
     GemvParams p{};
     for (int64_t i = 0; i < count; ++i) p.ops[i] = tile_operands(items[i], tallest.in, mats[i].out, t0, mats[i].out);
     p.out = out;
@@ -830,7 +656,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.block_out = tallest.block_out;
     p.scale_cols = (tallest.in + tallest.block_in - 1) / tallest.block_in;
     p.kb_shift = kb_shift;
-    p.n = static_cast<int>(n - t0 < kTokensPerTile ? n - t0 : kTokensPerTile);
+    p.n = static_cast<int>(std::min(n - t0, per_launch));
     p.bf16_output = bf16_output;
     p.ksplit = static_cast<int>(ksplit);
     p.kb_per_split = static_cast<int>((n_kb + ksplit - 1) / ksplit);
@@ -838,7 +664,8 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
     p.split_counters = splitk.counters;
     p.warps = gemv_warps(tallest.format == QuantWeightFormat::MXFP4, p.kb_per_split,
                          static_cast<int64_t>(grid.x) * grid.y * grid.z);
-    CEDAR_RETURN_IF_ERROR(launch_gemv(tallest.format, p, grid, stream, programmatic_launch));
+    CEDAR_RETURN_IF_ERROR(per_launch > kTokensPerTile ? launch_gemv_fp8_tokens(p, grid, stream, programmatic_launch)
+                                                      : launch_gemv(tallest.format, p, grid, stream, programmatic_launch));
   }
   return Status::Ok();
 }

@@ -1,0 +1,113 @@
+// The FP8 GEMV of 9..64 tokens per launch (gemv_fp8_tokens.cu): one call of n tokens bit for bit against the same
+// weights called 8 tokens at a time (gemv.cu's kernel, one launch per tile), for one matrix, grouped matrices with
+// strided rows and multi launches, V4.1's 32×32 and V4's 128×128 scale blocks, heights that are not whole tiles and
+// n past one launch; and the results against cpu::linear with the GEMV tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "cuda_test_util.h"
+#include "gemm_test_util.h"
+
+namespace cedar::cuda {
+namespace {
+
+using testing::alloc;
+using testing::download;
+using testing::parity;
+using testing::QuantWeightHost;
+using testing::upload;
+
+// The first differing float, or "" when the two are the same bits.
+std::string first_difference(const std::vector<float>& a, const std::vector<float>& b, int64_t out) {
+  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+      return "token " + std::to_string(i / out) + " row " + std::to_string(i % out) + ": " + std::to_string(a[i]) +
+             " (one call) vs " + std::to_string(b[i]) + " (8 tokens a call)";
+  return "";
+}
+
+enum class Form { kSingle, kGrouped, kMulti };
+
+// Calls `form` over ws for tokens [t0, t0 + n) of the codes (row stride `in` · groups for kGrouped: item i reads
+// column slice i, as wo_a's groups do) into ys.
+Status call(Form form, const std::vector<QuantWeightHost>& ws, const std::vector<DeviceBuffer<uint8_t>>& data,
+            const std::vector<DeviceBuffer<uint8_t>>& scales, const uint16_t* codes, const float* act_scales,
+            std::vector<DeviceBuffer<float>>& ys, int64_t t0, int64_t n) {
+  const int64_t in = ws[0].cpu.in, count = static_cast<int64_t>(ws.size());
+  const int64_t groups = form == Form::kGrouped ? count : 1;
+  std::vector<QuantWeightView> mats;
+  std::vector<GemvGroupItem> items;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const int64_t out = ws[i].cpu.out;
+    const int64_t col = form == Form::kGrouped ? static_cast<int64_t>(i) * in : 0;
+    mats.push_back({QuantWeightFormat::FP8Block, out, in, data[i].get(), scales[i].get(), ws[i].cpu.block_out,
+                    ws[i].cpu.block_in});
+    items.push_back({data[i].get(), scales[i].get(), codes + t0 * groups * in + col,
+                     act_scales + (t0 * groups * in + col) / 32, ys[i].get() + t0 * out, groups * in,
+                     groups * in / 32, out});
+  }
+  if (form == Form::kMulti) return gemv_quantized_multi(mats.data(), items.data(), count, n, true, nullptr);
+  if (form == Form::kGrouped) return gemv_quantized_grouped(mats[0], items.data(), count, n, true, nullptr, {}, true);
+  return gemv_quantized(mats[0], items[0].act_codes, items[0].act_scales, n, ys[0].get() + t0 * ws[0].cpu.out, true,
+                        nullptr, {}, true);
+}
+
+void check(const std::string& name, Form form, const std::vector<QuantWeightHost>& ws, int64_t n) {
+  SCOPED_TRACE(name + " n=" + std::to_string(n));
+  const int64_t in = ws[0].cpu.in, groups = form == Form::kGrouped ? static_cast<int64_t>(ws.size()) : 1;
+  const auto x = testing::random_acts(static_cast<size_t>(n * groups * in), 13);
+  auto dx = upload(x);
+  auto codes = alloc<uint16_t>(static_cast<size_t>(n * groups * in));
+  auto act_scales = alloc<float>(static_cast<size_t>(n * groups * in / 32));
+  ASSERT_TRUE(quantize_act_fp8(dx.get(), n, groups * in, codes.get(), act_scales.get(), nullptr).ok());
+  std::vector<DeviceBuffer<uint8_t>> data, scales;
+  std::vector<DeviceBuffer<float>> one, tiled;
+  for (const auto& w : ws) {
+    data.push_back(upload(w.data));
+    scales.push_back(upload(w.scales));
+    one.push_back(alloc<float>(static_cast<size_t>(n * w.cpu.out)));
+    tiled.push_back(alloc<float>(static_cast<size_t>(n * w.cpu.out)));
+  }
+  Status s = call(form, ws, data, scales, codes.get(), act_scales.get(), one, 0, n);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    s = call(form, ws, data, scales, codes.get(), act_scales.get(), tiled, t0, std::min<int64_t>(8, n - t0));
+    ASSERT_TRUE(s.ok()) << s.error().message;
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const auto a = download(one[i]), b = download(tiled[i]);
+    EXPECT_EQ(first_difference(a, b, ws[i].cpu.out), "") << "matrix " << i;
+    // The CPU reference of matrix i over its slice of each token's activations.
+    std::vector<float> xi(static_cast<size_t>(n * in));
+    for (int64_t tok = 0; tok < n; ++tok)
+      std::copy_n(x.begin() + (tok * groups + (form == Form::kGrouped ? static_cast<int64_t>(i) : 0)) * in, in,
+                  xi.begin() + tok * in);
+    const auto ref = testing::reference_rows(ws[i], xi, n, 0, ws[i].cpu.out, 32, true, &testing::pool());
+    EXPECT_TRUE(parity(name + " matrix " + std::to_string(i) + " n=" + std::to_string(n), a, ref.want,
+                       testing::kBlockSumTol, ref.bound));
+  }
+}
+
+TEST(CudaGemvFp8Tokens, OneLaunchEqualsEightTokensACallBitForBitAndCpu) {
+  CEDAR_REQUIRE_GPU();
+  using testing::random_fp8_weight;
+  for (const int64_t n : {int64_t{9}, int64_t{16}, int64_t{20}, int64_t{33}, int64_t{64}, int64_t{70}}) {
+    check("wq_b-like", Form::kSingle, {random_fp8_weight(2048, 1280, 32, 1)}, n);
+    check("wo_a-like groups", Form::kGrouped, {random_fp8_weight(256, 512, 32, 2), random_fp8_weight(256, 512, 32, 3)},
+          n);
+  }
+  // Two heights in one launch (no K split at these sizes), a height that is not whole tiles, V4's blocks.
+  check("multi", Form::kMulti, {random_fp8_weight(2048, 1280, 32, 4), random_fp8_weight(512, 1280, 32, 5)}, 24);
+  check("ragged height", Form::kSingle, {random_fp8_weight(200, 256, 32, 6)}, 13);
+  check("v4 blocks", Form::kSingle, {random_fp8_weight(512, 1024, 128, 7)}, 40);
+}
+
+}  // namespace
+}  // namespace cedar::cuda
