@@ -37,80 +37,88 @@ __device__ __forceinline__ Fp8ChunkWords load_chunk(const uint8_t* w_lo, const u
   return w;
 }
 
-// Thread (g, t)'s token operands at tile 0 and K block 0; a tile is 8 tokens on (act_tile / scale_tile elements).
-// Tokens past n are not read: their MMA columns get zeros and are never stored.
+// Thread (g, t)'s token operands at tile 0 and K block 0, as 32-bit element offsets from the launch's (uniform)
+// codes and scales, which the host keeps below 2^31 (one 32-bit step per tile; 64-bit pointers stepped per tile
+// were rebuilt by the compiler from the token index at every load). A tile is 8 tokens on. Tokens past n are
+// not read: their MMA columns get zeros and are never stored.
 struct TokenLanes {
-  const uint16_t* act0;  // B operand: token g/2 of the tile, values 16t.. of a pair (fp8_chunk's pass 0)
-  const uint16_t* act1;  // token 4 + g/2 (pass 1)
-  const float* as0;      // activation scales of accumulator token t
-  const float* as1;      // token 4 + t
-  int64_t act_tile, scale_tile;
-  bool live;             // (g & 1) == (t >> 1): this lane's column takes its own block (else zeros)
+  const uint16_t* act;  // op.act
+  const float* scales;  // op.act_scales
+  int act0;             // B operand: token g/2 of the tile, values 16t.. of a pair (fp8_chunk's pass 0)
+  int act1;             // token 4 + g/2 (pass 1)
+  int as0;              // activation scales of accumulator token t
+  int as1;              // token 4 + t
+  int act_tile, scale_tile;
+  bool live;            // (g & 1) == (t >> 1): this lane's column takes its own block (else zeros)
 };
 
 // One chunk for every token tile: each pair's weights converted to f16 once, then per tile the 8-token MMAs and
 // scale products of fp8_chunk<.., kTok8> in its order (pair by pair, even block before odd), so each tile's
-// accumulators take the tile loop's bits. kFull: every block of the chunk inside the range (constant scale
-// offsets); kScaleStep as in fp8_warp_k.
+// accumulators take the tile loop's bits. The tile loop is outermost so that each tile's operand addresses are one
+// pointer step, the pairs' offsets constants. kFull: every block of the chunk inside the range; kScaleStep as in
+// fp8_warp_k.
 template <bool kFull, bool kScaleStep, int kTiles>
 __device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8ChunkWords& w, const uint8_t* s_row,
                                              int kb0, int kb_end, int kb_shift, int g, int t, int n,
                                              float (&acc)[kTiles][4]) {
   constexpr int kPairs = kUnroll<false> / 2;
-  const int live_lim0 = tl.live ? n - (g >> 1) : 0, live_lim1 = live_lim0 - 4;  // token tok0 + .. < n
-  const int scale_lim0 = n - t, scale_lim1 = scale_lim0 - 4;
+  bool ok[kPairs][2];
+  int ob[kPairs][2];   // the blocks' scale offsets from kb0 (a block past the range: block 0's, a finite scale × sa = 0)
+  int act_off[kPairs];  // this lane's values of pair j (its block's half) from kb0, redirected as its weight words are
+  float sw[kPairs][2];
+  uint32_t a[kPairs][4][4];
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
-    bool ok[2];
-    int ob[2];  // the blocks' scale offsets (a block past the range: block 0's, a finite scale times sa = 0)
-    float sw[2];
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
-      ok[b] = kFull || block_ok(kb0, j, b, kb_end);
-      ob[b] = ok[b] ? kb0 + 2 * j + b : 0;
-      sw[b] = detail::ue8m0_scale(kScaleStep ? __ldg(s_row + ob[b]) : __ldg(s_row + (ob[b] >> kb_shift)));
+      ok[j][b] = kFull || block_ok(kb0, j, b, kb_end);
+      ob[j][b] = ok[j][b] ? 2 * j + b : -kb0;
+      const int kb = kb0 + ob[j][b];
+      sw[j][b] = detail::ue8m0_scale(kScaleStep ? __ldg(s_row + kb) : __ldg(s_row + (kb >> kb_shift)));
     }
-    uint32_t a[4][4];
+    act_off[j] = kFull || block_ok(kb0, j, t >> 1, kb_end) ? kFp8PairBytes * j : -32 * kb0 - 32 * (t >> 1);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const uint32_t lo = word_of(w.lo[j], m), hi = word_of(w.hi[j], m);
-      a[m][0] = e4m3x2_to_f16x2(lo);
-      a[m][1] = e4m3x2_to_f16x2(hi);
-      a[m][2] = e4m3x2_hi_to_f16x2(lo);
-      a[m][3] = e4m3x2_hi_to_f16x2(hi);
+      a[j][m][0] = e4m3x2_to_f16x2(lo);
+      a[j][m][1] = e4m3x2_to_f16x2(hi);
+      a[j][m][2] = e4m3x2_hi_to_f16x2(lo);
+      a[j][m][3] = e4m3x2_hi_to_f16x2(hi);
     }
-    // This lane's values of pair j (its block's half), redirected as its weight words are for a block past the range.
-    const int pair_off =
-        kFull || block_ok(kb0, j, t >> 1, kb_end) ? 32 * kb0 + kFp8PairBytes * j : -32 * (t >> 1);
-    const uint16_t* p0 = tl.act0 + pair_off;
-    const uint16_t* p1 = tl.act1 + pair_off;
-    const float* q0 = tl.as0;
-    const float* q1 = tl.as1;
+  }
+  const int live_lim0 = tl.live ? n - (g >> 1) : 0, live_lim1 = live_lim0 - 4;  // token tok0 + .. < n
+  const int scale_lim0 = n - t, scale_lim1 = scale_lim0 - 4;
+  int p0 = tl.act0 + 32 * kb0, p1 = tl.act1 + 32 * kb0, q0 = tl.as0 + kb0, q1 = tl.as1 + kb0;
 #pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
-      const int tok0 = tile * kTokensPerTile;
-      if (tok0 >= n) break;
+  for (int tile = 0; tile < kTiles; ++tile) {
+    const int tok0 = tile * kTokensPerTile;
+    if (tok0 >= n) break;
+    const bool live0 = tok0 < live_lim0, live1 = tok0 < live_lim1;
+    const bool scaled0 = tok0 < scale_lim0, scaled1 = tok0 < scale_lim1;
+    float(&c)[4] = acc[tile];
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
       const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      const bool live0 = tok0 < live_lim0, live1 = tok0 < live_lim1;
       uint4 a0[2], a1[2];
-      a0[0] = live0 ? __ldg(reinterpret_cast<const uint4*>(p0)) : zero;
-      a0[1] = live0 ? __ldg(reinterpret_cast<const uint4*>(p0 + 8)) : zero;
-      a1[0] = live1 ? __ldg(reinterpret_cast<const uint4*>(p1)) : zero;
-      a1[1] = live1 ? __ldg(reinterpret_cast<const uint4*>(p1 + 8)) : zero;
+      const uint4* v0 = reinterpret_cast<const uint4*>(tl.act + (p0 + act_off[j]));
+      const uint4* v1 = reinterpret_cast<const uint4*>(tl.act + (p1 + act_off[j]));
+      a0[0] = live0 ? __ldg(v0) : zero;
+      a0[1] = live0 ? __ldg(v0 + 1) : zero;
+      a1[0] = live1 ? __ldg(v1) : zero;
+      a1[1] = live1 ? __ldg(v1 + 1) : zero;
       float sa0[2], sa1[2];
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-        sa0[b] = ok[b] && tok0 < scale_lim0 ? __ldg(q0 + ob[b]) : 0.0f;
-        sa1[b] = ok[b] && tok0 < scale_lim1 ? __ldg(q1 + ob[b]) : 0.0f;
+        sa0[b] = ok[j][b] && scaled0 ? __ldg(tl.scales + (q0 + ob[j][b])) : 0.0f;
+        sa1[b] = ok[j][b] && scaled1 ? __ldg(tl.scales + (q1 + ob[j][b])) : 0.0f;
       }
       float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        mma_f16(a[m], word_of(a0[m >> 1], 2 * (m & 1)), word_of(a0[m >> 1], 2 * (m & 1) + 1), d0);
-        mma_f16(a[m], word_of(a1[m >> 1], 2 * (m & 1)), word_of(a1[m >> 1], 2 * (m & 1) + 1), d1);
+        mma_f16(a[j][m], word_of(a0[m >> 1], 2 * (m & 1)), word_of(a0[m >> 1], 2 * (m & 1) + 1), d0);
+        mma_f16(a[j][m], word_of(a1[m >> 1], 2 * (m & 1)), word_of(a1[m >> 1], 2 * (m & 1) + 1), d1);
       }
-      const float se = sw[0] * sa0[0], so = sw[1] * sa0[1], se1 = sw[0] * sa1[0], so1 = sw[1] * sa1[1];
-      float(&c)[4] = acc[tile];
+      const float se = sw[j][0] * sa0[0], so = sw[j][1] * sa0[1], se1 = sw[j][0] * sa1[0], so1 = sw[j][1] * sa1[1];
       c[0] += d0[0] * se;
       c[0] += d0[1] * so;
       c[1] += d0[2] * se;
@@ -119,11 +127,11 @@ __device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8Chun
       c[2] += d1[1] * so1;
       c[3] += d1[2] * se1;
       c[3] += d1[3] * so1;
-      p0 += tl.act_tile;
-      p1 += tl.act_tile;
-      q0 += tl.scale_tile;
-      q1 += tl.scale_tile;
     }
+    p0 += tl.act_tile;
+    p1 += tl.act_tile;
+    q0 += tl.scale_tile;
+    q1 += tl.scale_tile;
   }
 }
 
@@ -149,7 +157,7 @@ __device__ __forceinline__ void tokens_warp_k(const TokenLanes& tl, const uint8_
 
 // Block (x, z): 16 weight rows × matrix z, the whole K range (no split), all p.n (<= 8 · kTiles) tokens.
 template <int kTiles>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_fp8_tokens_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_tokens_kernel(GemvParams p) {
   constexpr int kU = kUnroll<false>;
   __shared__ float partial[kGemvWarps][kRowsPerBlock][kTokensPerTile];
   __shared__ bool is_last;
@@ -165,12 +173,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_fp8_tokens_kernel(Gem
   const uint8_t* w_lo = op.w + r_lo * p.in + t * 16;
   const uint8_t* w_hi = op.w + r_hi * p.in + t * 16;
   const uint8_t* s_row = op.w_scales + (r_lo / p.block_out) * p.scale_cols;  // 16 rows share it
-  const TokenLanes tl{op.act + (g >> 1) * static_cast<int64_t>(op.act_stride) + t * 16,
-                      op.act + (4 + (g >> 1)) * static_cast<int64_t>(op.act_stride) + t * 16,
-                      op.act_scales + t * static_cast<int64_t>(op.scale_stride),
-                      op.act_scales + (4 + t) * static_cast<int64_t>(op.scale_stride),
-                      kTokensPerTile * static_cast<int64_t>(op.act_stride),
-                      kTokensPerTile * static_cast<int64_t>(op.scale_stride),
+  const TokenLanes tl{op.act,
+                      op.act_scales,
+                      (g >> 1) * op.act_stride + t * 16,
+                      (4 + (g >> 1)) * op.act_stride + t * 16,
+                      t * op.scale_stride,
+                      (4 + t) * op.scale_stride,
+                      kTokensPerTile * op.act_stride,
+                      kTokensPerTile * op.scale_stride,
                       (g & 1) == (t >> 1)};
   detail::pdl_launch_dependents();
   detail::pdl_wait();
