@@ -46,6 +46,11 @@ bool CudaModel::branches(const Rows& r) const {
   return options_.concurrent_branches && r.decode && r.n <= kGemvMaxRows && !profiler_;
 }
 
+bool CudaModel::moe_branches(const Rows& r) const {
+  return branches(r) || (options_.concurrent_branches && options_.paths.moe_branches_above_tile && r.decode &&
+                         !profiler_ && r.n <= options_.paths.gemv_max_rows && r.n <= options_.paths.moe_items_max_rows);
+}
+
 
 bool CudaModel::pdl() {
   const int s = cur_ ? 1 : 0;

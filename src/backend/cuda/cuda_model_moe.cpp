@@ -135,6 +135,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   const cudaStream_t s = cs();
   const int64_t n = r.n, K = c.num_experts_per_tok, P = n * K, d = c.hidden_size, inter = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
+  const bool fork = moe_branches(r);
   const int32_t* experts = w.experts[static_cast<size_t>(l)] + r.first * K;
   MoeDispatchArgs da;
   da.experts = experts;
@@ -172,12 +173,12 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   // before the fork, so the routed branch starts with its first GEMV — off: +0.25 ms (s9), that latency hid
   // the shared expert's GEMVs. paths.dispatch_in_router: the dispatch inside the fused router launch.
   auto dispatch = [&]() -> Status {
-    return route(l, r, /*beside_shared=*/!options_.paths.router_ahead && branches(r), &da);
+    return route(l, r, /*beside_shared=*/!options_.paths.router_ahead && fork, &da);
   };
   if (options_.paths.router_ahead) CEDAR_RETURN_IF_ERROR(dispatch());
   auto routed = [&]() -> Status {
     if (!options_.paths.router_ahead) CEDAR_RETURN_IF_ERROR(dispatch());
-    if (options_.paths.routed_full_edge && branches(r)) pdl_barrier();  // w1 / w3 does not hold the SMs early
+    if (options_.paths.routed_full_edge && fork) pdl_barrier();  // w1 / w3 does not hold the SMs early
     QuantWeightView shape13 = X.first[DeviceExperts::kW1].quant();
     QuantWeightView shape2 = X.first[DeviceExperts::kW2].quant();
     shape13.data = shape2.data = nullptr;
@@ -211,8 +212,8 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   };
   // Shared expert (weight 1) — a second branch.
   auto shared = [&]() { return shared_expert(l, r); };
-  CEDAR_RETURN_IF_ERROR(parallel(branches(r), routed, shared));
-  if (options_.paths.site_combine && branches(r) && n <= kMhcNormFuseMaxTokens && K <= kMhcCombineMaxTopk) {
+  CEDAR_RETURN_IF_ERROR(parallel(fork, routed, shared));
+  if (options_.paths.site_combine && fork && n <= kMhcNormFuseMaxTokens && K <= kMhcCombineMaxTopk) {
     pending_combine_ = MoeCombineArgs{n, K, d, experts, w.routed, w.shared, w.y};  // the next site combines it
     return Status::Ok();
   }

@@ -892,6 +892,58 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
   EXPECT_EQ(g.engram_ahead_layers(), 0) << GetParam() << ": engram_ahead ran without concurrent branches";
 }
 
+// The MoE fork above one GEMV tile (moe_branches_above_tile): a decode batch of 12 with the routed experts beside
+// the shared expert on the forked stream against the same batch with both on one stream. Each branch runs the same
+// kernels on the same inputs into its own buffers, so every logit must be the same bits, over the direct first
+// step of the shape, its capture and the replays.
+TEST_P(CudaModelParity, MoeForkAboveTheTileIsBitwise) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  CudaModel& g = *m->gpu;
+  PathsGuard guard(g);
+  const CudaKernelPaths fast = g.options().paths;
+  constexpr int64_t kBatch = 12;
+  ASSERT_TRUE(fast.moe_branches_above_tile && fast.gemv_max_rows >= kBatch && fast.moe_items_max_rows >= kBatch &&
+              m->options.concurrent_branches)
+      << GetParam() << ": the default paths do not fork the MoE at batch " << kBatch << "; nothing is compared";
+  auto run = [&](const CudaKernelPaths& paths) {
+    g.set_paths(paths);
+    std::vector<CudaSequence> seqs;
+    for (int64_t i = 0; i < kBatch; ++i) {
+      auto s = g.new_sequence({});
+      EXPECT_TRUE(s.ok()) << s.error().message;
+      if (!s.ok()) return std::vector<float>{};
+      CudaStepOutput out;
+      EXPECT_TRUE(g.prefill(*s, prompt(6 + 3 * i, 40 + i), LogitRows::None, out).ok());
+      seqs.push_back(std::move(*s));
+    }
+    std::vector<float> all;
+    for (int step = 0; step < 4; ++step) {  // direct, capture, replays
+      std::vector<int64_t> toks;
+      std::vector<CudaSequence*> ptrs;
+      for (int64_t i = 0; i < kBatch; ++i) {
+        toks.push_back(300 + 17 * i + step);
+        ptrs.push_back(&seqs[i]);
+      }
+      CudaStepOutput out;
+      EXPECT_TRUE(g.decode_step(ptrs, toks, out).ok());
+      const Logits l = gpu_logits(g, out);
+      all.insert(all.end(), l.values.begin(), l.values.end());
+    }
+    return all;
+  };
+  const std::vector<float> forked = run(fast);
+  EXPECT_TRUE(g.has_decode_graph(kBatch)) << GetParam() << ": no decode graph was captured for batch " << kBatch;
+  const std::vector<float> serial = run(with(fast, "moe_branches_above_tile=0"));
+  ASSERT_EQ(forked.size(), serial.size());
+  ASSERT_FALSE(forked.empty());
+  size_t diff = 0, first = 0;
+  for (size_t i = 0; i < forked.size(); ++i)
+    if (std::memcmp(&forked[i], &serial[i], sizeof(float)) != 0 && diff++ == 0) first = i;
+  EXPECT_EQ(diff, 0u) << GetParam() << ": " << diff << " of " << forked.size()
+                      << " logits differ with the MoE forked above the tile; first at " << first << ": "
+                      << (diff ? forked[first] : 0.0f) << " vs " << (diff ? serial[first] : 0.0f);
+}
+
 TEST_P(CudaModelParity, Fp8WoAEqualsBf16WoABitwise) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   std::string error;
