@@ -2,9 +2,9 @@
 // bits as its one-launch-per-8-token-tile loop), but each warp loads a run's weight words once, converts each pair
 // to f16 once, and feeds every token tile of the launch from them; the next chunk's words load while this one's
 // MMAs run. Tiles past the first cost MMAs, scale products and activation loads only (L1 / L2 hits: every block
-// reads the same activation rows). s28 (H100): 16384² at 32 tokens 233 µs against the tile loop's ~4 × 104, at
-// 64 tokens 497; decode at batch 32 30.9 ms against 33.0. Past ~16 tokens the issue rate binds (half of each MMA's
-// columns are the other block's zeros, fp8_chunk's layout), so at 64 rows the GEMMs stay faster in the model.
+// reads the same activation rows). s28 (H100, 16384²): 134 / 248 / 479 µs at 16 / 32 / 64 tokens against ~90 for
+// one token; decode at batch 32 / 64 31.1 / 50.1 ms against the tile loop's 32.9 / 55.6. Past ~16 tokens the issue
+// rate binds: half of each MMA's columns are the other block's zeros (fp8_chunk's layout, kept for its bits).
 // K splits are not taken here (their workspace holds one token tile): the host keeps the tile loop for them.
 #include <string>
 
