@@ -414,17 +414,21 @@ Status launch_gemv(QuantWeightFormat format, const GemvParams& p, dim3 grid, cud
                        "gemv_quantized_kernel<FP8Block>", p);
 }
 
-// Tokens per launch: up to kGemvTokensPerLaunch for FP8 without a K split (gemv_fp8_tokens.cu reads each weight
-// word once for all of them, with the 8-token tiles' bits), else one 8-token tile per launch. That kernel keeps
-// its operand offsets in 32 bits: every item's activation rows of one launch must lie within 2^31 elements.
-int64_t tokens_per_launch(QuantWeightFormat format, int64_t ksplit, int64_t n, const GemvGroupItem* items,
-                          int64_t count, int64_t in) {
-  if (format != QuantWeightFormat::FP8Block || ksplit != 1 || n <= kTokensPerTile) return kTokensPerTile;
+// Tokens per launch: up to kGemvTokensPerLaunch for FP8 (gemv_fp8_tokens.cu reads each weight word once for all of
+// them, with the 8-token tiles' bits), else one 8-token tile per launch. That kernel keeps its operand offsets in
+// 32 bits: every item's activation rows of one launch must lie within 2^31 elements.
+int64_t tokens_per_launch(QuantWeightFormat format, int64_t n, const GemvGroupItem* items, int64_t count, int64_t in) {
+  if (format != QuantWeightFormat::FP8Block || n <= kTokensPerTile) return kTokensPerTile;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t stride = items[i].act_row_stride ? items[i].act_row_stride : in;
     if ((kGemvTokensPerLaunch + 1) * stride >= (int64_t{1} << 31)) return kTokensPerTile;
   }
   return kGemvTokensPerLaunch;
+}
+
+// Tokens a split's partials hold: one launch's (FP8: gemv_fp8_tokens.cu's up to kGemvTokensPerLaunch).
+int64_t split_tokens(QuantWeightFormat format) {
+  return format == QuantWeightFormat::FP8Block ? kGemvTokensPerLaunch : kTokensPerTile;
 }
 
 // FP8 rows are read 16 bytes per lane (rows are multiples of 32 bytes, so the base decides).
@@ -549,7 +553,8 @@ SplitKSize splitk_workspace_size(const QuantWeightView& w, int64_t count) {
   count = std::min<int64_t>(std::max<int64_t>(count, 1), kMaxGroup);
   const int64_t ksplit = choose_ksplit(w, count);
   if (ksplit <= 1) return {};
-  return SplitKSize{count * ksplit * kTokensPerTile * w.out, count * ((w.out + kRowsPerBlock - 1) / kRowsPerBlock)};
+  return SplitKSize{count * ksplit * split_tokens(w.format) * w.out,
+                    count * ((w.out + kRowsPerBlock - 1) / kRowsPerBlock)};
 }
 
 Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem* items, int64_t count, int64_t n,
@@ -579,7 +584,7 @@ Status gemv_quantized_grouped(const QuantWeightView& shape, const GemvGroupItem*
     const int64_t kb_per_split = (n_kb + ksplit - 1) / ksplit;
     const dim3 grid(static_cast<unsigned>((shape.out + kRowsPerBlock - 1) / kRowsPerBlock),
                     static_cast<unsigned>(ksplit), static_cast<unsigned>(group));
-    const int64_t per_launch = tokens_per_launch(shape.format, ksplit, n, items + g0, group, shape.in);
+    const int64_t per_launch = tokens_per_launch(shape.format, n, items + g0, group, shape.in);
     for (int64_t t0 = 0; t0 < n; t0 += per_launch) {
       GemvParams p{};
       for (int64_t i = 0; i < group; ++i) p.ops[i] = tile_operands(items[g0 + i], shape.in, shape.out, t0, 0);
@@ -615,7 +620,8 @@ SplitKSize splitk_workspace_size_multi(const QuantWeightView* mats, int64_t coun
   tallest.out = out;
   const int64_t ksplit = choose_ksplit_tiles(tallest, tiles);
   if (ksplit <= 1) return {};
-  return SplitKSize{count * ksplit * kTokensPerTile * out, count * ((out + kRowsPerBlock - 1) / kRowsPerBlock)};
+  return SplitKSize{count * ksplit * split_tokens(mats[0].format) * out,
+                    count * ((out + kRowsPerBlock - 1) / kRowsPerBlock)};
 }
 
 Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* items, int64_t count, int64_t n,
@@ -653,7 +659,7 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
   while ((int64_t{32} << kb_shift) < tallest.block_in) ++kb_shift;
   const dim3 grid(static_cast<unsigned>((out + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(ksplit),
                   static_cast<unsigned>(count));
-  const int64_t per_launch = tokens_per_launch(tallest.format, ksplit, n, items, count, tallest.in);
+  const int64_t per_launch = tokens_per_launch(tallest.format, n, items, count, tallest.in);
   for (int64_t t0 = 0; t0 < n; t0 += per_launch) {
     GemvParams p{};
     for (int64_t i = 0; i < count; ++i) p.ops[i] = tile_operands(items[i], tallest.in, mats[i].out, t0, mats[i].out);

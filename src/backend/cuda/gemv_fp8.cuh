@@ -23,7 +23,7 @@ struct GemvParams {
   bool bf16_output;
   int ksplit;                     // blocks along K (gridDim.y); > 1 needs the two buffers below
   int kb_per_split;
-  float* split_partials;          // [group][ksplit][8][out]
+  float* split_partials;          // [group][ksplit][8][out] (gemv.cu), [..][kGemvTokensPerLaunch][out] (tokens)
   unsigned* split_counters;       // [group][row tiles], zero between launches
   int warps;                      // = blockDim.x / 32 (gemv_warps)
 };

@@ -5,7 +5,8 @@
 // reads the same activation rows). s28 (H100, 16384²): 134 / 248 / 479 µs at 16 / 32 / 64 tokens against ~90 for
 // one token; decode at batch 32 / 64 31.1 / 50.1 ms against the tile loop's 32.9 / 55.6. Past ~16 tokens the issue
 // rate binds: half of each MMA's columns are the other block's zeros (fp8_chunk's layout, kept for its bits).
-// K splits are not taken here (their workspace holds one token tile): the host keeps the tile loop for them.
+// K splits are gemv.cu's (the same ranges, the same split-order sums); their workspace holds kGemvTokensPerLaunch
+// tokens per split for FP8 (splitk_workspace_size).
 #include <string>
 
 #include "backend/cuda/cuda_status.h"
@@ -18,19 +19,25 @@ namespace {
 using namespace gemv_detail;
 
 // One chunk of a warp's K run (kU blocks from kb0, kU / 2 block pairs): this lane's weight words, loaded where
-// fp8_chunk loads them (a block past the range redirected to block 0: finite values whose scale product is 0).
+// fp8_chunk loads them (a block past the range redirected to the range's first: finite values whose scale product
+// is 0).
 struct Fp8ChunkWords {
   uint4 lo[kUnroll<false> / 2], hi[kUnroll<false> / 2];
 };
 
+// A block's K range [begin, end) (its split of the rows) and the shift from a K block to its weight-scale column.
+struct KRange {
+  int begin, end, shift;
+};
+
 __device__ __forceinline__ bool block_ok(int kb0, int j, int b, int kb_end) { return kb0 + 2 * j + b < kb_end; }
 
-__device__ __forceinline__ Fp8ChunkWords load_chunk(const uint8_t* w_lo, const uint8_t* w_hi, int kb0, int kb_end,
+__device__ __forceinline__ Fp8ChunkWords load_chunk(const uint8_t* w_lo, const uint8_t* w_hi, int kb0, KRange kr,
                                                     int t, uint64_t policy) {
   Fp8ChunkWords w;
 #pragma unroll
   for (int j = 0; j < kUnroll<false> / 2; ++j) {
-    const int off = block_ok(kb0, j, t >> 1, kb_end) ? 32 * kb0 + kFp8PairBytes * j : -32 * (t >> 1);
+    const int off = block_ok(kb0, j, t >> 1, kr.end) ? 32 * kb0 + kFp8PairBytes * j : 32 * kr.begin - 32 * (t >> 1);
     w.lo[j] = detail::ld_weight(reinterpret_cast<const uint4*>(w_lo + off), policy);
     w.hi[j] = detail::ld_weight(reinterpret_cast<const uint4*>(w_hi + off), policy);
   }
@@ -59,8 +66,7 @@ struct TokenLanes {
 // fp8_warp_k.
 template <bool kFull, bool kScaleStep, int kTiles>
 __device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8ChunkWords& w, const uint8_t* s_row,
-                                             int kb0, int kb_end, int kb_shift, int g, int t, int n,
-                                             float (&acc)[kTiles][4]) {
+                                             int kb0, KRange kr, int g, int t, int n, float (&acc)[kTiles][4]) {
   constexpr int kPairs = kUnroll<false> / 2;
   bool ok[kPairs][2];
   int ob[kPairs][2];   // the blocks' scale offsets from kb0 (a block past the range: block 0's, a finite scale × sa = 0)
@@ -71,12 +77,12 @@ __device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8Chun
   for (int j = 0; j < kPairs; ++j) {
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
-      ok[j][b] = kFull || block_ok(kb0, j, b, kb_end);
-      ob[j][b] = ok[j][b] ? 2 * j + b : -kb0;
+      ok[j][b] = kFull || block_ok(kb0, j, b, kr.end);
+      ob[j][b] = ok[j][b] ? 2 * j + b : kr.begin - kb0;
       const int kb = kb0 + ob[j][b];
-      sw[j][b] = detail::ue8m0_scale(kScaleStep ? __ldg(s_row + kb) : __ldg(s_row + (kb >> kb_shift)));
+      sw[j][b] = detail::ue8m0_scale(kScaleStep ? __ldg(s_row + kb) : __ldg(s_row + (kb >> kr.shift)));
     }
-    act_off[j] = kFull || block_ok(kb0, j, t >> 1, kb_end) ? kFp8PairBytes * j : -32 * kb0 - 32 * (t >> 1);
+    act_off[j] = kFull || block_ok(kb0, j, t >> 1, kr.end) ? kFp8PairBytes * j : 32 * (kr.begin - kb0) - 32 * (t >> 1);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       const uint32_t lo = word_of(w.lo[j], m), hi = word_of(w.hi[j], m);
@@ -139,23 +145,67 @@ __device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8Chun
 // words are loaded before this chunk's MMAs, so they stream while the tiles compute.
 template <bool kScaleStep, int kTiles>
 __device__ __forceinline__ void tokens_warp_k(const TokenLanes& tl, const uint8_t* w_lo, const uint8_t* w_hi,
-                                              const uint8_t* s_row, int first, int step, int kb_end, int kb_shift,
-                                              int g, int t, int n, float (&acc)[kTiles][4]) {
+                                              const uint8_t* s_row, int first, int step, KRange kr, int g, int t,
+                                              int n, float (&acc)[kTiles][4]) {
   const uint64_t policy = detail::l2_evict_first_policy();
-  if (first >= kb_end) return;
-  Fp8ChunkWords cur = load_chunk(w_lo, w_hi, first, kb_end, t, policy);
-  for (int kb0 = first; kb0 < kb_end; kb0 += step) {
+  if (first >= kr.end) return;
+  Fp8ChunkWords cur = load_chunk(w_lo, w_hi, first, kr, t, policy);
+  for (int kb0 = first; kb0 < kr.end; kb0 += step) {
     Fp8ChunkWords next = cur;
-    if (kb0 + step < kb_end) next = load_chunk(w_lo, w_hi, kb0 + step, kb_end, t, policy);
-    if (kb0 + kUnroll<false> <= kb_end)
-      tokens_chunk<true, kScaleStep, kTiles>(tl, cur, s_row, kb0, kb_end, kb_shift, g, t, n, acc);
+    if (kb0 + step < kr.end) next = load_chunk(w_lo, w_hi, kb0 + step, kr, t, policy);
+    if (kb0 + kUnroll<false> <= kr.end)
+      tokens_chunk<true, kScaleStep, kTiles>(tl, cur, s_row, kb0, kr, g, t, n, acc);
     else
-      tokens_chunk<false, kScaleStep, kTiles>(tl, cur, s_row, kb0, kb_end, kb_shift, g, t, n, acc);
+      tokens_chunk<false, kScaleStep, kTiles>(tl, cur, s_row, kb0, kr, g, t, n, acc);
     cur = next;
   }
 }
 
-// Block (x, z): 16 weight rows × matrix z, the whole K range (no split), all p.n (<= 8 · kTiles) tokens.
+// The K-split end of a block: each tile's warp-summed partials (warp order) to p.split_partials, then the row tile's
+// last block (atomic ticket) adds the splits in split order for every tile: gemv_block_end's arithmetic per tile,
+// with one ticket for all of them. Split partials: [matrix][split][kGemvTokensPerLaunch][p.out].
+template <int kTiles>
+__device__ __forceinline__ void tokens_split_end(const GemvParams& p, const GemvOperands& op,
+                                                 float (&partial)[kGemvWarps][kRowsPerBlock][kTokensPerTile],
+                                                 const float (&acc)[kTiles][4], int64_t row0, int64_t out, int warp,
+                                                 int g, int t, bool& is_last) {
+  const int row = threadIdx.x / kTokensPerTile, tok = threadIdx.x % kTokensPerTile;
+  const bool cell = threadIdx.x < kRowsPerBlock * kTokensPerTile && row0 + row < out;
+  const int64_t split_floats = static_cast<int64_t>(kGemvTokensPerLaunch) * p.out;
+  float* mine = p.split_partials + (static_cast<int64_t>(blockIdx.z) * p.ksplit + blockIdx.y) * split_floats;
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+    const int n = min(p.n - tile * kTokensPerTile, kTokensPerTile);
+    if (n <= 0) break;
+    fp8_store<true>(partial[warp], acc[tile], g, t);
+    __syncthreads();
+    if (cell && tok < n)
+      mine[static_cast<int64_t>(tile * kTokensPerTile + tok) * p.out + row0 + row] =
+          sum_partials(partial, p.warps, row, tok, n);
+    __syncthreads();  // the partials are read before the next tile's stores
+  }
+  unsigned* counter = p.split_counters + static_cast<int64_t>(blockIdx.z) * gridDim.x + blockIdx.x;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == static_cast<unsigned>(p.ksplit - 1);
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const float* first = p.split_partials + static_cast<int64_t>(blockIdx.z) * p.ksplit * split_floats;
+  for (int tile = 0; tile < kTiles; ++tile) {
+    const int n = min(p.n - tile * kTokensPerTile, kTokensPerTile);
+    if (n <= 0) break;
+    if (!cell || tok >= n) continue;
+    const int64_t at = static_cast<int64_t>(tile * kTokensPerTile + tok) * p.out + row0 + row;
+    float sum = 0.0f;
+    for (int z = 0; z < p.ksplit; ++z) sum += __ldcg(first + z * split_floats + at);
+    op.y[static_cast<int64_t>(tile * kTokensPerTile + tok) * op.y_stride + row0 + row] =
+        p.bf16_output ? detail::round_bf16(sum) : sum;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // re-armed for the next launch / graph replay
+}
+
+// Block (x, y, z): 16 weight rows × the y-th K range of matrix z (gemv.cu's splits), all p.n (<= 8 · kTiles) tokens.
 template <int kTiles>
 __global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_tokens_kernel(GemvParams p) {
   constexpr int kU = kUnroll<false>;
@@ -170,6 +220,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_
   const int64_t r_lo = row0 + g < out ? row0 + g : 0;
   const int64_t r_hi = row0 + g + 8 < out ? row0 + g + 8 : 0;
   const int n_kb = static_cast<int>(p.in / 32);
+  const int kb_begin = static_cast<int>(blockIdx.y) * p.kb_per_split;
+  const KRange kr{kb_begin, min(n_kb, kb_begin + p.kb_per_split), p.kb_shift};
   const uint8_t* w_lo = op.w + r_lo * p.in + t * 16;
   const uint8_t* w_hi = op.w + r_hi * p.in + t * 16;
   const uint8_t* s_row = op.w_scales + (r_lo / p.block_out) * p.scale_cols;  // 16 rows share it
@@ -187,10 +239,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_
   float acc[kTiles][4];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  const int first = kb_begin + warp * kU, step = p.warps * kU;
   if (p.kb_shift == 0)
-    tokens_warp_k<true, kTiles>(tl, w_lo, w_hi, s_row, warp * kU, p.warps * kU, n_kb, 0, g, t, p.n, acc);
+    tokens_warp_k<true, kTiles>(tl, w_lo, w_hi, s_row, first, step, kr, g, t, p.n, acc);
   else
-    tokens_warp_k<false, kTiles>(tl, w_lo, w_hi, s_row, warp * kU, p.warps * kU, n_kb, p.kb_shift, g, t, p.n, acc);
+    tokens_warp_k<false, kTiles>(tl, w_lo, w_hi, s_row, first, step, kr, g, t, p.n, acc);
+  if (p.ksplit > 1) {
+    tokens_split_end<kTiles>(p, op, partial, acc, row0, out, warp, g, t, is_last);
+    return;
+  }
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
     const int n = min(p.n - tile * kTokensPerTile, kTokensPerTile);
@@ -198,7 +255,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_
     fp8_store<true>(partial[warp], acc[tile], g, t);
     GemvOperands o = op;
     o.y += static_cast<int64_t>(tile) * kTokensPerTile * op.y_stride;
-    gemv_block_end(p, o, partial, row0, out, n, is_last);  // ksplit 1: every block writes its rows
+    gemv_block_end(p, o, partial, row0, out, n, is_last);  // ksplit 1 here: every block writes its rows
     __syncthreads();  // the partials are read before the next tile's stores
   }
 }
@@ -207,8 +264,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_
 
 namespace gemv_detail {
 Status launch_gemv_fp8_tokens(const GemvParams& p, dim3 grid, cudaStream_t stream, bool programmatic_launch) {
-  if (p.ksplit != 1 || grid.y != 1)
-    return make_error("cuda::gemv_fp8_tokens: one K range per block only (ksplit " + std::to_string(p.ksplit) + ")");
+  if (p.ksplit < 1 || grid.y != static_cast<unsigned>(p.ksplit) ||
+      (p.ksplit > 1 && (p.split_partials == nullptr || p.split_counters == nullptr)))
+    return make_error("cuda::gemv_fp8_tokens: ksplit " + std::to_string(p.ksplit) + " needs grid.y = ksplit and, above 1, "
+                      "the split workspace");
   if (p.n < 1 || p.n > kGemvTokensPerLaunch)
     return make_error("cuda::gemv_fp8_tokens: n=" + std::to_string(p.n) + " (1.." +
                       std::to_string(kGemvTokensPerLaunch) + ")");

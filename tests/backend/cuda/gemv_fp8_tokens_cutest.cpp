@@ -1,7 +1,8 @@
 // The FP8 GEMV of 9..64 tokens per launch (gemv_fp8_tokens.cu): one call of n tokens bit for bit against the same
 // weights called 8 tokens at a time (gemv.cu's kernel, one launch per tile), for one matrix, grouped matrices with
-// strided rows and multi launches, V4.1's 32×32 and V4's 128×128 scale blocks, heights that are not whole tiles and
-// n past one launch; and the results against cpu::linear with the GEMV tolerance.
+// strided rows and multi launches, V4.1's 32×32 and V4's 128×128 scale blocks, heights that are not whole tiles,
+// n past one launch, and shapes that take a K split (with the split workspace both ways); and the results against
+// cpu::linear with the GEMV tolerance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,7 +39,7 @@ enum class Form { kSingle, kGrouped, kMulti };
 // column slice i, as wo_a's groups do) into ys.
 Status call(Form form, const std::vector<QuantWeightHost>& ws, const std::vector<DeviceBuffer<uint8_t>>& data,
             const std::vector<DeviceBuffer<uint8_t>>& scales, const uint16_t* codes, const float* act_scales,
-            std::vector<DeviceBuffer<float>>& ys, int64_t t0, int64_t n) {
+            std::vector<DeviceBuffer<float>>& ys, int64_t t0, int64_t n, const SplitKWorkspace& split) {
   const int64_t in = ws[0].cpu.in, count = static_cast<int64_t>(ws.size());
   const int64_t groups = form == Form::kGrouped ? count : 1;
   std::vector<QuantWeightView> mats;
@@ -52,14 +53,38 @@ Status call(Form form, const std::vector<QuantWeightHost>& ws, const std::vector
                      act_scales + (t0 * groups * in + col) / 32, ys[i].get() + t0 * out, groups * in,
                      groups * in / 32, out});
   }
-  if (form == Form::kMulti) return gemv_quantized_multi(mats.data(), items.data(), count, n, true, nullptr);
-  if (form == Form::kGrouped) return gemv_quantized_grouped(mats[0], items.data(), count, n, true, nullptr, {}, true);
+  if (form == Form::kMulti) return gemv_quantized_multi(mats.data(), items.data(), count, n, true, nullptr, split);
+  if (form == Form::kGrouped) return gemv_quantized_grouped(mats[0], items.data(), count, n, true, nullptr, split, true);
   return gemv_quantized(mats[0], items[0].act_codes, items[0].act_scales, n, ys[0].get() + t0 * ws[0].cpu.out, true,
-                        nullptr, {}, true);
+                        nullptr, split, true);
 }
 
-void check(const std::string& name, Form form, const std::vector<QuantWeightHost>& ws, int64_t n) {
+// The split-K workspace of the call's shape (none where it takes no split); `want_split` says whether it must split.
+struct SplitBuffers {
+  DeviceBuffer<float> partials;
+  DeviceBuffer<unsigned> counters;
+  SplitKWorkspace ws;
+};
+SplitBuffers split_for(Form form, const std::vector<QuantWeightHost>& ws, bool want_split) {
+  std::vector<QuantWeightView> mats;
+  for (const auto& w : ws)
+    mats.push_back({QuantWeightFormat::FP8Block, w.cpu.out, w.cpu.in, nullptr, nullptr, w.cpu.block_out, w.cpu.block_in});
+  const int64_t count = static_cast<int64_t>(ws.size());
+  const SplitKSize need = form == Form::kMulti ? splitk_workspace_size_multi(mats.data(), count)
+                                               : splitk_workspace_size(mats[0], form == Form::kGrouped ? count : 1);
+  EXPECT_EQ(need.partial_floats > 0, want_split) << "the shape's K split is not what the case is for";
+  SplitBuffers b;
+  if (need.partial_floats == 0) return b;
+  b.partials = alloc<float>(static_cast<size_t>(need.partial_floats));
+  b.counters = alloc<unsigned>(static_cast<size_t>(need.counters));
+  EXPECT_EQ(cudaMemset(b.counters.get(), 0, need.counters * sizeof(unsigned)), cudaSuccess);
+  b.ws = SplitKWorkspace{b.partials.get(), b.counters.get(), need.partial_floats, need.counters};
+  return b;
+}
+
+void check(const std::string& name, Form form, const std::vector<QuantWeightHost>& ws, int64_t n, bool split = false) {
   SCOPED_TRACE(name + " n=" + std::to_string(n));
+  const SplitBuffers sb = split_for(form, ws, split);
   const int64_t in = ws[0].cpu.in, groups = form == Form::kGrouped ? static_cast<int64_t>(ws.size()) : 1;
   const auto x = testing::random_acts(static_cast<size_t>(n * groups * in), 13);
   auto dx = upload(x);
@@ -74,10 +99,10 @@ void check(const std::string& name, Form form, const std::vector<QuantWeightHost
     one.push_back(alloc<float>(static_cast<size_t>(n * w.cpu.out)));
     tiled.push_back(alloc<float>(static_cast<size_t>(n * w.cpu.out)));
   }
-  Status s = call(form, ws, data, scales, codes.get(), act_scales.get(), one, 0, n);
+  Status s = call(form, ws, data, scales, codes.get(), act_scales.get(), one, 0, n, sb.ws);
   ASSERT_TRUE(s.ok()) << s.error().message;
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
-    s = call(form, ws, data, scales, codes.get(), act_scales.get(), tiled, t0, std::min<int64_t>(8, n - t0));
+    s = call(form, ws, data, scales, codes.get(), act_scales.get(), tiled, t0, std::min<int64_t>(8, n - t0), sb.ws);
     ASSERT_TRUE(s.ok()) << s.error().message;
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -107,6 +132,22 @@ TEST(CudaGemvFp8Tokens, OneLaunchEqualsEightTokensACallBitForBitAndCpu) {
   check("multi", Form::kMulti, {random_fp8_weight(2048, 1280, 32, 4), random_fp8_weight(512, 1280, 32, 5)}, 24);
   check("ragged height", Form::kSingle, {random_fp8_weight(200, 256, 32, 6)}, 13);
   check("v4 blocks", Form::kSingle, {random_fp8_weight(512, 1024, 128, 7)}, 40);
+}
+
+// Shapes with few row tiles and a long K take a K split (choose_ksplit): the one-launch kernel's splits meet in the
+// workspace as the tile kernel's do, so the bits are the same. wq_a / the shared expert's w1 / w3 are such shapes.
+TEST(CudaGemvFp8Tokens, KSplitOneLaunchEqualsEightTokensACallBitForBitAndCpu) {
+  CEDAR_REQUIRE_GPU();
+  using testing::random_fp8_weight;
+  for (const int64_t n : {int64_t{9}, int64_t{20}, int64_t{40}, int64_t{64}, int64_t{70}}) {
+    check("split", Form::kSingle, {random_fp8_weight(256, 4096, 32, 11)}, n, true);
+    check("split groups", Form::kGrouped, {random_fp8_weight(256, 2048, 32, 12), random_fp8_weight(256, 2048, 32, 13)},
+          n, true);
+  }
+  check("split multi", Form::kMulti, {random_fp8_weight(512, 2048, 32, 14), random_fp8_weight(256, 2048, 32, 15)}, 33,
+        true);
+  check("split ragged", Form::kSingle, {random_fp8_weight(200, 4096, 32, 16)}, 17, true);
+  check("split v4 blocks", Form::kSingle, {random_fp8_weight(256, 4096, 128, 17)}, 24, true);
 }
 
 }  // namespace
