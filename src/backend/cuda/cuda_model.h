@@ -41,8 +41,8 @@ namespace cedar::cuda {
 // fused multi / staged GEMVs and the one-launch router run up to it.
 inline constexpr int64_t kGemvMaxRows = 8;
 // Decode batches up to this many rows keep the dense linears, the shared expert and the routed experts on the GEMVs
-// (CudaKernelPaths::gemv_max_rows, moe_items_max_rows): the FP8 linears without a K split in one launch of up to 64
-// tokens (gemv_fp8_tokens.cu), the others per 8-token tile. The GEMMs they replace were slower at these sizes: H200,
+// (CudaKernelPaths::gemv_max_rows, moe_items_max_rows): the FP8 linears in one launch of up to 64 tokens
+// (gemv_fp8_tokens.cu), the routed experts per 8 of an expert's rows. The GEMMs they replace were slower at these sizes: H200,
 // s27 run 2, TPOT at batch 16 / 32 was 38.49 / 43.19 ms on the GEMMs and 18.43 / 31.05 with the 8-token tiles; H100,
 // s28, batch 64 51.40 ms on the GEMMs and 50.21 with the one-launch FP8 GEMVs (55.62 with the tile loop).
 inline constexpr int64_t kDecodeGemvMaxRows = 64;
@@ -86,8 +86,8 @@ struct CudaKernelPaths {
   // workspace is sized at load for the loaded value; set_paths clamps to it.
   int64_t moe_items_max_rows = kDecodeGemvMaxRows;
   // Calls up to this many rows (>= kGemvMaxRows) run the FP8 linears and the shared expert through the GEMVs
-  // (gemv_quantized: one launch of up to 64 tokens where the shape takes no K split, else 8-token tiles), more
-  // rows through quant_gemm / swiglu_gemm (or cuBLASLt from blas_min_rows). The workspace is sized at load for the loaded value; set_paths clamps to it.
+  // (gemv_quantized: FP8 in one launch of up to 64 tokens, the weights read once), more rows through quant_gemm /
+  // swiglu_gemm (or cuBLASLt from blas_min_rows). The workspace is sized at load for the loaded value; set_paths clamps to it.
   int64_t gemv_max_rows = kDecodeGemvMaxRows;
   // Decode-shaped attention (sparse_attention_decode): q's RoPE applied by the attention kernel as it
   // loads q (SparseAttnArgs::q_before_rope) instead of a rope_apply launch. Bit-identical.
