@@ -1,6 +1,7 @@
-// The block-scaled FP8 GEMV's launch parameters, per-warp K loop and block end, shared by gemv.cu's kernel (one
-// 8-token tile per launch) and gemv_fp8_tokens.cu's (up to 8 tiles per launch over the same weight words): one
-// arithmetic, so both give the same bits.
+// The block-scaled FP8 GEMV's launch parameters, pair layout, per-warp K loop (fp8_chunk over a weight source) and
+// block end. gemv.cu's kernel (one 8-token tile per launch) runs fp8_chunk; gemv_fp8_tokens.cu's (up to 8 tiles per
+// launch over the same weight words) shares the parameters, the layout and the block end, and repeats fp8_chunk's
+// per-pair arithmetic in its own loop order (tiles inside pairs), which its tests hold to the same bits.
 #pragma once
 
 #include <cuda_runtime.h>
