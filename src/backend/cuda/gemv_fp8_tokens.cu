@@ -27,7 +27,7 @@ struct Fp8ChunkWords {
   uint4 lo[kUnroll<false> / 2], hi[kUnroll<false> / 2];
 };
 
-// A block's K range [begin, end) (its split of the rows) and the shift from a K block to its weight-scale column.
+// A block's K range [begin, end) (its split of the K blocks) and the shift from a K block to its weight-scale column.
 struct KRange {
   int begin, end, shift;
 };
