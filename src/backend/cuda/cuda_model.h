@@ -201,7 +201,7 @@ struct CudaKernelPaths {
   // (DeviceExperts::scales_checked). s18 run 5: w1/w3 at batch 1 30.72 → 29.91 µs; decode 7.058 → 6.967 ms.
   bool scale_exp_add = true;
   // Decode above kGemvMaxRows rows (up to gemv_max_rows and moe_items_max_rows): the routed experts beside the
-  // shared expert on the forked stream, as below it (CudaModel::moe_branches); the other branches stay serial
+  // shared expert on the forked stream, as below it (CudaModel::moe_fork_rows); the other branches stay serial
   // there. Same bits (each branch's kernels are the same). s28 (H100), TPOT at batch 16 / 32 / 64: 19.68 / 31.11 /
   // 50.03 ms serial, 18.87 / 30.02 / 47.54 forked.
   bool moe_branches_above_tile = true;
@@ -448,10 +448,13 @@ class CudaModel {
   // The stream the layer loop launches on (the aux stream inside a branch) and its split-K scratch.
   cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
   const SplitKWorkspace& splitk() const;
-  bool branches(const Rows& r) const;
-  // The MoE's fork (routed experts beside the shared expert): branches(r), and also decode calls above
-  // kGemvMaxRows while both run on the GEMVs (their scratch is their own; no GEMM workspace is shared).
-  bool moe_branches(const Rows& r) const;
+  // Whether these rows run a fork's branches concurrently: decode, not profiling, at most max_rows rows (every fork
+  // up to one GEMV tile; the MoE's up to moe_fork_rows()).
+  bool branches(const Rows& r, int64_t max_rows = kGemvMaxRows) const;
+  // The rows up to which the MoE forks (routed experts beside the shared expert): with
+  // paths.moe_branches_above_tile both GEMV thresholds (their scratch is their own; no GEMM workspace is shared),
+  // else one tile. No fork reaches further, so it also keys the decode graphs.
+  int64_t moe_fork_rows() const;
   // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
   // main_critical: main() is the longer branch, so its first kernel may keep a programmatic edge
   // (paths.fork_pdl) and start ahead of the aux branch's.

@@ -41,14 +41,14 @@ Status CudaModel::debug(const std::string& name, const Rows& r, const float* dat
 
 const SplitKWorkspace& CudaModel::splitk() const { return cur_ ? ws_->splitk_aux : ws_->splitk; }
 
-bool CudaModel::branches(const Rows& r) const {
+bool CudaModel::branches(const Rows& r, int64_t max_rows) const {
   // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace).
-  return options_.concurrent_branches && r.decode && r.n <= kGemvMaxRows && !profiler_;
+  return options_.concurrent_branches && r.decode && r.n <= max_rows && !profiler_;
 }
 
-bool CudaModel::moe_branches(const Rows& r) const {
-  return branches(r) || (options_.concurrent_branches && options_.paths.moe_branches_above_tile && r.decode &&
-                         !profiler_ && r.n <= options_.paths.gemv_max_rows && r.n <= options_.paths.moe_items_max_rows);
+int64_t CudaModel::moe_fork_rows() const {
+  const CudaKernelPaths& p = options_.paths;
+  return p.moe_branches_above_tile ? std::min(p.gemv_max_rows, p.moe_items_max_rows) : kGemvMaxRows;
 }
 
 
