@@ -370,7 +370,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.site_combine = false;
   p.warp_items = false;
   p.scale_exp_add = false;
-  p.moe_branches_above_tile = false;
+  p.branches_above_tile = false;
   p.routed_tiles = false;
   return p;
 }
@@ -413,7 +413,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"site_combine", &p.site_combine, nullptr},
           {"warp_items", &p.warp_items, nullptr},
           {"scale_exp_add", &p.scale_exp_add, nullptr},
-          {"moe_branches_above_tile", &p.moe_branches_above_tile, nullptr},
+          {"branches_above_tile", &p.branches_above_tile, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"gemv_max_rows", nullptr, &p.gemv_max_rows},

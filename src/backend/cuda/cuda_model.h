@@ -200,11 +200,13 @@ struct CudaKernelPaths {
   // scale_exp_add; the same bits) where the upload proved every expert scale byte in range
   // (DeviceExperts::scales_checked). s18 run 5: w1/w3 at batch 1 30.72 → 29.91 µs; decode 7.058 → 6.967 ms.
   bool scale_exp_add = true;
-  // Decode above kGemvMaxRows rows (up to gemv_max_rows and moe_items_max_rows): the routed experts beside the
-  // shared expert on the forked stream, as below it (CudaModel::moe_branches); the other branches stay serial
-  // there. Same bits (each branch's kernels are the same). s28 (H100), TPOT at batch 16 / 32 / 64: 19.68 / 31.11 /
-  // 50.03 ms serial, 18.87 / 30.02 / 47.54 forked.
-  bool moe_branches_above_tile = true;
+  // Decode above kGemvMaxRows rows (up to gemv_max_rows and moe_items_max_rows, where no GEMM workspace is
+  // shared): the concurrent branches as below it (CudaModel::branches) — the query beside the keys, the routed
+  // experts beside the shared expert, the SWA ring commit aside; the mHC coefficients and the Engram gathers
+  // stay one tile only (their scratch). Same bits (each branch's kernels are the same). s28 (H100), the MoE fork
+  // alone, TPOT at batch 16 / 32 / 64: 19.68 / 31.11 / 50.03 ms serial, 18.87 / 30.02 / 47.54 forked; the other
+  // forks built, not yet measured.
+  bool branches_above_tile = true;
   // Decode: a forced K split of the routed experts' packed GEMVs (GemvItemsOptions::packed_warps: 2..8 warps
   // per block, one K part each — another summation order, other bits); 0 = the default split (4). A benchmark
   // switch: s19 run 3, 2 warps: batch 1 6.960 → 6.810 ms, batch 8 11.341 → 11.669 ms.
@@ -449,9 +451,6 @@ class CudaModel {
   cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
   const SplitKWorkspace& splitk() const;
   bool branches(const Rows& r) const;
-  // The MoE's fork (routed experts beside the shared expert): branches(r), and also decode calls above
-  // kGemvMaxRows while both run on the GEMVs (their scratch is their own; no GEMM workspace is shared).
-  bool moe_branches(const Rows& r) const;
   // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
   // main_critical: main() is the longer branch, so its first kernel may keep a programmatic edge
   // (paths.fork_pdl) and start ahead of the aux branch's.

@@ -42,15 +42,12 @@ Status CudaModel::debug(const std::string& name, const Rows& r, const float* dat
 const SplitKWorkspace& CudaModel::splitk() const { return cur_ ? ws_->splitk_aux : ws_->splitk; }
 
 bool CudaModel::branches(const Rows& r) const {
-  // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace).
-  return options_.concurrent_branches && r.decode && r.n <= kGemvMaxRows && !profiler_;
+  // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace): decode
+  // up to one GEMV tile, or with paths.branches_above_tile up to both GEMV-path thresholds.
+  const CudaKernelPaths& p = options_.paths;
+  const int64_t most = p.branches_above_tile ? std::min(p.gemv_max_rows, p.moe_items_max_rows) : kGemvMaxRows;
+  return options_.concurrent_branches && r.decode && r.n <= most && !profiler_;
 }
-
-bool CudaModel::moe_branches(const Rows& r) const {
-  return branches(r) || (options_.concurrent_branches && options_.paths.moe_branches_above_tile && r.decode &&
-                         !profiler_ && r.n <= options_.paths.gemv_max_rows && r.n <= options_.paths.moe_items_max_rows);
-}
-
 
 bool CudaModel::pdl() {
   const int s = cur_ ? 1 : 0;
@@ -265,7 +262,9 @@ Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& w
   MhcFusedArgs& a = *static_cast<MhcFusedArgs*>(args_ptr);
   ActQuantOut quant;
   if (fold_act_quant(r.n, config().hidden_size, true)) quant = ActQuantOut{ws_->act_a, ws_->act_a_scales};
-  if (options_.paths.mhc_split && branches(r) && a.fn && a.mix_out && !cur_) {
+  // (One GEMV tile at most: above it mhc_fused takes other kernels, whose workspace use beside the critical
+  // launch is not established.)
+  if (options_.paths.mhc_split && branches(r) && r.n <= kGemvMaxRows && a.fn && a.mix_out && !cur_) {
     MhcFusedArgs crit = a;
     crit.fn = nullptr;
     crit.mix_out = nullptr;

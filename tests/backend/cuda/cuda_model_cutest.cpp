@@ -892,21 +892,22 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
   EXPECT_EQ(g.engram_ahead_layers(), 0) << GetParam() << ": engram_ahead ran without concurrent branches";
 }
 
-// The MoE fork above one GEMV tile (moe_branches_above_tile): a decode batch of 12 with the routed experts beside
-// the shared expert on the forked stream against the same batch with both on one stream. Each branch runs the same
-// kernels on the same inputs into its own buffers, so every logit must be the same bits, over the direct first
-// step of the shape, its capture and the replays.
-TEST_P(CudaModelParity, MoeForkAboveTheTileIsBitwise) {
+// The concurrent branches above one GEMV tile (branches_above_tile): a decode batch of 12 with the query beside the
+// keys, the routed experts beside the shared expert and the ring commit aside, against the same batch on one stream
+// (concurrent branches off). Each branch runs the same kernels on the same inputs into its own buffers, so every
+// logit must be the same bits, over the direct first step of the shape, its capture and the replays.
+TEST_P(CudaModelParity, BranchesAboveTheTileAreBitwise) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   CudaModel& g = *m->gpu;
   PathsGuard guard(g);
   const CudaKernelPaths fast = g.options().paths;
   constexpr int64_t kBatch = 12;
-  ASSERT_TRUE(fast.moe_branches_above_tile && fast.gemv_max_rows >= kBatch && fast.moe_items_max_rows >= kBatch &&
+  ASSERT_TRUE(fast.branches_above_tile && fast.gemv_max_rows >= kBatch && fast.moe_items_max_rows >= kBatch &&
               m->options.concurrent_branches)
-      << GetParam() << ": the default paths do not fork the MoE at batch " << kBatch << "; nothing is compared";
-  auto run = [&](const CudaKernelPaths& paths) {
-    g.set_paths(paths);
+      << GetParam() << ": the default paths do not fork at batch " << kBatch << "; nothing is compared";
+  auto run = [&](bool concurrent) {
+    g.use_concurrent_branches(concurrent);
+    g.set_paths(fast);  // drops the graphs captured with the other setting
     std::vector<CudaSequence> seqs;
     for (int64_t i = 0; i < kBatch; ++i) {
       auto s = g.new_sequence({});
@@ -931,16 +932,17 @@ TEST_P(CudaModelParity, MoeForkAboveTheTileIsBitwise) {
     }
     return all;
   };
-  const std::vector<float> forked = run(fast);
+  const std::vector<float> forked = run(true);
   EXPECT_TRUE(g.has_decode_graph(kBatch)) << GetParam() << ": no decode graph was captured for batch " << kBatch;
-  const std::vector<float> serial = run(with(fast, "moe_branches_above_tile=0"));
+  const std::vector<float> serial = run(false);
+  g.use_concurrent_branches(m->options.concurrent_branches);
   ASSERT_EQ(forked.size(), serial.size());
   ASSERT_FALSE(forked.empty());
   size_t diff = 0, first = 0;
   for (size_t i = 0; i < forked.size(); ++i)
     if (std::memcmp(&forked[i], &serial[i], sizeof(float)) != 0 && diff++ == 0) first = i;
   EXPECT_EQ(diff, 0u) << GetParam() << ": " << diff << " of " << forked.size()
-                      << " logits differ with the MoE forked above the tile; first at " << first << ": "
+                      << " logits differ with the branches forked above the tile; first at " << first << ": "
                       << (diff ? forked[first] : 0.0f) << " vs " << (diff ? serial[first] : 0.0f);
 }
 
