@@ -74,8 +74,8 @@ struct CudaKernelPaths {
   // The sites' input RMSNorm requested from mhc_fused (MhcFusedArgs::normed: fused into the decode
   // kernel's last block up to kMhcNormFuseMaxTokens rows, same bits). false: a separate rms_norm launch.
   bool mhc_fused_norm = true;
-  // Decode (<= kGemvMaxRows rows): wq_a + wkv (x's codes) and, on index-source layers, wq_b + the
-  // indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
+  // Calls on the GEMV path (<= gemv_max_rows rows; up to s28 <= kGemvMaxRows): wq_a + wkv (x's codes) and, on
+  // index-source layers, wq_b + the indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
   bool gemv_multi = true;
   // Calls of at least this many rows run the FP8 / MXFP4 linears and the shared expert's SwiGLU GEMM
   // through exact bf16 dequantization + cuBLASLt (gemm_kernels.h "through bf16 cuBLASLt"), when it

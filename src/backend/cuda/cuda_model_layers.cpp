@@ -586,7 +586,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   const ActQuantOut qr_codes{w.act_b, w.act_b_scales};
   // Decode: matrices that read the same codes share one launch (gemv_quantized_multi): wq_a + wkv
   // before the branches, wq_b + the indexer's wq_b on index-source layers.
-  const bool multi = options_.paths.gemv_multi && n <= kGemvMaxRows;
+  const bool multi = options_.paths.gemv_multi && n <= options_.paths.gemv_max_rows;
   const bool multi_qb = multi && role.compress_ratio > 0 && role.owns_indexer && L.wq_b_i.present();
   if (multi) {
     const QuantWeightView mats[2] = {L.wq_a.quant(), L.wkv.quant()};
@@ -607,7 +607,8 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   // paths.q_norm_kv_encode: where the keys branch would be the encode alone, q_norm and the encode share a
   // launch on the main stream (no fork: on the aux stream the encode waited for wq_b's blocks to drain).
   // Where the branches run (decode, not profiling: the serial path keeps its per-stage marks).
-  const bool q_norm_kv = options_.paths.q_norm_kv_encode && multi && !compress && branches(r);
+  // (One GEMV tile at most: the fused launch is not established above it.)
+  const bool q_norm_kv = options_.paths.q_norm_kv_encode && multi && n <= kGemvMaxRows && !compress && branches(r);
   // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
   auto query = [&]() -> Status {
     if (!multi) CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
