@@ -137,8 +137,8 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.e0 = k.take<float>("activations", R * hc);
   w.final_pre = k.take<float>("activations", R * hc);
   const int64_t max_in = std::max({d, c.q_lora_rank, og * ol, inter, engram_in(c)});
-  // paths.wo_a_f16 stages o [rows <= kGemvMaxRows, H·hd] in act_b (cuda_model_layers.cpp dense()).
-  w.act_capacity = std::max(R * max_in, std::min(R, kGemvMaxRows) * H * hd);
+  // paths.wo_a_f16 stages o [rows <= gemv_max_rows, H·hd] in act_b (cuda_model_layers.cpp dense()).
+  w.act_capacity = std::max(R * max_in, gemv_path_rows(o, o.paths.gemv_max_rows) * H * hd);
   w.act_a = k.take<uint16_t>("activations", w.act_capacity);
   w.act_a_scales = k.take<float>("activations", w.act_capacity / 32 + 1);
   w.act_b = k.take<uint16_t>("activations", w.act_capacity);

@@ -111,10 +111,11 @@ struct CudaKernelPaths {
   // joined right before its engram_update — off the critical path between the layers. Same kernels and
   // inputs (own codes, kv and split-K buffers), so the same bits.
   bool engram_ahead = true;
-  // Decode (<= kGemvMaxRows rows) with wo_a as stored and fp8_fast: o staged as exact f16 blocks with
-  // power-of-two scales (stage_act_f16) + the FP8 grouped GEMV over the groups (gemv_fp8_staged) instead
-  // of gemv_bf16's in-register bf16 dequantization. Not bit-identical (the fp32 sums run per 32-block,
-  // then scaled); the products are the same exact values, so the CPU oracle's bounds apply.
+  // Calls of up to gemv_max_rows rows with wo_a as stored and fp8_fast: o staged as exact f16 blocks with
+  // power-of-two scales (stage_act_f16) + the FP8 grouped GEMV over the groups (gemv_fp8_staged: above 8 rows
+  // one launch, gemv_fp8_tokens.cu) instead of gemv_bf16's in-register bf16 dequantization. Not bit-identical
+  // (the fp32 sums run per 32-block, then scaled); the products are the same exact values, so the CPU
+  // oracle's bounds apply. (Up to s28 only up to kGemvMaxRows rows; not yet measured above.)
   bool wo_a_f16 = true;
   // The producers of the activations the FP8 GEMVs read write their codes too (act_quant.cuh: the same
   // bits as quantize_act_fp8), one quantize_act_fp8 launch less each: fused_act_quant = q_norm (qr's
@@ -311,7 +312,7 @@ class CudaModel {
   void set_paths(const CudaKernelPaths& p);
   bool wo_a_fp8() const;  // wo_a is on the device as FP8
   // Tests: calls of n rows run every layer's wo_a through gemv_fp8_staged (paths.wo_a_f16, the weight FP8
-  // and fp8_fast, whole scale blocks per group, n <= kGemvMaxRows, the workspace large enough).
+  // and fp8_fast, whole scale blocks per group, n <= paths.gemv_max_rows, the workspace large enough).
   bool wo_a_f16_active(int64_t n) const;
   const CudaModelOptions& options() const { return options_; }
   // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /

@@ -100,7 +100,8 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
 }
 
 bool CudaModel::staged_wo_a(const DeviceMatrix& w, int64_t n, int64_t groups, int64_t out, int64_t in) const {
-  return options_.paths.wo_a_f16 && w.format == DeviceFormat::Fp8Block && w.fp8_fast && n >= 1 && n <= kGemvMaxRows &&
+  return options_.paths.wo_a_f16 && w.format == DeviceFormat::Fp8Block && w.fp8_fast && n >= 1 &&
+         n <= options_.paths.gemv_max_rows &&
          groups >= 1 && out >= 1 && w.out == groups * out && w.block_out > 0 && out % w.block_out == 0 && w.in == in &&
          in % 32 == 0 && n * groups * in <= ws_->act_capacity;
 }
@@ -691,8 +692,9 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   // paths.attn_stage_wo_a: o's f16 staging for the staged wo_a GEMV written with o (act_b: qr's codes are
   // dead once the attention read q).
   const int64_t wo_a_in = H * hd / c.o_groups;
-  const bool stage_in_attention =
-      options_.paths.attn_stage_wo_a && staged_wo_a(L.wo_a, n, c.o_groups, c.o_lora_rank, wo_a_in);
+  // (The decode merge writes it up to one GEMV tile of rows; above, gemv_fp8_staged stages o itself.)
+  const bool stage_in_attention = options_.paths.attn_stage_wo_a && n <= kGemvMaxRows &&
+                                  staged_wo_a(L.wo_a, n, c.o_groups, c.o_lora_rank, wo_a_in);
   if (stage_in_attention) {
     sa.out_f16_codes = w.act_b;
     sa.out_f16_scales = w.act_b_scales;

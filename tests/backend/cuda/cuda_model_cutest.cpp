@@ -973,13 +973,16 @@ TEST_P(CudaModelParity, StagedWoAIsTakenAndMatchesCpu) {
   CudaModel& g = *m->gpu;
   PathsGuard guard(g);
   // The defaults run wo_a through gemv_fp8_staged (o staged as exact f16 blocks + the FP8 grouped GEMV)
-  // at every GEMV row count — so the default parity tests (chunks of <= 8 rows, decode) check it against
-  // the CPU; above kGemvMaxRows rows, and with wo_a_f16 = 0, gemv_bf16 (or cuBLASLt) as before.
+  // at every GEMV row count — so the default parity tests (chunks of <= 8 rows, decode, the batched decode
+  // above 8 rows) check it against the CPU; above gemv_max_rows rows, and with wo_a_f16 = 0, gemv_bf16 (or
+  // cuBLASLt) as before.
   ASSERT_TRUE(g.wo_a_fp8()) << GetParam() << ": wo_a is not FP8 on the device: the staged path cannot run";
-  for (int64_t n = 1; n <= kGemvMaxRows; ++n)
+  const int64_t gemv_rows = g.options().paths.gemv_max_rows;
+  for (int64_t n = 1; n <= gemv_rows; ++n)
     ASSERT_TRUE(g.wo_a_f16_active(n)) << GetParam() << ": " << n << " rows do not take the staged wo_a path "
-                                      << "(fp8_fast failed at upload, or the group height is not whole scale blocks)";
-  EXPECT_FALSE(g.wo_a_f16_active(kGemvMaxRows + 1));
+                                      << "(fp8_fast failed at upload, the group height is not whole scale blocks, "
+                                      << "or act_capacity is too small)";
+  EXPECT_FALSE(g.wo_a_f16_active(gemv_rows + 1));
   g.set_paths(with(CudaKernelPaths(), "wo_a_f16=0"));
   EXPECT_FALSE(g.wo_a_f16_active(1)) << "wo_a_f16=0 still takes the staged path";
   // The switch's other side (gemv_bf16 over the FP8 weight) within the same CPU bounds, then the staged
