@@ -754,9 +754,9 @@ int64_t context_bucket(int64_t positions, int64_t max_context) {
 
 Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
   Status st;
-  // One graph per shape: batch, context bucket, concurrent branches (moe_branches: any fork, above one tile the
-  // MoE's; set_paths drops the graphs of the other switches).
-  const std::pair<int64_t, int64_t> key{r.n, 2 * r.context + (moe_branches(r) ? 1 : 0)};
+  // One graph per shape: batch, context bucket, concurrent branches (set_paths drops the graphs of the
+  // other switches).
+  const std::pair<int64_t, int64_t> key{r.n, 2 * r.context + (branches(r) ? 1 : 0)};
   if (r.decode && options_.cuda_graphs && !profiler_) {
     auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end() && !warmed_[key]) {
