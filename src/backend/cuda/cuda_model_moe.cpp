@@ -79,7 +79,7 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatc
 }
 
 // The shared expert into w.shared: w1 / w3 + SwiGLU (+ FP8 codes), then w2 (qlinear). Up to paths.gemv_max_rows rows
-// w1 / w3 are one grouped GEMV launch (8-token tiles) and a SwiGLU launch; more rows the fused SwiGLU GEMM (cuBLASLt
+// w1 / w3 are one grouped GEMV launch and a SwiGLU launch; more rows the fused SwiGLU GEMM (cuBLASLt
 // from blas_min_rows rows on).
 Status CudaModel::shared_expert(int64_t l, const Rows& r) {
   const ModelConfig& c = config();
