@@ -69,7 +69,7 @@ CommandSpec bench_spec() {
          "programmatic_launch, router_splitk, mhc_batched, mhc_cluster, mhc_fused_norm, gemv_multi, fused_q_rope, "
          "attn_head_split, mhc_split, mhc_split_norm, engram_ahead, wo_a_f16, fused_act_quant, site_act_quant, site_cluster, "
          "swa_commit_aside, router_ahead, dispatch_in_router, router_splitk_beside, fork_pdl, fork_pdl_compressor, q_norm_kv_encode, attn_merge_trigger, "
-         "routed_full_edge, attn_stage_wo_a, site_combine, warp_items, scale_exp_add, moe_branches_above_tile, "
+         "routed_full_edge, attn_stage_wo_a, site_combine, warp_items, scale_exp_add, branches_above_tile, "
          "blas_min_rows, gemv_max_rows, "
          "moe_items_max_rows, routed_warps, routed_tiles, tiled_experts, packed_experts, wo_a_fp8, concurrent_branches, "
          "cuda_graphs)",

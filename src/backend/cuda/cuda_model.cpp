@@ -137,8 +137,8 @@ void workspace_layout(const ModelConfig& c, const LayerPlan& plan, const CudaMod
   w.e0 = k.take<float>("activations", R * hc);
   w.final_pre = k.take<float>("activations", R * hc);
   const int64_t max_in = std::max({d, c.q_lora_rank, og * ol, inter, engram_in(c)});
-  // paths.wo_a_f16 stages o [rows <= kGemvMaxRows, H·hd] in act_b (cuda_model_layers.cpp dense()).
-  w.act_capacity = std::max(R * max_in, std::min(R, kGemvMaxRows) * H * hd);
+  // paths.wo_a_f16 stages o [rows <= gemv_max_rows, H·hd] in act_b (cuda_model_layers.cpp dense()).
+  w.act_capacity = std::max(R * max_in, gemv_path_rows(o, o.paths.gemv_max_rows) * H * hd);
   w.act_a = k.take<uint16_t>("activations", w.act_capacity);
   w.act_a_scales = k.take<float>("activations", w.act_capacity / 32 + 1);
   w.act_b = k.take<uint16_t>("activations", w.act_capacity);
@@ -370,7 +370,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.site_combine = false;
   p.warp_items = false;
   p.scale_exp_add = false;
-  p.moe_branches_above_tile = false;
+  p.branches_above_tile = false;
   p.routed_tiles = false;
   return p;
 }
@@ -413,7 +413,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"site_combine", &p.site_combine, nullptr},
           {"warp_items", &p.warp_items, nullptr},
           {"scale_exp_add", &p.scale_exp_add, nullptr},
-          {"moe_branches_above_tile", &p.moe_branches_above_tile, nullptr},
+          {"branches_above_tile", &p.branches_above_tile, nullptr},
           {"blas_min_rows", nullptr, &p.blas_min_rows},
           {"moe_items_max_rows", nullptr, &p.moe_items_max_rows},
           {"gemv_max_rows", nullptr, &p.gemv_max_rows},
@@ -754,9 +754,9 @@ int64_t context_bucket(int64_t positions, int64_t max_context) {
 
 Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
   Status st;
-  // One graph per shape: batch, context bucket, concurrent branches (up to the furthest fork's rows; set_paths
-  // drops the graphs of the other switches).
-  const std::pair<int64_t, int64_t> key{r.n, 2 * r.context + (branches(r, moe_fork_rows()) ? 1 : 0)};
+  // One graph per shape: batch, context bucket, concurrent branches (set_paths drops the graphs of the
+  // other switches).
+  const std::pair<int64_t, int64_t> key{r.n, 2 * r.context + (branches(r) ? 1 : 0)};
   if (r.decode && options_.cuda_graphs && !profiler_) {
     auto it = decode_graphs_.find(key);
     if (it == decode_graphs_.end() && !warmed_[key]) {

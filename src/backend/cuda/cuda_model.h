@@ -74,8 +74,8 @@ struct CudaKernelPaths {
   // The sites' input RMSNorm requested from mhc_fused (MhcFusedArgs::normed: fused into the decode
   // kernel's last block up to kMhcNormFuseMaxTokens rows, same bits). false: a separate rms_norm launch.
   bool mhc_fused_norm = true;
-  // Decode (<= kGemvMaxRows rows): wq_a + wkv (x's codes) and, on index-source layers, wq_b + the
-  // indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
+  // Calls on the GEMV path (<= gemv_max_rows rows; up to s28 <= kGemvMaxRows): wq_a + wkv (x's codes) and, on
+  // index-source layers, wq_b + the indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
   bool gemv_multi = true;
   // Calls of at least this many rows run the FP8 / MXFP4 linears and the shared expert's SwiGLU GEMM
   // through exact bf16 dequantization + cuBLASLt (gemm_kernels.h "through bf16 cuBLASLt"), when it
@@ -111,10 +111,11 @@ struct CudaKernelPaths {
   // joined right before its engram_update — off the critical path between the layers. Same kernels and
   // inputs (own codes, kv and split-K buffers), so the same bits.
   bool engram_ahead = true;
-  // Decode (<= kGemvMaxRows rows) with wo_a as stored and fp8_fast: o staged as exact f16 blocks with
-  // power-of-two scales (stage_act_f16) + the FP8 grouped GEMV over the groups (gemv_fp8_staged) instead
-  // of gemv_bf16's in-register bf16 dequantization. Not bit-identical (the fp32 sums run per 32-block,
-  // then scaled); the products are the same exact values, so the CPU oracle's bounds apply.
+  // Calls of up to gemv_max_rows rows with wo_a as stored and fp8_fast: o staged as exact f16 blocks with
+  // power-of-two scales (stage_act_f16) + the FP8 grouped GEMV over the groups (gemv_fp8_staged: above 8 rows
+  // one launch, gemv_fp8_tokens.cu) instead of gemv_bf16's in-register bf16 dequantization. Not bit-identical
+  // (the fp32 sums run per 32-block, then scaled); the products are the same exact values, so the CPU
+  // oracle's bounds apply. (Up to s28 only up to kGemvMaxRows rows; not yet measured above.)
   bool wo_a_f16 = true;
   // The producers of the activations the FP8 GEMVs read write their codes too (act_quant.cuh: the same
   // bits as quantize_act_fp8), one quantize_act_fp8 launch less each: fused_act_quant = q_norm (qr's
@@ -200,11 +201,13 @@ struct CudaKernelPaths {
   // scale_exp_add; the same bits) where the upload proved every expert scale byte in range
   // (DeviceExperts::scales_checked). s18 run 5: w1/w3 at batch 1 30.72 → 29.91 µs; decode 7.058 → 6.967 ms.
   bool scale_exp_add = true;
-  // Decode above kGemvMaxRows rows (up to gemv_max_rows and moe_items_max_rows): the routed experts beside the
-  // shared expert on the forked stream, as below it (CudaModel::moe_fork_rows); the other branches stay serial
-  // there. Same bits (each branch's kernels are the same). s28 (H100), TPOT at batch 16 / 32 / 64: 19.68 / 31.11 /
-  // 50.03 ms serial, 18.87 / 30.02 / 47.54 forked.
-  bool moe_branches_above_tile = true;
+  // Decode above kGemvMaxRows rows (up to gemv_max_rows and moe_items_max_rows, where no GEMM workspace is
+  // shared): the concurrent branches as below it (CudaModel::branches) — the query beside the keys, the routed
+  // experts beside the shared expert, the SWA ring commit aside; the mHC coefficients and the Engram gathers
+  // stay one tile only (their scratch). Same bits (each branch's kernels are the same). s28 (H100), the MoE fork
+  // alone, TPOT at batch 16 / 32 / 64: 19.68 / 31.11 / 50.03 ms serial, 18.87 / 30.02 / 47.54 forked; the other
+  // forks built, not yet measured.
+  bool branches_above_tile = true;
   // Decode: a forced K split of the routed experts' packed GEMVs (GemvItemsOptions::packed_warps: 2..8 warps
   // per block, one K part each — another summation order, other bits); 0 = the default split (4). A benchmark
   // switch: s19 run 3, 2 warps: batch 1 6.960 → 6.810 ms, batch 8 11.341 → 11.669 ms.
@@ -309,7 +312,7 @@ class CudaModel {
   void set_paths(const CudaKernelPaths& p);
   bool wo_a_fp8() const;  // wo_a is on the device as FP8
   // Tests: calls of n rows run every layer's wo_a through gemv_fp8_staged (paths.wo_a_f16, the weight FP8
-  // and fp8_fast, whole scale blocks per group, n <= kGemvMaxRows, the workspace large enough).
+  // and fp8_fast, whole scale blocks per group, n <= paths.gemv_max_rows, the workspace large enough).
   bool wo_a_f16_active(int64_t n) const;
   const CudaModelOptions& options() const { return options_; }
   // Tests: prefill calls report the CPU model's per-layer tensors (layers.L.attn_in / attn_out / ffn_in /
@@ -448,13 +451,7 @@ class CudaModel {
   // The stream the layer loop launches on (the aux stream inside a branch) and its split-K scratch.
   cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
   const SplitKWorkspace& splitk() const;
-  // Whether these rows run a fork's branches concurrently: decode, not profiling, at most max_rows rows (every fork
-  // up to one GEMV tile; the MoE's up to moe_fork_rows()).
-  bool branches(const Rows& r, int64_t max_rows = kGemvMaxRows) const;
-  // The rows up to which the MoE forks (routed experts beside the shared expert): with
-  // paths.moe_branches_above_tile both GEMV thresholds (their scratch is their own; no GEMM workspace is shared),
-  // else one tile. No fork reaches further, so it also keys the decode graphs.
-  int64_t moe_fork_rows() const;
+  bool branches(const Rows& r) const;
   // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
   // main_critical: main() is the longer branch, so its first kernel may keep a programmatic edge
   // (paths.fork_pdl) and start ahead of the aux branch's.

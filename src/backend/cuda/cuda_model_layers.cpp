@@ -41,16 +41,13 @@ Status CudaModel::debug(const std::string& name, const Rows& r, const float* dat
 
 const SplitKWorkspace& CudaModel::splitk() const { return cur_ ? ws_->splitk_aux : ws_->splitk; }
 
-bool CudaModel::branches(const Rows& r, int64_t max_rows) const {
-  // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace).
-  return options_.concurrent_branches && r.decode && r.n <= max_rows && !profiler_;
-}
-
-int64_t CudaModel::moe_fork_rows() const {
+bool CudaModel::branches(const Rows& r) const {
+  // Serial while profiling (the stage events time one stream) and on the GEMM path (one GEMM workspace): decode
+  // up to one GEMV tile, or with paths.branches_above_tile up to both GEMV-path thresholds.
   const CudaKernelPaths& p = options_.paths;
-  return p.moe_branches_above_tile ? std::min(p.gemv_max_rows, p.moe_items_max_rows) : kGemvMaxRows;
+  const int64_t most = p.branches_above_tile ? std::min(p.gemv_max_rows, p.moe_items_max_rows) : kGemvMaxRows;
+  return options_.concurrent_branches && r.decode && r.n <= most && !profiler_;
 }
-
 
 bool CudaModel::pdl() {
   const int s = cur_ ? 1 : 0;
@@ -103,7 +100,8 @@ Status CudaModel::qlinear(const DeviceMatrix& w, const uint16_t* codes, const fl
 }
 
 bool CudaModel::staged_wo_a(const DeviceMatrix& w, int64_t n, int64_t groups, int64_t out, int64_t in) const {
-  return options_.paths.wo_a_f16 && w.format == DeviceFormat::Fp8Block && w.fp8_fast && n >= 1 && n <= kGemvMaxRows &&
+  return options_.paths.wo_a_f16 && w.format == DeviceFormat::Fp8Block && w.fp8_fast && n >= 1 &&
+         n <= options_.paths.gemv_max_rows &&
          groups >= 1 && out >= 1 && w.out == groups * out && w.block_out > 0 && out % w.block_out == 0 && w.in == in &&
          in % 32 == 0 && n * groups * in <= ws_->act_capacity;
 }
@@ -265,7 +263,9 @@ Status CudaModel::site_norm(void* args_ptr, const Rows& r, const DeviceVector& w
   MhcFusedArgs& a = *static_cast<MhcFusedArgs*>(args_ptr);
   ActQuantOut quant;
   if (fold_act_quant(r.n, config().hidden_size, true)) quant = ActQuantOut{ws_->act_a, ws_->act_a_scales};
-  if (options_.paths.mhc_split && branches(r) && a.fn && a.mix_out && !cur_) {
+  // (One GEMV tile at most: above it mhc_fused takes other kernels, whose workspace use beside the critical
+  // launch is not established.)
+  if (options_.paths.mhc_split && branches(r) && r.n <= kGemvMaxRows && a.fn && a.mix_out && !cur_) {
     MhcFusedArgs crit = a;
     crit.fn = nullptr;
     crit.mix_out = nullptr;
@@ -587,7 +587,7 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   const ActQuantOut qr_codes{w.act_b, w.act_b_scales};
   // Decode: matrices that read the same codes share one launch (gemv_quantized_multi): wq_a + wkv
   // before the branches, wq_b + the indexer's wq_b on index-source layers.
-  const bool multi = options_.paths.gemv_multi && n <= kGemvMaxRows;
+  const bool multi = options_.paths.gemv_multi && n <= options_.paths.gemv_max_rows;
   const bool multi_qb = multi && role.compress_ratio > 0 && role.owns_indexer && L.wq_b_i.present();
   if (multi) {
     const QuantWeightView mats[2] = {L.wq_a.quant(), L.wkv.quant()};
@@ -608,7 +608,8 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   // paths.q_norm_kv_encode: where the keys branch would be the encode alone, q_norm and the encode share a
   // launch on the main stream (no fork: on the aux stream the encode waited for wq_b's blocks to drain).
   // Where the branches run (decode, not profiling: the serial path keeps its per-stage marks).
-  const bool q_norm_kv = options_.paths.q_norm_kv_encode && multi && !compress && branches(r);
+  // (One GEMV tile at most: the fused launch is not established above it.)
+  const bool q_norm_kv = options_.paths.q_norm_kv_encode && multi && n <= kGemvMaxRows && !compress && branches(r);
   // Query path: qr = RMSNorm_q(wq_a·x); q = RoPE(wq_b·qr).
   auto query = [&]() -> Status {
     if (!multi) CEDAR_RETURN_IF_ERROR(qlinear(L.wq_a, w.act_a, w.act_a_scales, n, w.qr));
@@ -691,8 +692,9 @@ Status CudaModel::attention(int64_t l, const Rows& r) {
   // paths.attn_stage_wo_a: o's f16 staging for the staged wo_a GEMV written with o (act_b: qr's codes are
   // dead once the attention read q).
   const int64_t wo_a_in = H * hd / c.o_groups;
-  const bool stage_in_attention =
-      options_.paths.attn_stage_wo_a && staged_wo_a(L.wo_a, n, c.o_groups, c.o_lora_rank, wo_a_in);
+  // (The decode merge writes it up to one GEMV tile of rows; above, gemv_fp8_staged stages o itself.)
+  const bool stage_in_attention = options_.paths.attn_stage_wo_a && n <= kGemvMaxRows &&
+                                  staged_wo_a(L.wo_a, n, c.o_groups, c.o_lora_rank, wo_a_in);
   if (stage_in_attention) {
     sa.out_f16_codes = w.act_b;
     sa.out_f16_scales = w.act_b_scales;

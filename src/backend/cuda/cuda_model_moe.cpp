@@ -135,7 +135,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   const cudaStream_t s = cs();
   const int64_t n = r.n, K = c.num_experts_per_tok, P = n * K, d = c.hidden_size, inter = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
-  const bool fork = branches(r, moe_fork_rows());
+  const bool fork = branches(r);
   const int32_t* experts = w.experts[static_cast<size_t>(l)] + r.first * K;
   MoeDispatchArgs da;
   da.experts = experts;

@@ -892,21 +892,22 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
   EXPECT_EQ(g.engram_ahead_layers(), 0) << GetParam() << ": engram_ahead ran without concurrent branches";
 }
 
-// The MoE fork above one GEMV tile (moe_branches_above_tile): a decode batch of 12 with the routed experts beside
-// the shared expert on the forked stream against the same batch with both on one stream. Each branch runs the same
-// kernels on the same inputs into its own buffers, so every logit must be the same bits, over the direct first
-// step of the shape, its capture and the replays.
-TEST_P(CudaModelParity, MoeForkAboveTheTileIsBitwise) {
+// The concurrent branches above one GEMV tile (branches_above_tile): a decode batch of 12 with the query beside the
+// keys, the routed experts beside the shared expert and the ring commit aside, against the same batch on one stream
+// (concurrent branches off). Each branch runs the same kernels on the same inputs into its own buffers, so every
+// logit must be the same bits, over the direct first step of the shape, its capture and the replays.
+TEST_P(CudaModelParity, BranchesAboveTheTileAreBitwise) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   CudaModel& g = *m->gpu;
   PathsGuard guard(g);
   const CudaKernelPaths fast = g.options().paths;
   constexpr int64_t kBatch = 12;
-  ASSERT_TRUE(fast.moe_branches_above_tile && fast.gemv_max_rows >= kBatch && fast.moe_items_max_rows >= kBatch &&
+  ASSERT_TRUE(fast.branches_above_tile && fast.gemv_max_rows >= kBatch && fast.moe_items_max_rows >= kBatch &&
               m->options.concurrent_branches)
-      << GetParam() << ": the default paths do not fork the MoE at batch " << kBatch << "; nothing is compared";
-  auto run = [&](const CudaKernelPaths& paths) {
-    g.set_paths(paths);
+      << GetParam() << ": the default paths do not fork at batch " << kBatch << "; nothing is compared";
+  auto run = [&](bool concurrent) {
+    g.use_concurrent_branches(concurrent);
+    g.set_paths(fast);  // drops the graphs captured with the other setting
     std::vector<CudaSequence> seqs;
     for (int64_t i = 0; i < kBatch; ++i) {
       auto s = g.new_sequence({});
@@ -931,16 +932,17 @@ TEST_P(CudaModelParity, MoeForkAboveTheTileIsBitwise) {
     }
     return all;
   };
-  const std::vector<float> forked = run(fast);
+  const std::vector<float> forked = run(true);
   EXPECT_TRUE(g.has_decode_graph(kBatch)) << GetParam() << ": no decode graph was captured for batch " << kBatch;
-  const std::vector<float> serial = run(with(fast, "moe_branches_above_tile=0"));
+  const std::vector<float> serial = run(false);
+  g.use_concurrent_branches(m->options.concurrent_branches);
   ASSERT_EQ(forked.size(), serial.size());
   ASSERT_FALSE(forked.empty());
   size_t diff = 0, first = 0;
   for (size_t i = 0; i < forked.size(); ++i)
     if (std::memcmp(&forked[i], &serial[i], sizeof(float)) != 0 && diff++ == 0) first = i;
   EXPECT_EQ(diff, 0u) << GetParam() << ": " << diff << " of " << forked.size()
-                      << " logits differ with the MoE forked above the tile; first at " << first << ": "
+                      << " logits differ with the branches forked above the tile; first at " << first << ": "
                       << (diff ? forked[first] : 0.0f) << " vs " << (diff ? serial[first] : 0.0f);
 }
 
@@ -971,13 +973,16 @@ TEST_P(CudaModelParity, StagedWoAIsTakenAndMatchesCpu) {
   CudaModel& g = *m->gpu;
   PathsGuard guard(g);
   // The defaults run wo_a through gemv_fp8_staged (o staged as exact f16 blocks + the FP8 grouped GEMV)
-  // at every GEMV row count — so the default parity tests (chunks of <= 8 rows, decode) check it against
-  // the CPU; above kGemvMaxRows rows, and with wo_a_f16 = 0, gemv_bf16 (or cuBLASLt) as before.
+  // at every GEMV row count — so the default parity tests (chunks of <= 8 rows, decode, the batched decode
+  // above 8 rows) check it against the CPU; above gemv_max_rows rows, and with wo_a_f16 = 0, gemv_bf16 (or
+  // cuBLASLt) as before.
   ASSERT_TRUE(g.wo_a_fp8()) << GetParam() << ": wo_a is not FP8 on the device: the staged path cannot run";
-  for (int64_t n = 1; n <= kGemvMaxRows; ++n)
+  const int64_t gemv_rows = g.options().paths.gemv_max_rows;
+  for (int64_t n = 1; n <= gemv_rows; ++n)
     ASSERT_TRUE(g.wo_a_f16_active(n)) << GetParam() << ": " << n << " rows do not take the staged wo_a path "
-                                      << "(fp8_fast failed at upload, or the group height is not whole scale blocks)";
-  EXPECT_FALSE(g.wo_a_f16_active(kGemvMaxRows + 1));
+                                      << "(fp8_fast failed at upload, the group height is not whole scale blocks, "
+                                      << "or act_capacity is too small)";
+  EXPECT_FALSE(g.wo_a_f16_active(gemv_rows + 1));
   g.set_paths(with(CudaKernelPaths(), "wo_a_f16=0"));
   EXPECT_FALSE(g.wo_a_f16_active(1)) << "wo_a_f16=0 still takes the staged path";
   // The switch's other side (gemv_bf16 over the FP8 weight) within the same CPU bounds, then the staged

@@ -120,7 +120,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"site_combine", &CudaKernelPaths::site_combine, true, false},
       {"warp_items", &CudaKernelPaths::warp_items, true, false},
       {"scale_exp_add", &CudaKernelPaths::scale_exp_add, true, false},
-      {"moe_branches_above_tile", &CudaKernelPaths::moe_branches_above_tile, true, false},
+      {"branches_above_tile", &CudaKernelPaths::branches_above_tile, true, false},
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {
