@@ -76,6 +76,8 @@ struct CudaKernelPaths {
   bool mhc_fused_norm = true;
   // Calls on the GEMV path (<= gemv_max_rows rows; up to s28 <= kGemvMaxRows): wq_a + wkv (x's codes) and, on
   // index-source layers, wq_b + the indexer's wq_b (qr's codes) as one gemv_quantized_multi launch each.
+  // s29 run 1 (H100), above 8 rows against gemv_multi=0: level (batch 16 / 32 / 64 18.44 / 27.00 / 45.52 vs
+  // 18.51 / 27.01 / 45.23 ms).
   bool gemv_multi = true;
   // Calls of at least this many rows run the FP8 / MXFP4 linears and the shared expert's SwiGLU GEMM
   // through exact bf16 dequantization + cuBLASLt (gemm_kernels.h "through bf16 cuBLASLt"), when it
@@ -115,7 +117,8 @@ struct CudaKernelPaths {
   // power-of-two scales (stage_act_f16) + the FP8 grouped GEMV over the groups (gemv_fp8_staged: above 8 rows
   // one launch, gemv_fp8_tokens.cu) instead of gemv_bf16's in-register bf16 dequantization. Not bit-identical
   // (the fp32 sums run per 32-block, then scaled); the products are the same exact values, so the CPU
-  // oracle's bounds apply. (Up to s28 only up to kGemvMaxRows rows; not yet measured above.)
+  // oracle's bounds apply. Up to s28 only up to kGemvMaxRows rows; s29 run 1 (H100), TPOT at batch 16 / 32 / 64
+  // against wo_a_f16=0: 18.44 / 27.00 / 45.52 vs 18.29 / 28.08 / 45.07 ms.
   bool wo_a_f16 = true;
   // The producers of the activations the FP8 GEMVs read write their codes too (act_quant.cuh: the same
   // bits as quantize_act_fp8), one quantize_act_fp8 launch less each: fused_act_quant = q_norm (qr's
@@ -205,8 +208,8 @@ struct CudaKernelPaths {
   // shared): the concurrent branches as below it (CudaModel::branches) — the query beside the keys, the routed
   // experts beside the shared expert, the SWA ring commit aside; the mHC coefficients and the Engram gathers
   // stay one tile only (their scratch). Same bits (each branch's kernels are the same). s28 (H100), the MoE fork
-  // alone, TPOT at batch 16 / 32 / 64: 19.68 / 31.11 / 50.03 ms serial, 18.87 / 30.02 / 47.54 forked; the other
-  // forks built, not yet measured.
+  // alone, TPOT at batch 16 / 32 / 64: 19.68 / 31.11 / 50.03 ms serial, 18.87 / 30.02 / 47.54 forked; s29 run 1
+  // (H100), every fork: 19.65 / 28.43 / 48.28 off, 18.44 / 27.00 / 45.52 on.
   bool branches_above_tile = true;
   // Decode: a forced K split of the routed experts' packed GEMVs (GemvItemsOptions::packed_warps: 2..8 warps
   // per block, one K part each — another summation order, other bits); 0 = the default split (4). A benchmark

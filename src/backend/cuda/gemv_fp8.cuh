@@ -1,7 +1,7 @@
 // The block-scaled FP8 GEMV's launch parameters, pair layout, per-warp K loop (fp8_chunk over a weight source) and
 // block end. gemv.cu's kernel (one 8-token tile per launch) runs fp8_chunk; gemv_fp8_tokens.cu's (up to 8 tiles per
-// launch over the same weight words) shares the parameters, the layout and the block end, and repeats fp8_chunk's
-// per-pair arithmetic in its own loop order (tiles inside pairs), which its tests hold to the same bits.
+// launch over the same weight words) shares the parameters, the pair loads and the block end, with its own MMA
+// layout (one K block per MMA).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,14 +1,16 @@
-// The block-scaled FP8 GEMV for 9..64 tokens in one launch: gemv.cu's grid, warps and per-warp K runs (so the same
-// bits as its one-launch-per-8-token-tile loop), but each warp loads a run's weight words once, converts each pair
-// to f16 once, and feeds every token tile of the launch from them; the next chunk's words load while this one's
-// MMAs run. Tiles past the first cost MMAs, scale products and activation loads only (L1 / L2 hits: every block
-// reads the same activation rows). s28 (H100, 16384²): 134 / 248 / 479 µs at 16 / 32 / 64 tokens against ~90 for
-// one token; decode at batch 32 / 64 31.1 / 50.1 ms against the tile loop's 32.9 / 55.6. Past ~16 tokens the issue
-// rate binds: half of each MMA's columns are the other block's zeros (fp8_chunk's layout, kept for its bits).
-// K splits are gemv.cu's (the same ranges, the same split-order sums); their workspace holds kGemvTokensPerLaunch
-// tokens per split for FP8 (splitk_workspace_size). With them the split shapes (wq_a, the shared expert's w1 / w3)
-// read their weights once too: s28 (H100) wq_a at 64 tokens 53.6 -> 33.6 µs, decode at batch 32 / 64 30.09 / 47.71
-// -> 28.73 / 45.76 ms.
+// The block-scaled FP8 GEMV for 9..64 tokens in one launch: gemv.cu's grid, warps, per-warp K runs and K splits, but
+// each warp loads a run's weight words once, converts each pair to f16 once, and feeds every 8-token tile of the
+// launch from them; the next chunk's words load while this one's MMAs run. Its MMAs take one K block each (lanes
+// trade half their words, tokens_chunk), so they are half of fp8_chunk's, whose columns carry the other block's
+// zeros, and its sums round at other points than the 8-token tile kernel's: a token's bits do not depend on the
+// launch's other tokens, but calls of up to 8 tokens are not them (the CPU oracle's bounds apply).
+// s29 (H100, one call, twice each): decode at batch 16 / 32 / 64 18.25 / 26.85 / 45.31 ms with fp8_chunk's layout,
+// 17.47 / 25.65 / 44.29 with this one; at batch 32 the kernel's mean in the model went 51.5 -> 45.5 µs. Alone
+// (cuda_kernels_bench, 16384² at 16 / 32 / 64 tokens: 120 / 195 / 426 µs) the two layouts are level, so something
+// both share binds there (not profiled; the activation loads, the same in both, are the likely one), and the
+// instructions saved pay where other kernels share the SMs.
+// K splits are gemv.cu's (the same ranges, split-order sums); their workspace holds kGemvTokensPerLaunch tokens per
+// split for FP8 (splitk_workspace_size).
 #include <string>
 
 #include "backend/cuda/cuda_status.h"
@@ -46,35 +48,33 @@ __device__ __forceinline__ Fp8ChunkWords load_chunk(const uint8_t* w_lo, const u
   return w;
 }
 
-// Thread (g, t)'s token operands at tile 0 and K block 0, as 32-bit element offsets from the launch's (uniform)
-// codes and scales, which the host keeps below 2^31 (one 32-bit step per tile; 64-bit pointers stepped per tile
-// were rebuilt by the compiler from the token index at every load). A tile is 8 tokens on. Tokens past n are
-// not read: their MMA columns get zeros and are never stored.
+// Thread (g, t)'s token operands, as 32-bit element offsets from the launch's (uniform) codes and scales, which the
+// host keeps below 2^31. In this kernel's MMAs column n is token n of the tile (B from lane g: token g) and D's
+// columns 2t, 2t + 1 are tokens 2t, 2t + 1. Tokens past n read token n - 1 (valid memory; never stored).
 struct TokenLanes {
   const uint16_t* act;  // op.act
   const float* scales;  // op.act_scales
-  int act0;             // B operand: token g/2 of the tile, values 16t.. of a pair (fp8_chunk's pass 0)
-  int act1;             // token 4 + g/2 (pass 1)
-  int as0;              // activation scales of accumulator token t
-  int as1;              // token 4 + t
-  int act_tile, scale_tile;
-  bool live;            // (g & 1) == (t >> 1): this lane's column takes its own block (else zeros)
+  int act_stride, scale_stride;
+  int pos[2];           // this lane's 8 values of block b of a pair (see tokens_chunk), from the pair's start
 };
 
-// One chunk for every token tile: each pair's weights converted to f16 once, then per tile the 8-token MMAs and
-// scale products of fp8_chunk<.., kTok8> in its order (pair by pair, even block before odd), so each tile's
-// accumulators take the tile loop's bits. The tile loop is outermost so that each tile's operand addresses are one
-// pointer step, the pairs' offsets constants. kFull: every block of the chunk inside the range; kScaleStep as in
-// fp8_warp_k.
+// One chunk for every token tile, one K block per MMA. Lane (g, t) loaded 16 bytes of block t >> 1 (values 16 (t & 1)
+// .. + 15); it keeps words 0, 1 and trades words 2, 3 with lane t ^ 2 (the other block, the same half). Then for
+// block b and part p every lane holds one word of block b: its own word p (b == t >> 1) or the traded word 2 + p,
+// so MMA (b, p) sums 16 products of block b for 8 tokens, and parts 0, 1 chain to the block's 32. Half the MMAs of
+// fp8_chunk's layout (whose columns carry the other block's zeros), and no zeroed operands; other fp32 rounding
+// points, so these sums are not the 8-token tile kernel's bits (the CPU oracle's bounds apply). kFull: every block
+// of the chunk inside the range; kScaleStep as in fp8_warp_k.
 template <bool kFull, bool kScaleStep, int kTiles>
 __device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8ChunkWords& w, const uint8_t* s_row,
                                              int kb0, KRange kr, int g, int t, int n, float (&acc)[kTiles][4]) {
   constexpr int kPairs = kUnroll<false> / 2;
+  const int own = t >> 1;
   bool ok[kPairs][2];
-  int ob[kPairs][2];   // the blocks' scale offsets from kb0 (a block past the range: block 0's, a finite scale × sa = 0)
-  int act_off[kPairs];  // this lane's values of pair j (its block's half) from kb0, redirected as its weight words are
+  int ob[kPairs][2];       // the blocks' offsets from kb0 (past the range: the range's first, a finite scale × sa = 0)
+  int act_off[kPairs][2];  // this lane's 8 values of block b from the codes' row start (redirected likewise)
   float sw[kPairs][2];
-  uint32_t a[kPairs][4][4];
+  uint32_t a[kPairs][2][2][4];  // [pair][block][part]: rows g, g + 8 at k slots 2t, 2t+1 and 2t+8, 2t+9
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
 #pragma unroll
@@ -83,64 +83,70 @@ __device__ __forceinline__ void tokens_chunk(const TokenLanes& tl, const Fp8Chun
       ob[j][b] = ok[j][b] ? 2 * j + b : kr.begin - kb0;
       const int kb = kb0 + ob[j][b];
       sw[j][b] = detail::ue8m0_scale(kScaleStep ? __ldg(s_row + kb) : __ldg(s_row + (kb >> kr.shift)));
+      act_off[j][b] = ok[j][b] ? 32 * kb0 + kFp8PairBytes * j + tl.pos[b] : 32 * kr.begin + (tl.pos[b] & 31);
     }
-    act_off[j] = kFull || block_ok(kb0, j, t >> 1, kr.end) ? kFp8PairBytes * j : 32 * (kr.begin - kb0) - 32 * (t >> 1);
+    // Words 2, 3 of both rows from lane t ^ 2; then each (block, part)'s word, converted once for every tile.
+    const uint32_t lo2 = __shfl_xor_sync(detail::kFullMask, w.lo[j].z, 2);
+    const uint32_t lo3 = __shfl_xor_sync(detail::kFullMask, w.lo[j].w, 2);
+    const uint32_t hi2 = __shfl_xor_sync(detail::kFullMask, w.hi[j].z, 2);
+    const uint32_t hi3 = __shfl_xor_sync(detail::kFullMask, w.hi[j].w, 2);
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const uint32_t lo = word_of(w.lo[j], m), hi = word_of(w.hi[j], m);
-      a[j][m][0] = e4m3x2_to_f16x2(lo);
-      a[j][m][1] = e4m3x2_to_f16x2(hi);
-      a[j][m][2] = e4m3x2_hi_to_f16x2(lo);
-      a[j][m][3] = e4m3x2_hi_to_f16x2(hi);
-    }
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const uint32_t x = b == own ? (q ? w.lo[j].y : w.lo[j].x) : (q ? lo3 : lo2);
+        const uint32_t y = b == own ? (q ? w.hi[j].y : w.hi[j].x) : (q ? hi3 : hi2);
+        a[j][b][q][0] = e4m3x2_to_f16x2(x);
+        a[j][b][q][1] = e4m3x2_to_f16x2(y);
+        a[j][b][q][2] = e4m3x2_hi_to_f16x2(x);
+        a[j][b][q][3] = e4m3x2_hi_to_f16x2(y);
+      }
   }
-  const int live_lim0 = tl.live ? n - (g >> 1) : 0, live_lim1 = live_lim0 - 4;  // token tok0 + .. < n
-  const int scale_lim0 = n - t, scale_lim1 = scale_lim0 - 4;
-  int p0 = tl.act0 + 32 * kb0, p1 = tl.act1 + 32 * kb0, q0 = tl.as0 + kb0, q1 = tl.as1 + kb0;
+  // Tiles outermost: a tile's rows are one offset each (B: token g; D: tokens 2t, 2t + 1), the pairs' constants.
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
     const int tok0 = tile * kTokensPerTile;
     if (tok0 >= n) break;
-    const bool live0 = tok0 < live_lim0, live1 = tok0 < live_lim1;
-    const bool scaled0 = tok0 < scale_lim0, scaled1 = tok0 < scale_lim1;
+    const uint16_t* codes = tl.act + min(tok0 + g, n - 1) * tl.act_stride;
+    const float* sa_rows[2] = {tl.scales + min(tok0 + 2 * t, n - 1) * tl.scale_stride + kb0,
+                               tl.scales + min(tok0 + 2 * t + 1, n - 1) * tl.scale_stride + kb0};
     float(&c)[4] = acc[tile];
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-      uint4 a0[2], a1[2];
-      const uint4* v0 = reinterpret_cast<const uint4*>(tl.act + (p0 + act_off[j]));
-      const uint4* v1 = reinterpret_cast<const uint4*>(tl.act + (p1 + act_off[j]));
-      a0[0] = live0 ? __ldg(v0) : zero;
-      a0[1] = live0 ? __ldg(v0 + 1) : zero;
-      a1[0] = live1 ? __ldg(v1) : zero;
-      a1[1] = live1 ? __ldg(v1 + 1) : zero;
-      float sa0[2], sa1[2];
+      float d[2][4];
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
-        sa0[b] = ok[j][b] && scaled0 ? __ldg(tl.scales + (q0 + ob[j][b])) : 0.0f;
-        sa1[b] = ok[j][b] && scaled1 ? __ldg(tl.scales + (q1 + ob[j][b])) : 0.0f;
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(codes + act_off[j][b]));  // parts 0, 1: 4 values each
+        d[b][0] = d[b][1] = d[b][2] = d[b][3] = 0.0f;
+        mma_f16(a[j][b][0], v.x, v.y, d[b]);
+        mma_f16(a[j][b][1], v.z, v.w, d[b]);
       }
-      float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float se[2], so[2];  // s_w · s_a of the even / odd block for tokens 2t, 2t + 1
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        mma_f16(a[j][m], word_of(a0[m >> 1], 2 * (m & 1)), word_of(a0[m >> 1], 2 * (m & 1) + 1), d0);
-        mma_f16(a[j][m], word_of(a1[m >> 1], 2 * (m & 1)), word_of(a1[m >> 1], 2 * (m & 1) + 1), d1);
+      for (int k = 0; k < 2; ++k) {
+        se[k] = ok[j][0] ? sw[j][0] * __ldg(sa_rows[k] + ob[j][0]) : 0.0f;
+        so[k] = ok[j][1] ? sw[j][1] * __ldg(sa_rows[k] + ob[j][1]) : 0.0f;
       }
-      const float se = sw[j][0] * sa0[0], so = sw[j][1] * sa0[1], se1 = sw[j][0] * sa1[0], so1 = sw[j][1] * sa1[1];
-      c[0] += d0[0] * se;
-      c[0] += d0[1] * so;
-      c[1] += d0[2] * se;
-      c[1] += d0[3] * so;
-      c[2] += d1[0] * se1;
-      c[2] += d1[1] * so1;
-      c[3] += d1[2] * se1;
-      c[3] += d1[3] * so1;
+      // D (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): the even block's sum, then the odd block's.
+      c[0] += d[0][0] * se[0];
+      c[0] += d[1][0] * so[0];
+      c[1] += d[0][1] * se[1];
+      c[1] += d[1][1] * so[1];
+      c[2] += d[0][2] * se[0];
+      c[2] += d[1][2] * so[0];
+      c[3] += d[0][3] * se[1];
+      c[3] += d[1][3] * so[1];
     }
-    p0 += tl.act_tile;
-    p1 += tl.act_tile;
-    q0 += tl.scale_tile;
-    q1 += tl.scale_tile;
   }
+}
+
+// Thread (g, t)'s accumulators (rows g, g + 8 × tokens 2t, 2t + 1, tokens_chunk's D layout) into its warp's tile.
+__device__ __forceinline__ void tokens_store(float (&part)[kRowsPerBlock][kTokensPerTile], const float (&acc)[4],
+                                             int g, int t) {
+  part[g][2 * t] = acc[0];
+  part[g][2 * t + 1] = acc[1];
+  part[g + 8][2 * t] = acc[2];
+  part[g + 8][2 * t + 1] = acc[3];
 }
 
 // A warp's K run (the tile kernel's schedule: kU blocks from `first`, then every `step`); the next chunk's weight
@@ -179,7 +185,7 @@ __device__ __forceinline__ void tokens_split_end(const GemvParams& p, const Gemv
   for (int tile = 0; tile < kTiles; ++tile) {
     const int n = min(p.n - tile * kTokensPerTile, kTokensPerTile);
     if (n <= 0) break;
-    fp8_store<true>(partial[warp], acc[tile], g, t);
+    tokens_store(partial[warp], acc[tile], g, t);
     __syncthreads();
     if (cell && tok < n)
       mine[static_cast<int64_t>(tile * kTokensPerTile + tok) * p.out + row0 + row] =
@@ -227,15 +233,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_
   const uint8_t* w_lo = op.w + r_lo * p.in + t * 16;
   const uint8_t* w_hi = op.w + r_hi * p.in + t * 16;
   const uint8_t* s_row = op.w_scales + (r_lo / p.block_out) * p.scale_cols;  // 16 rows share it
-  const TokenLanes tl{op.act,
-                      op.act_scales,
-                      (g >> 1) * op.act_stride + t * 16,
-                      (4 + (g >> 1)) * op.act_stride + t * 16,
-                      t * op.scale_stride,
-                      (4 + t) * op.scale_stride,
-                      kTokensPerTile * op.act_stride,
-                      kTokensPerTile * op.scale_stride,
-                      (g & 1) == (t >> 1)};
+  const int half = 16 * (t & 1), own = t >> 1;
+  const TokenLanes tl{op.act, op.act_scales, op.act_stride, op.scale_stride,
+                      {half + (own == 0 ? 0 : 8), 32 + half + (own == 1 ? 0 : 8)}};
   detail::pdl_launch_dependents();
   detail::pdl_wait();
   float acc[kTiles][4];
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kTiles > 4 ? 1 : 2) gemv_fp8_
   for (int tile = 0; tile < kTiles; ++tile) {
     const int n = min(p.n - tile * kTokensPerTile, kTokensPerTile);
     if (n <= 0) break;
-    fp8_store<true>(partial[warp], acc[tile], g, t);
+    tokens_store(partial[warp], acc[tile], g, t);
     GemvOperands o = op;
     o.y += static_cast<int64_t>(tile) * kTokensPerTile * op.y_stride;
     gemv_block_end(p, o, partial, row0, out, n, is_last);  // ksplit 1 here: every block writes its rows
