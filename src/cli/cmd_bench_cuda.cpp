@@ -263,13 +263,14 @@ Result<DecodeTiming> time_decode(cuda::CudaModel& m, const cuda::CudaSequence& b
   DecodeTiming t;
   CEDAR_ASSIGN_OR_RETURN(t.step_s, time_steps(m, ptrs, tokens, 0));
   if (batch <= cuda::kGemvMaxRows) {  // A/B: the same step with every chain on one stream
+    const bool concurrent = m.options().concurrent_branches;  // --cuda-options may have set it off: restored below
     m.use_concurrent_branches(false);
     Status st = m.decode_step(ptrs, tokens(2 + kSteps), out);        // new graph shape: runs directly
     if (st.ok()) st = m.decode_step(ptrs, tokens(3 + kSteps), out);  // captures
     const auto s0 = std::chrono::steady_clock::now();
     for (int i = 0; i < kSteps && st.ok(); ++i) st = m.decode_step(ptrs, tokens(4 + kSteps + i), out);
     t.serial_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / kSteps;
-    m.use_concurrent_branches(true);
+    m.use_concurrent_branches(concurrent);
     CEDAR_RETURN_IF_ERROR(st);
   }
   // A/B: every fast kernel path against its old one (the graphs are re-captured). The built-in list at batch 1;
