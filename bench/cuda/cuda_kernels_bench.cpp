@@ -65,6 +65,9 @@ int run(int argc, char** argv) {
       bench_grouped(shapes[5], 12, n, copy_gbps, stream->get(), rows);
       bench_grouped(shapes[6], 6, n, copy_gbps, stream->get(), rows);
     }
+    // The shared expert's w1 and w3 as the model launches them at decode (one grouped launch of 2): s29 put its
+    // chain beside the router on the critical path of the routed w1/w3 (docs/cuda.md "Next").
+    for (int64_t n : {1, 8}) bench_grouped(shapes[3], 2, n, copy_gbps, stream->get(), rows);
   }
   if (want("mhc")) bench_mhc_all(copy_gbps, stream->get(), rows);
   if (want("packed")) {
