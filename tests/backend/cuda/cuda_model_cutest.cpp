@@ -255,6 +255,20 @@ Logits cpu_call(Model& m, SequenceState& st, std::span<const int64_t> tokens, Lo
 
 // ---- GPU side ----------------------------------------------------------------------------------
 
+// One decode step's inputs for seqs[0, n): sequence i takes token base + mult·i + step.
+struct StepInputs {
+  std::vector<int64_t> toks;
+  std::vector<CudaSequence*> ptrs;
+};
+StepInputs step_inputs(std::vector<CudaSequence>& seqs, int64_t n, int64_t base, int64_t mult, int step) {
+  StepInputs in;
+  for (int64_t i = 0; i < n; ++i) {
+    in.toks.push_back(base + mult * i + step);
+    in.ptrs.push_back(&seqs[static_cast<size_t>(i)]);
+  }
+  return in;
+}
+
 Logits gpu_logits(const CudaModel& g, const CudaStepOutput& out) {
   Logits lg;
   lg.vocab = g.config().vocab_size;
@@ -595,14 +609,9 @@ TEST_P(CudaModelParity, BatchedDecodeMatchesSingleSequence) {
     }
     std::vector<Track> tb(batch), ts(batch);
     for (int step = 0; step < 3; ++step) {
-      std::vector<int64_t> toks;
-      std::vector<CudaSequence*> ptrs;
-      for (int64_t i = 0; i < batch; ++i) {
-        toks.push_back(500 + 31 * i + step);
-        ptrs.push_back(&together[i]);
-      }
+      const StepInputs in = step_inputs(together, batch, 500, 31, step);
       CudaStepOutput out;
-      ASSERT_TRUE(m->gpu->decode_step(ptrs, toks, out).ok());
+      ASSERT_TRUE(m->gpu->decode_step(in.ptrs, in.toks, out).ok());
       Decisions db;
       gpu_decisions(*m->gpu, out.positions, db);
       const Logits all = gpu_logits(*m->gpu, out);
@@ -619,7 +628,7 @@ TEST_P(CudaModelParity, BatchedDecodeMatchesSingleSequence) {
           if (k.second == out.positions[i]) tb[i].dec.experts[k] = v;
         CudaSequence* single[] = {&alone[i]};
         CudaStepOutput o1;
-        ASSERT_TRUE(m->gpu->decode_step(single, std::span<const int64_t>(&toks[i], 1), o1).ok());
+        ASSERT_TRUE(m->gpu->decode_step(single, std::span<const int64_t>(&in.toks[i], 1), o1).ok());
         gpu_decisions(*m->gpu, o1.positions, ts[i].dec);
         ts[i].add(gpu_logits(*m->gpu, o1));
       }
@@ -919,14 +928,9 @@ TEST_P(CudaModelParity, BranchesAboveTheTileAreBitwise) {
     }
     std::vector<float> all;
     for (int step = 0; step < 4; ++step) {  // direct, capture, replays
-      std::vector<int64_t> toks;
-      std::vector<CudaSequence*> ptrs;
-      for (int64_t i = 0; i < kBatch; ++i) {
-        toks.push_back(300 + 17 * i + step);
-        ptrs.push_back(&seqs[i]);
-      }
+      const StepInputs in = step_inputs(seqs, kBatch, 300, 17, step);
       CudaStepOutput out;
-      EXPECT_TRUE(g.decode_step(ptrs, toks, out).ok());
+      EXPECT_TRUE(g.decode_step(in.ptrs, in.toks, out).ok());
       const Logits l = gpu_logits(g, out);
       all.insert(all.end(), l.values.begin(), l.values.end());
     }
