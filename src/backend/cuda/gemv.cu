@@ -416,8 +416,8 @@ Status launch_gemv(QuantWeightFormat format, const GemvParams& p, dim3 grid, cud
 
 // Tokens per launch: up to kGemvTokensPerLaunch for FP8 (gemv_fp8_tokens.cu reads each weight word once for all of
 // them; a token's bits do not depend on the others, but are not the 8-token tile kernel's), else one 8-token tile
-// per launch. That kernel keeps its operand offsets in
-// 32 bits: every item's activation rows of one launch must lie within 2^31 elements.
+// per launch. That kernel keeps its operand offsets in 32 bits: every item's activation rows of one launch must lie
+// within 2^31 elements.
 int64_t tokens_per_launch(QuantWeightFormat format, int64_t n, const GemvGroupItem* items, int64_t count, int64_t in) {
   if (format != QuantWeightFormat::FP8Block || n <= kTokensPerTile) return kTokensPerTile;
   for (int64_t i = 0; i < count; ++i) {
