@@ -32,9 +32,17 @@ __device__ __forceinline__ void rms_norm_block(const float* x, int64_t dim, cons
                                                uint16_t* codes, float* scales, int64_t row) {
   __shared__ float warp_sums[kRmsNormThreads / 32];
   __shared__ float xs[kRmsNormStaged], ws[kRmsNormStaged];
-  detail::pdl_launch_dependents();
-  detail::pdl_wait();
   const int tid = threadIdx.x, lane = tid & 31;
+  detail::pdl_launch_dependents();
+  // The first batch's weights before the PDL wait (weights, not written by any kernel): the chain after it
+  // is x's round trip alone.
+  float w0[kRmsNormBatch];
+#pragma unroll
+  for (int q = 0; q < kRmsNormBatch; ++q) {
+    const int64_t c = tid + int64_t{kRmsNormThreads} * q;
+    w0[q] = c < dim && weight ? __ldg(weight + c) : 0.0f;
+  }
+  detail::pdl_wait();
   const float* xr = x + row * dim;
   float* yr = y + row * dim;
   const bool staged = dim <= kRmsNormStaged;
@@ -45,7 +53,7 @@ __device__ __forceinline__ void rms_norm_block(const float* x, int64_t dim, cons
     for (int q = 0; q < kRmsNormBatch; ++q) {
       const int64_t c = base + tid + int64_t{kRmsNormThreads} * q;
       v[q] = c < dim ? __ldcg(xr + c) : 0.0f;
-      w[q] = c < dim && weight ? __ldg(weight + c) : 0.0f;
+      w[q] = base == 0 ? w0[q] : c < dim && weight ? __ldg(weight + c) : 0.0f;
     }
 #pragma unroll
     for (int q = 0; q < kRmsNormBatch; ++q) {
