@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
 template <bool kQuant>
 __global__ void __launch_bounds__(kThreads) q_norm_swa_kv_encode_kernel(QNormArgs q, SwaKvArgs a) {
   if (blockIdx.x < a.n) {
-    detail::rms_norm_block<kQuant>(q.x, q.dim, q.weight, q.eps, q.y, q.quant.codes, q.quant.scales, blockIdx.x);
+    detail::rms_norm_block<kQuant, detail::kRmsNormStagedShort>(q.x, q.dim, q.weight, q.eps, q.y, q.quant.codes,
+                                                                 q.quant.scales, blockIdx.x);
   } else {
     detail::pdl_launch_dependents();
     const SwaRowInputs in = swa_row_inputs(a, blockIdx.x - a.n);  // step inputs and weights: before the wait
