@@ -69,12 +69,24 @@ __global__ void __cluster_dims__(kSiteBlocks, 1, 1) __launch_bounds__(kMaxThread
   const bool mine = tid < span;  // a channel of this block's slice (warp-uniform: span % 32 == 0)
   const int c = rank * span + (mine ? tid : 0);
   float* const row = rows + tok * d;
+  // The norm weight before the wait (a weight); after it, every input at once: the streams, the sublayer rows,
+  // the token's mix (post, comb, collapse weights) — not one round trip after each stage's stores (s30).
+  const float wv = mine && a.norm_weight ? __ldg(a.norm_weight + c) : 0.0f;
   detail::pdl_wait();
   // Expand + collapse of one channel per thread, as mhc_expand_collapse_norm_kernel does (its loads issued
   // before the combine's barriers, as there).
   float x[kHc];
 #pragma unroll
   for (int j = 0; j < kHc; ++j) x[j] = mine ? a.X[tok * width + j * a.d + c] : 0.0f;
+  float post[kHc], comb[kHc * kHc], cw[kHc];
+  if (a.y) {
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) post[k] = a.post[tok * a.post_stride + k];
+#pragma unroll
+    for (int k = 0; k < kHc * kHc; ++k) comb[k] = a.comb[tok * a.comb_stride + k];
+  }
+#pragma unroll
+  for (int k = 0; k < kHc; ++k) cw[k] = a.collapse_w[tok * a.collapse_w_stride + k];
   float yv = 0.0f;  // this channel's sublayer output
   if (a.y_combine.routed != nullptr) {  // block-uniform: combine the MoE rows as moe_combine does (moe_combine.cuh)
     const MhcYCombine& yc = a.y_combine;
@@ -98,14 +110,14 @@ __global__ void __cluster_dims__(kSiteBlocks, 1, 1) __launch_bounds__(kMaxThread
   if (mine) {
     float v[kHc];
     if (a.y) {
-      expand_channel(x, yv, a.post + tok * a.post_stride, a.comb + tok * a.comb_stride, v);
+      expand_channel(x, yv, post, comb, v);
 #pragma unroll
       for (int j = 0; j < kHc; ++j) a.X_out[tok * width + j * a.d + c] = v[j];
     } else {
 #pragma unroll
       for (int j = 0; j < kHc; ++j) v[j] = x[j];
     }
-    const float col = collapse_channel(v, a.collapse_w + tok * a.collapse_w_stride);
+    const float col = collapse_channel(v, cw);
     a.collapsed[tok * a.d + c] = col;
     row[c] = col;
   }
@@ -147,7 +159,6 @@ __global__ void __cluster_dims__(kSiteBlocks, 1, 1) __launch_bounds__(kMaxThread
   // This block's channels: normed (and its codes). A warp's lanes agree on `mine` and hold one aligned
   // 32-channel block (span % 32 == 0, T % 32 == 0): its warp max is the block's.
   const float xr = __fmul_rn(mine ? row[c] : 0.0f, r);
-  const float wv = mine && a.norm_weight ? __ldg(a.norm_weight + c) : 0.0f;
   const float out = detail::round_bf16(a.norm_weight ? __fmul_rn(wv, xr) : xr);
   if (mine) a.normed[tok * a.d + c] = out;
   if constexpr (kQuant) {

@@ -17,6 +17,9 @@ constexpr int kRmsNormThreads = 256;
 constexpr int kRmsNormBatch = 20;  // loads in flight per thread: 5120 channels in one round trip
 // Rows up to this long keep x and the weight in shared memory.
 constexpr int64_t kRmsNormStaged = int64_t{kRmsNormThreads} * kRmsNormBatch;
+// The staging of kernels whose rows are short (q_norm: q_lora_rank): 16 KB of static shared memory instead of
+// 40 KB, so a block fits beside the GEMV blocks an SM already holds (the same bits: only where x is re-read from).
+constexpr int64_t kRmsNormStagedShort = 2048;
 
 // Row `row` by the block's kRmsNormThreads threads. Pass 1 loads x and the weight in batches of 20 per
 // thread (one round trip for a 5120 row) and sums the squares as rms_norm always has (thread t: channels t, t + 256, ... by FMAs;
@@ -27,17 +30,27 @@ constexpr int64_t kRmsNormStaged = int64_t{kRmsNormThreads} * kRmsNormBatch;
 // instead of ~8.5 µs (s9 runs 3-4); a shuffle under a lane-dependent loop bound would compile to
 // divergence-safe collective code. (The first version loaded x, then x and the weight again, one
 // dependent round trip per 256 channels.) Rows past kRmsNormStaged reload x and the weight in pass 2.
-template <bool kQuant>
+// kStaged: the longest row kept in shared memory (longer rows re-read x and the weight in pass 2).
+template <bool kQuant, int64_t kStaged = kRmsNormStaged>
 __device__ __forceinline__ void rms_norm_block(const float* x, int64_t dim, const float* weight, float eps, float* y,
                                                uint16_t* codes, float* scales, int64_t row) {
+  static_assert(kStaged <= kRmsNormStaged, "pass 1 stages one batch round at most");
   __shared__ float warp_sums[kRmsNormThreads / 32];
-  __shared__ float xs[kRmsNormStaged], ws[kRmsNormStaged];
-  detail::pdl_launch_dependents();
-  detail::pdl_wait();
+  __shared__ float xs[kStaged], ws[kStaged];
   const int tid = threadIdx.x, lane = tid & 31;
+  detail::pdl_launch_dependents();
+  // The first batch's weights before the PDL wait (weights, not written by any kernel): the chain after it
+  // is x's round trip alone.
+  float w0[kRmsNormBatch];
+#pragma unroll
+  for (int q = 0; q < kRmsNormBatch; ++q) {
+    const int64_t c = tid + int64_t{kRmsNormThreads} * q;
+    w0[q] = c < dim && weight ? __ldg(weight + c) : 0.0f;
+  }
+  detail::pdl_wait();
   const float* xr = x + row * dim;
   float* yr = y + row * dim;
-  const bool staged = dim <= kRmsNormStaged;
+  const bool staged = dim <= kStaged;
   float ss = 0.0f;
   for (int64_t base = 0; base < dim; base += kRmsNormStaged) {
     float v[kRmsNormBatch], w[kRmsNormBatch];
@@ -45,7 +58,7 @@ __device__ __forceinline__ void rms_norm_block(const float* x, int64_t dim, cons
     for (int q = 0; q < kRmsNormBatch; ++q) {
       const int64_t c = base + tid + int64_t{kRmsNormThreads} * q;
       v[q] = c < dim ? __ldcg(xr + c) : 0.0f;
-      w[q] = c < dim && weight ? __ldg(weight + c) : 0.0f;
+      w[q] = base == 0 ? w0[q] : c < dim && weight ? __ldg(weight + c) : 0.0f;
     }
 #pragma unroll
     for (int q = 0; q < kRmsNormBatch; ++q) {

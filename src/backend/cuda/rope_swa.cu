@@ -56,9 +56,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// What a thread of swa_kv_encode_row reads besides the row's kv: the row's position, its channel pairs' norm
+// weights and RoPE cos / sin. Step inputs and weights, written before any kernel of the step, so the PDL launch
+// reads them before its wait: the chain after the wait is kv's load, the sum and the stores, not four dependent
+// round trips (pos, then the weights and the table by position; s30).
+constexpr int kSwaPairsPerThread = static_cast<int>(kMaxHeadDim / 2 / kThreads);
+struct SwaRowInputs {
+  int64_t pos = 0;
+  float2 weight[kSwaPairsPerThread];   // (1, 1) without a norm weight (rms_apply's null weight: the same bits)
+  float2 cos_sin[kSwaPairsPerThread];  // NaN outside the table or the rope range (rope_pair's values)
+};
+
+__device__ __forceinline__ SwaRowInputs swa_row_inputs(const SwaKvArgs& a, int64_t row) {
+  SwaRowInputs in;
+  in.pos = a.tokens[row].pos;
+  const int64_t hd = a.head_dim, rope_start = hd - a.rope.rope_dim;
+  const bool in_table = in.pos >= 0 && in.pos < a.rope.positions;
+#pragma unroll
+  for (int k = 0; k < kSwaPairsPerThread; ++k) {
+    const int64_t c = 2 * (int64_t{k} * kThreads + threadIdx.x);
+    const bool valid = c < hd;
+    in.weight[k] = valid && a.norm_weight ? make_float2(__ldg(a.norm_weight + c), __ldg(a.norm_weight + c + 1))
+                                          : make_float2(1.0f, 1.0f);
+    in.cos_sin[k] = make_float2(detail::nan_f(), detail::nan_f());
+    if (valid && c >= rope_start && in_table)
+      in.cos_sin[k] = __ldg(reinterpret_cast<const float2*>(a.rope.cos_sin + in.pos * a.rope.rope_dim + (c - rope_start)));
+  }
+  return in;
+}
+
 // Row `row` by the block's kThreads threads. Thread k handles channel pairs k, k + 256, ...: a 32-channel
-// QDQ block is 16 consecutive pairs, i.e. one half warp in one iteration.
-__device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t row) {
+// QDQ block is 16 consecutive pairs, i.e. one half warp in one iteration. rms_apply and rope_pair's
+// arithmetic, op for op, on the values `in` holds.
+__device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t row, const SwaRowInputs& in) {
   __shared__ __align__(16) float xs[kMaxHeadDim];
   __shared__ float rstd;
   const int64_t hd = a.head_dim;
@@ -68,19 +98,27 @@ __device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t ro
   if (threadIdx.x == 0) rstd = detail::rms_rstd_sequential_smem(xs, hd, a.eps);
   __syncthreads();
   const float r = rstd;
-  const int64_t pos = a.tokens[row].pos;
   const int64_t rope_start = hd - a.rope.rope_dim;
   const int64_t rb = swa_record_bytes(hd);
   uint8_t* rec = a.records + row * rb;
-  for (int64_t base = 0; base < hd / 2; base += kThreads) {
-    const int64_t pr = base + threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < kSwaPairsPerThread; ++k) {
+    if (int64_t{k} * kThreads >= hd / 2) break;  // block-uniform
+    const int64_t pr = int64_t{k} * kThreads + threadIdx.x;
     const bool valid = pr < hd / 2;  // half warps are all valid or all not (hd % 32 == 0)
     const int64_t c = 2 * pr;
     float e = 0.0f, o = 0.0f;
     if (valid) {
-      e = detail::rms_apply(xs[c], r, a.norm_weight, c);
-      o = detail::rms_apply(xs[c + 1], r, a.norm_weight, c + 1);
-      if (c >= rope_start) detail::rope_pair(a.rope, pos, (c - rope_start) / 2, false, e, o);
+      e = detail::round_bf16(a.norm_weight ? __fmul_rn(in.weight[k].x, __fmul_rn(xs[c], r)) : __fmul_rn(xs[c], r));
+      o = detail::round_bf16(a.norm_weight ? __fmul_rn(in.weight[k].y, __fmul_rn(xs[c + 1], r))
+                                           : __fmul_rn(xs[c + 1], r));
+      if (c >= rope_start) {
+        const float cs = in.cos_sin[k].x, sn = in.cos_sin[k].y;
+        const float ne = detail::round_bf16(__fsub_rn(__fmul_rn(e, cs), __fmul_rn(o, sn)));
+        const float no = detail::round_bf16(__fadd_rn(__fmul_rn(e, sn), __fmul_rn(o, cs)));
+        e = ne;
+        o = no;
+      }
     }
     const bool finite = detail::half_warp_all(isfinite(e) && isfinite(o));
     const float amax = detail::half_warp_max(fmaxf(fabsf(e), fabsf(o)));
@@ -101,17 +139,21 @@ __device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t ro
 }
 
 // One block per row (a plain launch: stream order gives it kv).
-__global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) { swa_kv_encode_row(a, blockIdx.x); }
+__global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
+  swa_kv_encode_row(a, blockIdx.x, swa_row_inputs(a, blockIdx.x));
+}
 
 // q_norm's rows (blocks [0, n): rms_norm_block) and the SWA KV encode of the same rows (blocks [n, 2n)).
 template <bool kQuant>
 __global__ void __launch_bounds__(kThreads) q_norm_swa_kv_encode_kernel(QNormArgs q, SwaKvArgs a) {
   if (blockIdx.x < a.n) {
-    detail::rms_norm_block<kQuant>(q.x, q.dim, q.weight, q.eps, q.y, q.quant.codes, q.quant.scales, blockIdx.x);
+    detail::rms_norm_block<kQuant, detail::kRmsNormStagedShort>(q.x, q.dim, q.weight, q.eps, q.y, q.quant.codes,
+                                                                 q.quant.scales, blockIdx.x);
   } else {
     detail::pdl_launch_dependents();
+    const SwaRowInputs in = swa_row_inputs(a, blockIdx.x - a.n);  // step inputs and weights: before the wait
     detail::pdl_wait();
-    swa_kv_encode_row(a, blockIdx.x - a.n);
+    swa_kv_encode_row(a, blockIdx.x - a.n, in);
   }
 }
 
