@@ -17,8 +17,8 @@ template <bool kQuant, bool kShort = false>
 __global__ void __launch_bounds__(detail::kRmsNormThreads) rms_norm_kernel(const float* x, int64_t dim,
                                                                            const float* weight, float eps, float* y,
                                                                            uint16_t* codes, float* scales) {
-  detail::rms_norm_block<kQuant, kShort ? detail::kRmsNormStagedShort : detail::kRmsNormStaged>(x, dim, weight, eps, y,
-                                                                                                codes, scales, blockIdx.x);
+  constexpr int64_t kStaged = kShort ? detail::kRmsNormStagedShort : detail::kRmsNormStaged;
+  detail::rms_norm_block<kQuant, kStaged>(x, dim, weight, eps, y, codes, scales, blockIdx.x);
 }
 
 }  // namespace

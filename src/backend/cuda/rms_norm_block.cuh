@@ -18,7 +18,7 @@ constexpr int kRmsNormBatch = 20;  // loads in flight per thread: 5120 channels 
 // Rows up to this long keep x and the weight in shared memory.
 constexpr int64_t kRmsNormStaged = int64_t{kRmsNormThreads} * kRmsNormBatch;
 // The staging of kernels whose rows are short (q_norm: q_lora_rank): 16 KB of static shared memory instead of
-// 40 KB, so a block fits beside the GEMV blocks an SM already holds (the same bits: only where x is re-read from).
+// 40 KB (the same bits: only where pass 2 reads x from). s30: level in TPOT; kept for the footprint.
 constexpr int64_t kRmsNormStagedShort = 2048;
 
 // Row `row` by the block's kRmsNormThreads threads. Pass 1 loads x and the weight in batches of 20 per
@@ -29,8 +29,8 @@ constexpr int64_t kRmsNormStagedShort = 2048;
 // and pass 2 unrolled 20 times (norm_row) made q_norm's kernel 8.5 k SASS instructions and 11-17 µs
 // instead of ~8.5 µs (s9 runs 3-4); a shuffle under a lane-dependent loop bound would compile to
 // divergence-safe collective code. (The first version loaded x, then x and the weight again, one
-// dependent round trip per 256 channels.) Rows past kRmsNormStaged reload x and the weight in pass 2.
-// kStaged: the longest row kept in shared memory (longer rows re-read x and the weight in pass 2).
+// dependent round trip per 256 channels.) kStaged: the longest row kept in shared memory; longer rows
+// reload x and the weight in pass 2.
 template <bool kQuant, int64_t kStaged = kRmsNormStaged>
 __device__ __forceinline__ void rms_norm_block(const float* x, int64_t dim, const float* weight, float eps, float* y,
                                                uint16_t* codes, float* scales, int64_t row) {

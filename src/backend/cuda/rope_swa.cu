@@ -79,8 +79,10 @@ __device__ __forceinline__ SwaRowInputs swa_row_inputs(const SwaKvArgs& a, int64
     in.weight[k] = valid && a.norm_weight ? make_float2(__ldg(a.norm_weight + c), __ldg(a.norm_weight + c + 1))
                                           : make_float2(1.0f, 1.0f);
     in.cos_sin[k] = make_float2(detail::nan_f(), detail::nan_f());
-    if (valid && c >= rope_start && in_table)
-      in.cos_sin[k] = __ldg(reinterpret_cast<const float2*>(a.rope.cos_sin + in.pos * a.rope.rope_dim + (c - rope_start)));
+    if (valid && c >= rope_start && in_table) {
+      const float* cs = a.rope.cos_sin + in.pos * a.rope.rope_dim + (c - rope_start);
+      in.cos_sin[k] = __ldg(reinterpret_cast<const float2*>(cs));
+    }
   }
   return in;
 }
