@@ -65,14 +65,8 @@ CommandSpec bench_spec() {
         {"decode-profile", "--device cuda: 1 = per-stage device time of a batch-1 decode step, 0 = skip", true, "1",
          "N"},
         {"cuda-options",
-         "--device cuda: kernel-path switches of the CUDA model, NAME=VALUE,... or legacy (names: "
-         "programmatic_launch, router_splitk, mhc_batched, mhc_cluster, mhc_fused_norm, gemv_multi, fused_q_rope, "
-         "attn_head_split, mhc_split, mhc_split_norm, engram_ahead, wo_a_f16, fused_act_quant, site_act_quant, site_cluster, "
-         "swa_commit_aside, router_ahead, dispatch_in_router, router_splitk_beside, fork_pdl, fork_pdl_compressor, q_norm_kv_encode, attn_merge_trigger, "
-         "routed_full_edge, attn_stage_wo_a, site_combine, warp_items, scale_exp_add, branches_above_tile, "
-         "blas_min_rows, gemv_max_rows, "
-         "moe_items_max_rows, routed_warps, routed_tiles, tiled_experts, packed_experts, wo_a_fp8, concurrent_branches, "
-         "cuda_graphs)",
+         "--device cuda: kernel-path switches of the CUDA model, NAME=VALUE,... or legacy (every run prints the names "
+         "with their values as 'CUDA model options:'; an unknown name is refused with the list)",
          true, "", "SPEC"},
         {"ab",
          "--device cuda: 1 = A/B of each fast kernel path against its old path (decode at batch 1, the "
