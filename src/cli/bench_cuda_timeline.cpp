@@ -195,10 +195,8 @@ json bench_decode_timeline(cuda::CudaModel& m, const cuda::CudaSequence& base, c
   auto layer_json = [&](int64_t layer) -> json {
     // A layer opens with q_norm: its own launch, or one with the SWA KV encode (q_norm_kv_encode), both with
     // the codes (fused_act_quant). Not the <false> forms: the final norm is rms_norm_kernel<false>, and one
-    // call more than the layers sends cut_layer back to its single-name rule. (<true, true>: q_norm's short-row
-    // instance since s30.)
-    static const std::string heads[] = {"rms_norm_kernel<true>", "rms_norm_kernel<true, true>",
-                                        "q_norm_swa_kv_encode_kernel<true>"};
+    // call more than the layers sends cut_layer back to its single-name rule.
+    static const std::string heads[] = {"rms_norm_kernel<true>", "q_norm_swa_kv_encode_kernel<true>"};
     auto cut = cut_layer(step, layers, layer, heads);
     if (!cut.ok() || cut->records.empty()) {
       const std::string why = cut.ok() ? "the layer has no kernels" : cut.error().message;

@@ -104,6 +104,14 @@ __device__ __forceinline__ uint32_t fp4_encode(float v, float s) {
 
 // ---- RoPE (cpu::RopeTable::apply) -----------------------------------------------------------------
 
+// (e, o) ← (bf16(e·c − o·s), bf16(e·s + o·c)): rope_pair's rotation by an already loaded cos / sin.
+__device__ __forceinline__ void rope_rotate(float c, float s, float& e, float& o) {
+  const float ne = round_bf16(__fsub_rn(__fmul_rn(e, c), __fmul_rn(o, s)));
+  const float no = round_bf16(__fadd_rn(__fmul_rn(e, s), __fmul_rn(o, c)));
+  e = ne;
+  o = no;
+}
+
 // Rotates the pair (e, o) = channels (2i, 2i+1) of the rope range at `pos` with the host table:
 // (bf16(e·c − o·s), bf16(e·s + o·c)), s negated for the inverse. Positions outside the table give NaN.
 __device__ __forceinline__ void rope_pair(const RopeTableView& t, int64_t pos, int64_t i, bool inverse, float& e,
@@ -114,10 +122,7 @@ __device__ __forceinline__ void rope_pair(const RopeTableView& t, int64_t pos, i
     c = cs.x;
     s = inverse ? -cs.y : cs.y;
   }
-  const float ne = round_bf16(__fsub_rn(__fmul_rn(e, c), __fmul_rn(o, s)));
-  const float no = round_bf16(__fadd_rn(__fmul_rn(e, s), __fmul_rn(o, c)));
-  e = ne;
-  o = no;
+  rope_rotate(c, s, e, o);
 }
 
 // ---- RMSNorm (cpu::rms_norm), bit-exact ------------------------------------------------------------
@@ -157,6 +162,12 @@ __device__ __forceinline__ float rms_rstd_sequential_smem(const float* xs, int64
 __device__ __forceinline__ float rms_apply(float x, float r, const float* w, int64_t c) {
   const float v = __fmul_rn(x, r);
   return round_bf16(w ? __fmul_rn(w[c], v) : v);
+}
+// rms_apply's value with the weight already loaded (its callers read the weights ahead; rms_apply keeps its load
+// inside, where the compressor's code is tuned around it).
+__device__ __forceinline__ float rms_scale(float x, float r, bool weighted, float w) {
+  const float v = __fmul_rn(x, r);
+  return round_bf16(weighted ? __fmul_rn(w, v) : v);
 }
 
 // ---- paged records ------------------------------------------------------------------------------------

@@ -11,14 +11,12 @@ namespace {
 
 constexpr int kThreads = detail::kRmsNormThreads;
 
-// One block per row: rms_norm_block (rms_norm_block.cuh). kShort: rows up to kRmsNormStagedShort staged (less
-// shared memory; the same bits).
-template <bool kQuant, bool kShort = false>
+// One block per row: rms_norm_block (rms_norm_block.cuh).
+template <bool kQuant>
 __global__ void __launch_bounds__(detail::kRmsNormThreads) rms_norm_kernel(const float* x, int64_t dim,
                                                                            const float* weight, float eps, float* y,
                                                                            uint16_t* codes, float* scales) {
-  constexpr int64_t kStaged = kShort ? detail::kRmsNormStagedShort : detail::kRmsNormStaged;
-  detail::rms_norm_block<kQuant, kStaged>(x, dim, weight, eps, y, codes, scales, blockIdx.x);
+  detail::rms_norm_block<kQuant>(x, dim, weight, eps, y, codes, scales, blockIdx.x);
 }
 
 }  // namespace
@@ -37,15 +35,13 @@ Status rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, 
   if (quant.on() && dim % 32 != 0)
     return make_error("cuda::rms_norm: FP8 codes of the output need dim % 32 == 0 (dim=" + std::to_string(dim) + ")");
   if (rows == 0) return Status::Ok();
-  const bool short_row = dim <= detail::kRmsNormStagedShort;
-  const dim3 grid(static_cast<unsigned>(rows));
   if (quant.on())
-    return launch_kernel(short_row ? rms_norm_kernel<true, true> : rms_norm_kernel<true>, grid, dim3(kThreads), 0,
-                         stream, programmatic_launch, "rms_norm_kernel<quant>", x, dim, weight, eps, y, quant.codes,
+    return launch_kernel(rms_norm_kernel<true>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream,
+                         programmatic_launch, "rms_norm_kernel<quant>", x, dim, weight, eps, y, quant.codes,
                          quant.scales);
-  return launch_kernel(short_row ? rms_norm_kernel<false, true> : rms_norm_kernel<false>, grid, dim3(kThreads), 0,
-                       stream, programmatic_launch, "rms_norm_kernel", x, dim, weight, eps, y,
-                       static_cast<uint16_t*>(nullptr), static_cast<float*>(nullptr));
+  return launch_kernel(rms_norm_kernel<false>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream,
+                       programmatic_launch, "rms_norm_kernel", x, dim, weight, eps, y, static_cast<uint16_t*>(nullptr),
+                       static_cast<float*>(nullptr));
 }
 
 }  // namespace cedar::cuda

@@ -17,9 +17,6 @@ constexpr int kRmsNormThreads = 256;
 constexpr int kRmsNormBatch = 20;  // loads in flight per thread: 5120 channels in one round trip
 // Rows up to this long keep x and the weight in shared memory.
 constexpr int64_t kRmsNormStaged = int64_t{kRmsNormThreads} * kRmsNormBatch;
-// The staging of kernels whose rows are short (q_norm: q_lora_rank): 16 KB of static shared memory instead of
-// 40 KB (the same bits: only where pass 2 reads x from). s30: level in TPOT; kept for the footprint.
-constexpr int64_t kRmsNormStagedShort = 2048;
 
 // Row `row` by the block's kRmsNormThreads threads. Pass 1 loads x and the weight in batches of 20 per
 // thread (one round trip for a 5120 row) and sums the squares as rms_norm always has (thread t: channels t, t + 256, ... by FMAs;
@@ -29,14 +26,12 @@ constexpr int64_t kRmsNormStagedShort = 2048;
 // and pass 2 unrolled 20 times (norm_row) made q_norm's kernel 8.5 k SASS instructions and 11-17 µs
 // instead of ~8.5 µs (s9 runs 3-4); a shuffle under a lane-dependent loop bound would compile to
 // divergence-safe collective code. (The first version loaded x, then x and the weight again, one
-// dependent round trip per 256 channels.) kStaged: the longest row kept in shared memory; longer rows
-// reload x and the weight in pass 2.
-template <bool kQuant, int64_t kStaged = kRmsNormStaged>
+// dependent round trip per 256 channels.) Rows past kRmsNormStaged reload x and the weight in pass 2.
+template <bool kQuant>
 __device__ __forceinline__ void rms_norm_block(const float* x, int64_t dim, const float* weight, float eps, float* y,
                                                uint16_t* codes, float* scales, int64_t row) {
-  static_assert(kStaged <= kRmsNormStaged, "pass 1 stages one batch round at most");
   __shared__ float warp_sums[kRmsNormThreads / 32];
-  __shared__ float xs[kStaged], ws[kStaged];
+  __shared__ float xs[kRmsNormStaged], ws[kRmsNormStaged];
   const int tid = threadIdx.x, lane = tid & 31;
   detail::pdl_launch_dependents();
   // The first batch's weights before the PDL wait (weights, not written by any kernel): the chain after it
@@ -50,7 +45,7 @@ __device__ __forceinline__ void rms_norm_block(const float* x, int64_t dim, cons
   detail::pdl_wait();
   const float* xr = x + row * dim;
   float* yr = y + row * dim;
-  const bool staged = dim <= kStaged;
+  const bool staged = dim <= kRmsNormStaged;
   float ss = 0.0f;
   for (int64_t base = 0; base < dim; base += kRmsNormStaged) {
     float v[kRmsNormBatch], w[kRmsNormBatch];

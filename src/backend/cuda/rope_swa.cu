@@ -89,7 +89,7 @@ __device__ __forceinline__ SwaRowInputs swa_row_inputs(const SwaKvArgs& a, int64
 
 // Row `row` by the block's kThreads threads. Thread k handles channel pairs k, k + 256, ...: a 32-channel
 // QDQ block is 16 consecutive pairs, i.e. one half warp in one iteration. rms_apply and rope_pair's
-// arithmetic, op for op, on the values `in` holds.
+// arithmetic (rms_scale, rope_rotate) on the values `in` holds.
 __device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t row, const SwaRowInputs& in) {
   __shared__ __align__(16) float xs[kMaxHeadDim];
   __shared__ float rstd;
@@ -111,16 +111,9 @@ __device__ __forceinline__ void swa_kv_encode_row(const SwaKvArgs& a, int64_t ro
     const int64_t c = 2 * pr;
     float e = 0.0f, o = 0.0f;
     if (valid) {
-      e = detail::round_bf16(a.norm_weight ? __fmul_rn(in.weight[k].x, __fmul_rn(xs[c], r)) : __fmul_rn(xs[c], r));
-      o = detail::round_bf16(a.norm_weight ? __fmul_rn(in.weight[k].y, __fmul_rn(xs[c + 1], r))
-                                           : __fmul_rn(xs[c + 1], r));
-      if (c >= rope_start) {
-        const float cs = in.cos_sin[k].x, sn = in.cos_sin[k].y;
-        const float ne = detail::round_bf16(__fsub_rn(__fmul_rn(e, cs), __fmul_rn(o, sn)));
-        const float no = detail::round_bf16(__fadd_rn(__fmul_rn(e, sn), __fmul_rn(o, cs)));
-        e = ne;
-        o = no;
-      }
+      e = detail::rms_scale(xs[c], r, a.norm_weight != nullptr, in.weight[k].x);
+      o = detail::rms_scale(xs[c + 1], r, a.norm_weight != nullptr, in.weight[k].y);
+      if (c >= rope_start) detail::rope_rotate(in.cos_sin[k].x, in.cos_sin[k].y, e, o);
     }
     const bool finite = detail::half_warp_all(isfinite(e) && isfinite(o));
     const float amax = detail::half_warp_max(fmaxf(fabsf(e), fabsf(o)));
@@ -149,8 +142,7 @@ __global__ void __launch_bounds__(kThreads) swa_kv_encode_kernel(SwaKvArgs a) {
 template <bool kQuant>
 __global__ void __launch_bounds__(kThreads) q_norm_swa_kv_encode_kernel(QNormArgs q, SwaKvArgs a) {
   if (blockIdx.x < a.n) {
-    detail::rms_norm_block<kQuant, detail::kRmsNormStagedShort>(q.x, q.dim, q.weight, q.eps, q.y, q.quant.codes,
-                                                                 q.quant.scales, blockIdx.x);
+    detail::rms_norm_block<kQuant>(q.x, q.dim, q.weight, q.eps, q.y, q.quant.codes, q.quant.scales, blockIdx.x);
   } else {
     detail::pdl_launch_dependents();
     const SwaRowInputs in = swa_row_inputs(a, blockIdx.x - a.n);  // step inputs and weights: before the wait
