@@ -43,6 +43,9 @@ int64_t row_threads(int64_t d) { return std::max<int64_t>(kNormThreads, d / kSit
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
@@ -100,36 +103,43 @@ __global__ void __cluster_dims__(kSiteBlocks, 1, 1) __launch_bounds__(kMaxThread
     __syncthreads();
     if (tid < K) order[tok][detail::combine_rank(ids[tok], K, tid)] = tid;
     __syncthreads();
-    if (mine) {
-      yv = detail::combine_channel(rv, order[tok], K, yc.shared != nullptr, sh);
-      yc.y[tok * a.d + c] = yv;
-    }
+    if (mine) yv = detail::combine_channel(rv, order[tok], K, yc.shared != nullptr, sh);
   } else if (mine && a.y) {
     yv = a.y[tok * a.d + c];
   }
+  // The outputs stay in registers until the first cluster barrier is passed: its release fence
+  // (MEMBAR.ALL.GPU) would otherwise wait for their global stores, which no peer reads (s30).
+  float v[kHc];
+  float col = 0.0f;
   if (mine) {
-    float v[kHc];
     if (a.y) {
       expand_channel(x, yv, post, comb, v);
-#pragma unroll
-      for (int j = 0; j < kHc; ++j) a.X_out[tok * width + j * a.d + c] = v[j];
     } else {
 #pragma unroll
       for (int j = 0; j < kHc; ++j) v[j] = x[j];
     }
-    const float col = collapse_channel(v, cw);
-    a.collapsed[tok * a.d + c] = col;
+    col = collapse_channel(v, cw);
     row[c] = col;
   }
   cluster_arrive_release();  // this block's slices are written ...
   cluster_wait_acquire();    // ... and every other block's are visible
+  if (mine) {
+    if (a.y_combine.routed != nullptr) a.y_combine.y[tok * a.d + c] = yv;
+    if (a.y) {
+#pragma unroll
+      for (int j = 0; j < kHc; ++j) a.X_out[tok * width + j * a.d + c] = v[j];
+    }
+    a.collapsed[tok * a.d + c] = col;
+  }
   // The other blocks' slices into this block's rows: 16-byte pieces (span % 4 == 0: a piece has one owner).
   const int pieces = static_cast<int>(a.n) * d / 4;
   for (int i = static_cast<int>(threadIdx.x); i < pieces; i += static_cast<int>(blockDim.x)) {
     const int owner = (4 * i % d) / span;
     if (owner != rank) rows4[i] = *cluster.map_shared_rank(rows4 + i, owner);
   }
-  cluster_arrive_release();  // done reading the others' shared memory (each block waits for this before it exits)
+  // Done reading the others' shared memory (each block waits for this before it exits). Relaxed: it orders
+  // nothing this block wrote, and the values read are already in this block's registers / shared memory.
+  cluster_arrive_relaxed();
   __syncthreads();
   // The row's sum of squares in norm_row's order: thread t < 256 takes channels t, t + 256, ... by FMAs in
   // channel order, warp_sum, the warps in order — the same operations on the same values in every block, so
