@@ -8,11 +8,22 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_status.h"
 
 namespace cedar::cuda {
+
+// Set on a captured graph before it is instantiated.
+struct GraphOptions {
+  // The preferred shared-memory carveout (percent of the maximum shared memory, 1..100) of every kernel node,
+  // or 0: each kernel's own (the driver's choice). An SM changes its L1 / shared split only when it is idle,
+  // so kernels whose splits differ cannot share an SM; one split for the whole graph removes that
+  // (CudaKernelPaths::graph_carveout).
+  int smem_carveout = 0;
+};
 
 class CudaGraph {
  public:
@@ -36,19 +47,19 @@ class CudaGraph {
   // already capturing — and instantiates it. If `record` fails, or a call it makes is not capturable,
   // the capture is ended (the stream is usable again) and the error returned; nothing was executed.
   template <typename Record>
-  static Result<CudaGraph> capture(cudaStream_t stream, Record&& record) {
+  static Result<CudaGraph> capture(cudaStream_t stream, Record&& record, const GraphOptions& options = {}) {
     CudaGraph g;
-    CEDAR_RETURN_IF_ERROR(g.capture_into(stream, record));
+    CEDAR_RETURN_IF_ERROR(g.capture_into(stream, record, options));
     return Result<CudaGraph>(std::move(g));
   }
 
   // Re-captures `record` and updates the instantiated graph in place when the topology is unchanged
   // (cudaGraphExecUpdate: new kernel arguments, e.g. another batch's pointers), else re-instantiates.
   template <typename Record>
-  Status recapture(cudaStream_t stream, Record&& record) {
-    if (!exec_) return capture_into(stream, record);
+  Status recapture(cudaStream_t stream, Record&& record, const GraphOptions& options = {}) {
+    if (!exec_) return capture_into(stream, record, options);
     cudaGraph_t fresh = nullptr;
-    CEDAR_RETURN_IF_ERROR(record_graph(stream, record, &fresh));
+    CEDAR_RETURN_IF_ERROR(record_graph(stream, record, options, &fresh));
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(exec_, fresh, &info) == cudaSuccess) {
       cudaGraphDestroy(graph_);
@@ -71,10 +82,11 @@ class CudaGraph {
 
   bool empty() const { return exec_ == nullptr; }
   size_t nodes() const { return nodes_; }  // nodes of the captured graph (kernels, copies, memsets)
+  cudaGraph_t graph() const { return graph_; }  // the captured graph, for inspection (tests)
 
  private:
   template <typename Record>
-  static Status record_graph(cudaStream_t stream, Record& record, cudaGraph_t* out) {
+  static Status record_graph(cudaStream_t stream, Record& record, const GraphOptions& options, cudaGraph_t* out) {
     if (stream == nullptr) return make_error("CudaGraph: capture needs a non-default stream");
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &status));
@@ -89,14 +101,39 @@ class CudaGraph {
       if (!recorded.ok()) return recorded.error().with_context("CudaGraph capture");
       return cuda_status(ended, "cudaStreamEndCapture (a captured call was not capturable)");
     }
+    if (const Status applied = apply(options, graph); !applied.ok()) {
+      cudaGraphDestroy(graph);
+      return applied;
+    }
     *out = graph;
     return Status::Ok();
   }
 
+  static Status apply(const GraphOptions& options, cudaGraph_t graph) {
+    if (options.smem_carveout == 0) return Status::Ok();
+    if (options.smem_carveout < 0 || options.smem_carveout > 100)
+      return make_error("CudaGraph: smem_carveout " + std::to_string(options.smem_carveout) + " is not 0..100");
+    size_t n = 0;
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaGraphGetNodes(graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (n > 0) CEDAR_CUDA_RETURN_IF_ERROR(cudaGraphGetNodes(graph, nodes.data(), &n));
+    cudaLaunchAttributeValue value{};
+    value.sharedMemCarveout = static_cast<unsigned>(options.smem_carveout);
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      CEDAR_CUDA_RETURN_IF_ERROR(cudaGraphNodeGetType(node, &type));
+      if (type != cudaGraphNodeTypeKernel) continue;
+      CEDAR_RETURN_IF_ERROR(cuda_status(
+          cudaGraphKernelNodeSetAttribute(node, cudaLaunchAttributePreferredSharedMemoryCarveout, &value),
+          "cudaGraphKernelNodeSetAttribute(PreferredSharedMemoryCarveout)"));
+    }
+    return Status::Ok();
+  }
+
   template <typename Record>
-  Status capture_into(cudaStream_t stream, Record& record) {
+  Status capture_into(cudaStream_t stream, Record& record, const GraphOptions& options) {
     cudaGraph_t graph = nullptr;
-    CEDAR_RETURN_IF_ERROR(record_graph(stream, record, &graph));
+    CEDAR_RETURN_IF_ERROR(record_graph(stream, record, options, &graph));
     reset();
     graph_ = graph;
     CEDAR_RETURN_IF_ERROR(count_nodes());

@@ -419,6 +419,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"gemv_max_rows", nullptr, &p.gemv_max_rows},
           {"routed_warps", nullptr, &p.routed_warps},
           {"routed_tiles", &p.routed_tiles, nullptr},
+          {"graph_carveout", nullptr, &p.graph_carveout},
           {"tiled_experts", &o.tiled_experts, nullptr},
           {"packed_experts", &o.packed_experts, nullptr},
           {"wo_a_fp8", &o.wo_a_fp8, nullptr},
@@ -459,6 +460,9 @@ Status apply_cuda_options(std::string_view spec, CudaModelOptions& o) {
   if (rw != 0 && (rw < kForcedSplitMinWarps || rw > kForcedSplitMaxWarps))
     return make_error("CUDA option 'routed_warps': " + std::to_string(rw) + " is not 0 (the default split) or " +
                       std::to_string(kForcedSplitMinWarps) + ".." + std::to_string(kForcedSplitMaxWarps));
+  if (o.paths.graph_carveout > 100)
+    return make_error("CUDA option 'graph_carveout': " + std::to_string(o.paths.graph_carveout) +
+                      " is not 0 (each kernel's own) or a percent 1..100");
   return Status::Ok();
 }
 
@@ -766,14 +770,15 @@ Status CudaModel::run_step(const Rows& r, CudaStepOutput& out) {
       if (st.ok()) warmed_[key] = true;
     } else {
       if (it == decode_graphs_.end()) {
-        auto captured = CudaGraph::capture(stream_.get(), [&](cudaStream_t) { return run_rows(r); });
+        auto captured =
+            CudaGraph::capture(stream_.get(), [&](cudaStream_t) { return run_rows(r); }, graph_options());
         if (!captured.ok()) return captured.error().with_context("decode_step (batch " + str(r.n) + ")");
         it = decode_graphs_.emplace(key, std::move(*captured)).first;
       }
       st = it->second.launch(stream_.get());
     }
   } else if (profiler_ && profiler_->graph) {  // a fresh graph with the profile's event nodes
-    auto captured = CudaGraph::capture(stream_.get(), [&](cudaStream_t) { return run_rows(r); });
+    auto captured = CudaGraph::capture(stream_.get(), [&](cudaStream_t) { return run_rows(r); }, graph_options());
     st = captured.ok() ? captured->launch(stream_.get()) : Status(captured.error());
     if (st.ok()) st = stream_.synchronize();  // the graph must outlive its replay
   } else {

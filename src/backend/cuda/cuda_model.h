@@ -221,6 +221,13 @@ struct CudaKernelPaths {
   // (CudaModelOptions::tiled_experts). s25 on an H100, one process: batch 1 7.666 → 7.553 ms, batch 8 12.540 →
   // 12.504 (kernel rows: the routed path 61.2 → 53.0 µs at batch 1); on the H200 (s25 run 0) −0.007..−0.025 ms.
   bool routed_tiles = true;
+  // Decode graphs: one preferred shared-memory carveout (percent, 1..100) set on every kernel node
+  // (GraphOptions::smem_carveout), or 0: each kernel's own. An SM changes its L1 / shared split only when
+  // idle, so a kernel launched early under PDL, or on a concurrent branch, whose split differs from the
+  // resident kernels' cannot start on their SMs (the tile GEMV's rings take ~140 KB per SM, the FP8 GEMVs
+  // almost none). s18 / s19 suspected this for the routed GEMVs' slowdown in the model; s29 measured w1/w3 at
+  // 39.8 µs beside the shared expert against ~30 alone. Not yet measured: a benchmark switch.
+  int64_t graph_carveout = 0;
   static CudaKernelPaths legacy();
 };
 
@@ -455,6 +462,7 @@ class CudaModel {
   cudaStream_t cs() const { return cur_ ? cur_ : stream_.get(); }
   const SplitKWorkspace& splitk() const;
   bool branches(const Rows& r) const;
+  GraphOptions graph_options() const { return GraphOptions{static_cast<int>(options_.paths.graph_carveout)}; }
   // main() on the model's stream while aux() runs on the second stream (fork / join events); serial when off.
   // main_critical: main() is the longer branch, so its first kernel may keep a programmatic edge
   // (paths.fork_pdl) and start ahead of the aux branch's.

@@ -859,6 +859,9 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       // The ring commit on the aux stream after the attention, joined at the ffn site.
       {"defaults: swa_commit_aside 1 vs 0", fast, with(fast, "swa_commit_aside=0"), 0},
       {"legacy: swa_commit_aside 1 vs 0", with(old, "swa_commit_aside=1"), old, 0},
+      // One shared-memory carveout on every decode graph node: where kernels run, not what they compute.
+      {"defaults: graph_carveout 100 vs 0", with(fast, "graph_carveout=100"), fast, 0},
+      {"defaults: graph_carveout 72 vs 0", with(fast, "graph_carveout=72"), fast, 0},
   };
   const int64_t engram_layers = static_cast<int64_t>(g.config().engram_layer_ids.size());
   ASSERT_GT(engram_layers, 0) << GetParam() << ": no Engram layers, engram_ahead is not exercised";

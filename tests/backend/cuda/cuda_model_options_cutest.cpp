@@ -55,6 +55,19 @@ TEST(CudaModelOptionsSpec, RoutedWarpsTakesTheDefaultOrASplitOfTwoToEight) {
   }
 }
 
+// graph_carveout: 0 (each kernel's own split, the default) or a percent 1..100 for every decode graph node.
+TEST(CudaModelOptionsSpec, GraphCarveoutTakesZeroOrAPercent) {
+  EXPECT_EQ(CudaKernelPaths().graph_carveout, 0);
+  CudaModelOptions o;
+  for (const int v : {100, 1, 72, 0}) {
+    ASSERT_TRUE(apply_cuda_options("graph_carveout=" + std::to_string(v), o).ok()) << v;
+    EXPECT_EQ(o.paths.graph_carveout, v);
+  }
+  const Status st = apply_cuda_options("graph_carveout=101", o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("'graph_carveout'"), std::string::npos) << st.error().message;
+}
+
 // gemv_max_rows: the rows up to which the dense linears and the shared expert take the GEMVs; a value by name.
 TEST(CudaModelOptionsSpec, GemvMaxRowsIsAValueByName) {
   CudaModelOptions o;

@@ -21,6 +21,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_kv.h"
 #include "backend/cuda/device_weights.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/peaks.h"
 #include "backend/cuda/stream.h"
 #include "core/numeric.h"
@@ -408,6 +409,57 @@ TEST(CudaGraph, CapturesReplaysAndRecoversFromAFailedCapture) {
   ASSERT_TRUE(g->launch(stream->get()).ok());
   ASSERT_TRUE(stream->synchronize().ok());
   EXPECT_EQ(b->to_host()->at(0), 0x22222222u);
+}
+
+// GraphOptions::smem_carveout is set on every kernel node of the captured graph (read back from the graph),
+// none of the other nodes is touched, and the replay computes what the direct launch does; a value outside
+// 0..100 is refused with the capture ended.
+TEST(CudaGraph, SetsTheSharedMemoryCarveoutOnEveryKernelNode) {
+  CEDAR_REQUIRE_GPU();
+  auto stream = Stream::create();
+  ASSERT_TRUE(stream.ok());
+  constexpr int64_t kRows = 4, kDim = 256;
+  std::vector<float> x(kRows * kDim);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 17) - 8) / 8.0f;
+  auto dx = DeviceBuffer<float>::from_host(x);
+  auto y_direct = DeviceBuffer<float>::allocate(x.size()), y_graph = DeviceBuffer<float>::allocate(x.size());
+  ASSERT_TRUE(dx.ok() && y_direct.ok() && y_graph.ok());
+  ASSERT_TRUE(rms_norm(dx->get(), kRows, kDim, nullptr, 1e-6f, y_direct->get(), stream->get()).ok());
+  const auto record = [&](cudaStream_t s) -> Status {
+    CEDAR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(y_graph->get(), 0, x.size() * sizeof(float), s));
+    CEDAR_RETURN_IF_ERROR(rms_norm(dx->get(), kRows, kDim, nullptr, 1e-6f, y_graph->get(), s));
+    return rms_norm(dx->get(), kRows, kDim, nullptr, 1e-6f, y_graph->get(), s);
+  };
+  auto g = CudaGraph::capture(stream->get(), record, GraphOptions{37});
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  size_t n = 0;
+  ASSERT_EQ(cudaGraphGetNodes(g->graph(), nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  ASSERT_EQ(cudaGraphGetNodes(g->graph(), nodes.data(), &n), cudaSuccess);
+  int kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type != cudaGraphNodeTypeKernel) continue;
+    ++kernels;
+    cudaLaunchAttributeValue v{};
+    ASSERT_EQ(cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePreferredSharedMemoryCarveout, &v),
+              cudaSuccess);
+    EXPECT_EQ(v.sharedMemCarveout, 37u) << "kernel node " << kernels;
+  }
+  EXPECT_EQ(kernels, 2);
+  EXPECT_EQ(n, 3u);  // and the memset
+  ASSERT_TRUE(g->launch(stream->get()).ok());
+  ASSERT_TRUE(stream->synchronize().ok());
+  const auto want = y_direct->to_host(), got = y_graph->to_host();
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(std::memcmp(want->data(), got->data(), x.size() * sizeof(float)), 0);
+  auto bad = CudaGraph::capture(stream->get(), record, GraphOptions{101});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("smem_carveout 101"), std::string::npos) << bad.error().message;
+  cudaStreamCaptureStatus cs;
+  ASSERT_EQ(cudaStreamIsCapturing(stream->get(), &cs), cudaSuccess);
+  EXPECT_EQ(cs, cudaStreamCaptureStatusNone);
 }
 
 TEST(GemmPeaks, RejectsBadShapesAndMeasuresPlausibleRates) {
