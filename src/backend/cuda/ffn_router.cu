@@ -399,8 +399,16 @@ __global__ void __launch_bounds__(kRlThreads)
   const int En = static_cast<int>(E), pairs = p.n * En;  // pair idx = token·E + expert (<= kFuseMaxValues)
   for (int i0 = threadIdx.x; i0 < pairs; i0 += kGroup * kRlThreads) {
     const float* base[kGroup];
+    float bias[kGroup];
+    // The pairs' biases are requested with the partials: read in the loop below, after its logit store (which
+    // they may alias, so the compiler cannot hoist them), each cost one more L2 / DRAM round trip (s32).
 #pragma unroll
-    for (int q = 0; q < kGroup; ++q) base[q] = p.partials + min(i0 + q * kRlThreads, pairs - 1);  // split 0's
+    for (int q = 0; q < kGroup; ++q) {
+      const int idx = min(i0 + q * kRlThreads, pairs - 1);
+      const int tt = idx / En;
+      base[q] = p.partials + idx;  // split 0's
+      bias[q] = bias_of(a, tt, idx - tt * En);
+    }
     float s[kGroup];
     sum_splits<kGroup>(base, kRlPassTokens * E, p.ksplit, s);
 #pragma unroll 1
@@ -408,12 +416,15 @@ __global__ void __launch_bounds__(kRlThreads)
       const int idx = i0 + q * kRlThreads;
       if (idx >= pairs) break;
       const int tt = idx / En, e = idx - tt * En;
-      const float logit = s[0];
-      s[0] = s[1];  // the next pair's sum to the front: registers, not a dynamically indexed array
+      const float logit = s[0], b = bias[0];
+      s[0] = s[1];  // the next pair's sum and bias to the front: registers, not a dynamically indexed array
       s[1] = s[2];
       s[2] = s[3];
+      bias[0] = bias[1];
+      bias[1] = bias[2];
+      bias[2] = bias[3];
       p.logits[idx] = logit;
-      score_entry(a, tt, e, logit, bias_of(a, tt, e), score + tt * En, biased + tt * En);
+      score_entry(a, tt, e, logit, b, score + tt * En, biased + tt * En);
     }
   }
   __syncthreads();
