@@ -225,8 +225,9 @@ struct CudaKernelPaths {
   // (GraphOptions::smem_carveout), or 0: each kernel's own. An SM changes its L1 / shared split only when
   // idle, so a kernel launched early under PDL, or on a concurrent branch, whose split differs from the
   // resident kernels' cannot start on their SMs (the tile GEMV's rings take ~140 KB per SM, the FP8 GEMVs
-  // almost none). s18 / s19 suspected this for the routed GEMVs' slowdown in the model; s29 measured w1/w3 at
-  // 39.8 µs beside the shared expert against ~30 alone. Not yet measured: a benchmark switch.
+  // almost none). s18 / s19 suspected this for the routed GEMVs' slowdown in the model (s29: w1/w3 39.8 µs
+  // beside the shared expert, ~30 alone). Measured slower (s32, H100, one process): batch 1 7.510 ms off,
+  // 8.097 / 8.229 at 100 / 72; batch 8 12.848 against 14.063 / 13.979. The driver's split per kernel stays.
   int64_t graph_carveout = 0;
   static CudaKernelPaths legacy();
 };
