@@ -123,6 +123,143 @@ TEST(CudaGemvTiles, MatchesPackedBalancedBitForBitAndCpu) {
   check_tiles_gemv({96, 1024, 8, 6, 2, 234});    // many units per block (units from the counter), 8 rows
 }
 
+// gemv_mxfp4_tiles_swiglu against the two launches it replaces (the tile GEMV of a (w1, w3) table into g / u, then
+// swiglu with its FP8 codes): the same codes and scales, bit for bit, over random routing.
+struct TilesSwigluCase {
+  int64_t inter, d, n, K, E;
+  bool weighted;
+  float limit;
+  uint32_t seed;
+};
+
+void check_tiles_swiglu(const TilesSwigluCase& c) {
+  std::vector<QuantWeightHost> w1, w3;
+  std::vector<DeviceBuffer<uint8_t>> keep;
+  std::vector<const uint8_t*> t1, t3, s1, s3;
+  bool exp_add_ok = true;
+  auto add = [&](const QuantWeightHost& w, std::vector<const uint8_t*>& tiles, std::vector<const uint8_t*>& sc) {
+    std::vector<uint8_t> tl(mxfp4_tiles_bytes(c.inter, c.d));
+    const Status st = repack_mxfp4_tiles(w.data.data(), w.scales.data(), c.inter, c.d, tl.data());
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    exp_add_ok = exp_add_ok && mxfp4_scales_allow_exp_add(w.scales.data(), w.scales.size());
+    keep.push_back(upload(tl));
+    tiles.push_back(keep.back().get());
+    keep.push_back(upload(w.scales));
+    sc.push_back(keep.back().get());
+  };
+  for (int64_t e = 0; e < c.E; ++e) {
+    w1.push_back(random_mxfp4_weight(c.inter, c.d, c.seed + 2 * e));
+    w3.push_back(random_mxfp4_weight(c.inter, c.d, c.seed + 2 * e + 1));
+    add(w1.back(), t1, s1);
+    add(w3.back(), t3, s3);
+  }
+  const int64_t P = c.n * c.K;
+  std::vector<int32_t> experts(P);
+  std::mt19937 rng(c.seed);
+  for (auto& e : experts) e = static_cast<int32_t>(rng() % c.E);
+  const auto x = random_acts(c.n * c.d, c.seed + 100);
+  const auto route_w = random_acts(P, c.seed + 101, 0.5f, -2, 0);
+  auto dx = upload(x), drw = upload(route_w);
+  auto codes = alloc<uint16_t>(c.n * c.d);
+  auto act_scales = alloc<float>(c.n * c.d / 32);
+  ASSERT_TRUE(quantize_act_fp8(dx.get(), c.n, c.d, codes.get(), act_scales.get(), nullptr).ok());
+  auto dexp = upload(experts);
+  auto dt1 = upload(t1), dt3 = upload(t3), ds1 = upload(s1), ds3 = upload(s3);
+  auto items = alloc<DeviceGemvItem>(2 * P);
+  auto count = alloc<int32_t>(1);
+  auto g = alloc<float>(P * c.inter), u = alloc<float>(P * c.inter);
+  MoeDispatchArgs a;
+  a.experts = dexp.get();
+  a.n = c.n;
+  a.topk = c.K;
+  a.n_experts = c.E;
+  a.n_tables = 1;
+  a.tables[0] = MoeItemTable{2,     {{dt1.get(), ds1.get()}, {dt3.get(), ds3.get()}}, {g.get(), u.get()}, codes.get(),
+                             act_scales.get(), false, items.get(), count.get(), 2 * P};
+  ASSERT_TRUE(moe_build_items(a, nullptr).ok());
+  const QuantWeightView shape = view_of(w1[0], nullptr, nullptr);
+  auto work = alloc<unsigned>(2);
+  ASSERT_TRUE(work.zero().ok());
+  auto h_want = alloc<uint16_t>(P * c.inter), h_got = alloc<uint16_t>(P * c.inter);
+  auto sc_want = alloc<float>(P * c.inter / 32), sc_got = alloc<float>(P * c.inter / 32);
+  const float* rw = c.weighted ? drw.get() : nullptr;
+  const std::string tag = "tiles swiglu " + std::to_string(c.inter) + "x" + std::to_string(c.d) +
+                          " n=" + std::to_string(c.n) + " K=" + std::to_string(c.K) + (c.weighted ? " weighted" : "") +
+                          " limit=" + std::to_string(c.limit);
+  for (const bool exp_add : {false, true}) {
+    if (exp_add && !exp_add_ok) {
+      std::printf("[ SKIPPED  ] %s exp_add: the random scale bytes leave 9..127\n", tag.c_str());
+      continue;
+    }
+    ASSERT_TRUE(gemv_quantized_items(shape, Mxfp4Layout::Tiles, items.get(), count.get(), 2 * P, true, nullptr,
+                                     {.scale_exp_add = exp_add})
+                    .ok());
+    const SwigluArgs sw{.rows = P, .inter = c.inter, .g = g.get(), .u = u.get(), .row_weights = rw,
+                        .limit = c.limit, .codes = h_want.get(), .scales = sc_want.get()};
+    ASSERT_TRUE(swiglu(sw, nullptr).ok());
+    const auto want_codes = download(h_want);
+    const auto want_scales = download(sc_want);
+    for (const bool counters : {true, false}) {
+      ASSERT_TRUE(h_got.zero().ok());
+      ASSERT_TRUE(sc_got.zero().ok());
+      const TilesSwigluArgs ts{.shape = shape, .items = items.get(), .count = count.get(), .capacity = 2 * P,
+                               .row_weights = rw, .limit = c.limit, .codes = h_got.get(), .scales = sc_got.get(),
+                               .options = {.work = counters ? work.get() : nullptr, .scale_exp_add = exp_add}};
+      const Status s = gemv_mxfp4_tiles_swiglu(ts, nullptr);
+      ASSERT_TRUE(s.ok()) << s.error().message;
+      const std::string what = tag + (counters ? " counters" : " stride") + (exp_add ? " exp_add" : "");
+      const auto got_codes = download(h_got);
+      const auto got_scales = download(sc_got);
+      size_t bad = 0, first = 0;
+      for (size_t i = 0; i < got_codes.size(); ++i)
+        if (got_codes[i] != want_codes[i] && bad++ == 0) first = i;
+      EXPECT_EQ(bad, 0u) << what << ": " << bad << " codes differ; first at pair " << first / c.inter << " channel "
+                         << first % c.inter << ": " << got_codes[first] << " vs " << want_codes[first];
+      EXPECT_EQ(std::memcmp(got_scales.data(), want_scales.data(), got_scales.size() * sizeof(float)), 0)
+          << what << ": scales differ";
+      const auto w_after = download(work);
+      EXPECT_EQ(w_after[0] + w_after[1], 0u) << what << ": work counters not re-armed";
+    }
+  }
+}
+
+TEST(CudaGemvTiles, SwigluEpilogueMatchesTheTwoLaunchesBitForBit) {
+  CEDAR_REQUIRE_GPU();
+  check_tiles_swiglu({2304, 5120, 1, 6, 6, true, 10.0f, 241});  // released routed shapes, batch 1
+  check_tiles_swiglu({2304, 5120, 2, 6, 8, true, 10.0f, 242});
+  check_tiles_swiglu({64, 384, 9, 2, 3, false, 0.0f, 243});     // tokens over 8 per expert; a warp with no group
+  check_tiles_swiglu({96, 1024, 8, 6, 2, true, 0.5f, 244});     // many units per block; clamps that bite
+}
+
+TEST(CudaGemvTiles, SwigluEpilogueRejectsWhatItCannotRun) {
+  CEDAR_REQUIRE_GPU();
+  auto items = alloc<DeviceGemvItem>(2);
+  auto count = alloc<int32_t>(1);
+  auto h = alloc<uint16_t>(64);
+  auto sc = alloc<float>(2);
+  TilesSwigluArgs ts{.shape = {QuantWeightFormat::MXFP4, 40, 256, nullptr, nullptr, 32, 32},
+                     .items = items.get(), .count = count.get(), .capacity = 2, .codes = h.get(), .scales = sc.get(),
+                     .options = {}};
+  Status s = gemv_mxfp4_tiles_swiglu(ts, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("40"), std::string::npos) << s.error().message;
+  ts.shape.out = 64;
+  ts.capacity = 3;  // items come in pairs
+  s = gemv_mxfp4_tiles_swiglu(ts, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("capacity 3"), std::string::npos) << s.error().message;
+  ts.capacity = 2;
+  ts.codes = nullptr;
+  EXPECT_FALSE(gemv_mxfp4_tiles_swiglu(ts, nullptr).ok());
+  ts.codes = h.get();
+  ts.options.packed_warps = 2;
+  EXPECT_FALSE(gemv_mxfp4_tiles_swiglu(ts, nullptr).ok());
+  ts.options.packed_warps = 0;
+  ASSERT_TRUE(count.zero().ok());
+  EXPECT_TRUE(gemv_mxfp4_tiles_swiglu(ts, nullptr).ok());  // no items: nothing to do
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST(CudaGemvTiles, RejectsShapesAndOptionsItCannotRun) {
   CEDAR_REQUIRE_GPU();
   auto items = alloc<DeviceGemvItem>(1);
