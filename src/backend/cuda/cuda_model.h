@@ -221,10 +221,6 @@ struct CudaKernelPaths {
   // (CudaModelOptions::tiled_experts). s25 on an H100, one process: batch 1 7.666 → 7.553 ms, batch 8 12.540 →
   // 12.504 (kernel rows: the routed path 61.2 → 53.0 µs at batch 1); on the H200 (s25 run 0) −0.007..−0.025 ms.
   bool routed_tiles = true;
-  // With routed_tiles: the routed w1 / w3 GEMVs and the SwiGLU (+ its FP8 codes for w2) in one launch
-  // (gemv_mxfp4_tiles_swiglu, the same bits): the SwiGLU launch and its dependent round trip leave the routed chain
-  // (s32's H100 timeline: w1/w3 → w2 passed through a 1.7 µs SwiGLU at batch 1, every MoE layer).
-  bool routed_swiglu_fused = false;
   // Decode graphs: one preferred shared-memory carveout (percent, 1..100) set on every kernel node
   // (GraphOptions::smem_carveout), or 0: each kernel's own. An SM changes its L1 / shared split only when
   // idle, so a kernel launched early under PDL, or on a concurrent branch, whose split differs from the

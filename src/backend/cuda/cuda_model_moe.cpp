@@ -191,30 +191,17 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                          .work = packed ? w.item_work : nullptr,
                          .packed_warps = warps,
                          .scale_exp_add = exp_add};
-    if (tiles && options_.paths.routed_swiglu_fused) {  // w1 / w3 with the SwiGLU in their epilogue: one launch
-      const TilesSwigluArgs ts{.shape = shape13,
-                               .items = w.items13,
-                               .count = w.item_counts,
-                               .capacity = 2 * P,
-                               .row_weights = w.route_w,
-                               .limit = limit,
-                               .codes = w.h_codes,
-                               .scales = w.h_scales,
-                               .options = o13};
-      CEDAR_RETURN_IF_ERROR(gemv_mxfp4_tiles_swiglu(ts, cs()));
-    } else {
-      CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
-      const SwigluArgs sw{.rows = P,
-                          .inter = inter,
-                          .g = w.g,
-                          .u = w.gu,
-                          .row_weights = w.route_w,
-                          .limit = limit,
-                          .codes = w.h_codes,
-                          .scales = w.h_scales,
-                          .programmatic_launch = pdl()};
-      CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
-    }
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
+    const SwigluArgs sw{.rows = P,
+                        .inter = inter,
+                        .g = w.g,
+                        .u = w.gu,
+                        .row_weights = w.route_w,
+                        .limit = limit,
+                        .codes = w.h_codes,
+                        .scales = w.h_scales,
+                        .programmatic_launch = pdl()};
+    CEDAR_RETURN_IF_ERROR(swiglu(sw, cs()));
     GemvItemsOptions o2{.programmatic_launch = pdl(),
                         .work = packed ? w.item_work + 2 : nullptr,
                         .packed_warps = warps,

@@ -210,24 +210,6 @@ struct SwigluArgs {
 };
 Status swiglu(const SwigluArgs& a, cudaStream_t stream);
 
-// The routed w1 / w3 GEMVs over the MXFP4 tile layout with the SwiGLU and its FP8 quantization in their epilogue:
-// one launch and the same bits as gemv_quantized_items(Tiles, bf16 output) into g / u followed by swiglu. The
-// items come in (w1, w3) pairs, as moe_build_items writes a table of n_mats 2; a block of 8 warps takes one
-// 32-row tile of both matrices of a pair (4 warps each, the tile kernel's K split and order), so a tile's 32 h
-// values of a row are one activation block (inter % 32 == 0). The items' y pointers are not read.
-struct TilesSwigluArgs {
-  QuantWeightView shape;  // w1's (w3's is the same): out = inter, in; data and scales unused
-  const DeviceGemvItem* items = nullptr;
-  const int32_t* count = nullptr;  // items written (2 per pair group)
-  int64_t capacity = 0;            // items
-  const float* row_weights = nullptr;  // [pairs] or null
-  float limit = 0.0f;
-  uint16_t* codes = nullptr;  // [pairs, inter]
-  float* scales = nullptr;    // [pairs, inter/32]
-  GemvItemsOptions options;   // programmatic_launch, work, scale_exp_add (packed_warps must be 0)
-};
-Status gemv_mxfp4_tiles_swiglu(const TilesSwigluArgs& a, cudaStream_t stream);
-
 // ---- MoE combine ---------------------------------------------------------------------------------------
 // y[t] = bf16(Σ routed + shared[t]): the routed rows of token t (pairs t·topk + k) summed in fp32 in
 // ascending expert id (equal ids in slot order), from 0.0f, then + shared — the CPU's order: bit-exact.

@@ -13,7 +13,6 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/device_math.cuh"
-#include "backend/cuda/ffn_device.cuh"
 #include "backend/cuda/ffn_kernels.h"
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/launch.h"
@@ -173,106 +172,6 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
   }
 }
 
-// gemv_mxfp4_tiles_swiglu: block = 8 warps = one (pair group, 32-row tile) unit at a time; warps 0-3 take w1's
-// tile (item 2i), warps 4-7 w3's (item 2i + 1), each half with the tile kernel's K split. The epilogue sums each
-// half's partials in warp order (the tile kernel's g and u bits), then warp w applies the SwiGLU to token w's 32
-// rows (lane = row) and quantizes them as one activation block (swiglu_kernel's arithmetic).
-constexpr int kPairWarps = 2 * kTileWarps;
-static_assert(kPairWarps == kTokensPerTile, "the epilogue's warp w is the item's token w");
-
-struct TilesSwigluParams {
-  TilesParams t;  // items, count, capacity (items), out = inter, in, tiles, work
-  const float* row_weights;
-  float limit;
-  uint16_t* codes;
-  float* scales;
-};
-
-template <bool kExpAdd>
-__global__ void __launch_bounds__(kPairWarps * 32, kTileBlocksPerSm / 2)
-    gemv_mxfp4_tiles_swiglu_kernel(TilesSwigluParams sp) {
-  extern __shared__ __align__(128) uint8_t rings[];  // [warp][slot][kChunkBytes]
-  __shared__ __align__(8) uint64_t bars[kPairWarps][kTileSlots];
-  __shared__ int64_t next_unit;
-  detail::pdl_launch_dependents();
-  const TilesParams& p = sp.t;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int tok0 = 2 * t, tok1 = 2 * t + 1;
-  const int half = warp / kTileWarps, kw = warp % kTileWarps;  // half 0: w1, 1: w3
-  if (lane == 0) {
-    for (int s = 0; s < kTileSlots; ++s) detail::mbar_init(&bars[warp][s]);
-    detail::mbar_init_fence();
-  }
-  __syncwarp();
-  detail::pdl_wait();  // the item table, the activations and the routing weights come from earlier kernels
-  const int n_kb = static_cast<int>(p.in / 32);
-  const int n_groups = n_kb / 4;
-  const int q_begin = n_groups * kw / kTileWarps, q_end = n_groups * (kw + 1) / kTileWarps;
-  int64_t items = *p.count;
-  items = items < 0 ? 0 : (items > p.capacity ? p.capacity : items);
-  const int64_t units = items / 2 * p.tiles;
-  uint8_t* ring = rings + warp * kTileSlots * kChunkBytes;
-  float* partial = reinterpret_cast<float*>(ring);  // slot 0 after the warp's last chunk: [32 rows][8 tokens]
-  const uint64_t policy = detail::l2_evict_first_policy();
-  unsigned phases = 0;
-  unsigned* const work = p.work;
-  for (int64_t unit = blockIdx.x; unit < units; unit = work ? next_unit : unit + gridDim.x) {
-    int64_t claimed = 0;
-    if (work != nullptr && threadIdx.x == 0) claimed = gridDim.x + int64_t{atomicAdd(work, 1u)};
-    const int64_t pair = unit / p.tiles, tile = unit % p.tiles;
-    const DeviceGemvItem* it = p.items + 2 * pair + half;
-    const int n = min(max(it->n, 0), kTokensPerTile);
-    const int32_t* act_row = it->act_row;
-    const uint16_t* a_row = it->act_codes + int64_t{act_row[g < n ? g : 0]} * p.in + t * 8;
-    const float* as0 = it->act_scales + int64_t{act_row[tok0 < n ? tok0 : 0]} * n_kb;
-    const float* as1 = it->act_scales + int64_t{act_row[tok1 < n ? tok1 : 0]} * n_kb;
-    const uint8_t* chunks = it->data + tile * n_groups * int64_t{kChunkBytes};
-    // The epilogue's output row and routing weight (token `warp` of the pair's w1 item), requested now.
-    const DeviceGemvItem* w1 = p.items + 2 * pair;
-    const int n1 = min(max(w1->n, 0), kTokensPerTile);
-    const int64_t out_row = warp < n1 ? w1->y_row[warp] : 0;
-    const float rw = warp < n1 && sp.row_weights ? sp.row_weights[out_row] : 1.0f;
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    if (n == 1)  // block-uniform: both items of a pair hold the same pairs
-      tiles_k_loop<true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
-    else
-      tiles_k_loop<false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
-    __syncwarp();  // every lane has read the warp's last chunk: slot 0 takes the partial sums
-#pragma unroll
-    for (int rt = 0; rt < 2; ++rt) {
-      partial[(16 * rt + g) * kTokensPerTile + tok0] = acc[rt][0];
-      partial[(16 * rt + g) * kTokensPerTile + tok1] = acc[rt][1];
-      partial[(16 * rt + g + 8) * kTokensPerTile + tok0] = acc[rt][2];
-      partial[(16 * rt + g + 8) * kTokensPerTile + tok1] = acc[rt][3];
-    }
-    __syncthreads();  // every partial is stored; every thread has read `unit`: next_unit may change
-    if (work != nullptr && threadIdx.x == 0) next_unit = claimed;
-    if (warp < n1) {  // warp-uniform: the warp_max below takes all 32 lanes
-      const int row = lane, at = row * kTokensPerTile + warp;
-      float gs = 0.0f, us = 0.0f;
-      for (int ww = 0; ww < kTileWarps; ++ww) {  // warp order, as the tile kernel
-        gs += reinterpret_cast<const float*>(rings + ww * kTileSlots * kChunkBytes)[at];
-        us += reinterpret_cast<const float*>(rings + (kTileWarps + ww) * kTileSlots * kChunkBytes)[at];
-      }
-      const float h = detail::swiglu_value(detail::round_bf16(gs), detail::round_bf16(us), sp.row_weights != nullptr,
-                                           rw, sp.limit);
-      float scale;
-      const uint16_t code = detail::quantize_act_value(h, detail::warp_max(fabsf(h)), &scale);
-      sp.codes[out_row * p.out + tile * kTileRows + row] = code;
-      if (lane == 0) sp.scales[out_row * (p.out / 32) + tile] = scale;
-    }
-    // The partials (generic-proxy accesses) are done before the next unit's bulk copies (async proxy)
-    // overwrite slot 0.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-  }
-  if (work != nullptr && threadIdx.x == 0 && atomicAdd(work + 1, 1u) == gridDim.x - 1) {
-    work[0] = 0;
-    work[1] = 0;
-  }
-}
-
 }  // namespace
 
 bool mxfp4_tileable(int64_t out, int64_t in) { return mxfp4_packable(out, in) && out % kTileRows == 0; }
@@ -347,46 +246,5 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
                        "gemv_mxfp4_tiles_kernel", p);
 }
 }  // namespace gemv_detail
-
-Status gemv_mxfp4_tiles_swiglu(const TilesSwigluArgs& a, cudaStream_t stream) {
-  const char* who = "cuda::gemv_mxfp4_tiles_swiglu";
-  const QuantWeightView& shape = a.shape;
-  if (shape.format != QuantWeightFormat::MXFP4 || !mxfp4_tileable(shape.out, shape.in))
-    return make_error(std::string(who) + ": MXFP4 with out a multiple of 32 and in of 128 (got " +
-                      std::to_string(shape.out) + "×" + std::to_string(shape.in) + ")");
-  if (a.items == nullptr || a.count == nullptr || a.capacity < 2 || a.capacity > (int64_t{1} << 24) ||
-      a.capacity % 2 != 0)
-    return make_error(std::string(who) + ": items, count and an even capacity in [2, 2^24] are required (capacity " +
-                      std::to_string(a.capacity) + ")");
-  if (a.codes == nullptr || a.scales == nullptr)
-    return make_error(std::string(who) + ": the output codes and scales are required");
-  if (a.options.packed_warps != 0)
-    return make_error(std::string(who) + ": packed_warps: the tile layout splits K over 4 warps only");
-  TilesSwigluParams sp{};
-  sp.t.items = a.items;
-  sp.t.count = a.count;
-  sp.t.capacity = a.capacity;
-  sp.t.out = shape.out;
-  sp.t.in = shape.in;
-  sp.t.tiles = shape.out / kTileRows;
-  sp.t.bf16_output = true;
-  sp.t.work = a.options.work;
-  sp.row_weights = a.row_weights;
-  sp.limit = a.limit;
-  sp.codes = a.codes;
-  sp.scales = a.scales;
-  const size_t smem = static_cast<size_t>(kPairWarps) * kTileSlots * kChunkBytes;
-  auto kernel = a.options.scale_exp_add ? gemv_mxfp4_tiles_swiglu_kernel<true> : gemv_mxfp4_tiles_swiglu_kernel<false>;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPairWarps * 32, smem) != cudaSuccess ||
-      per_sm <= 0) {
-    (void)cudaGetLastError();
-    per_sm = kTileBlocksPerSm / 2;
-  }
-  const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
-  const auto grid = static_cast<unsigned>(std::min<int64_t>(a.capacity / 2 * sp.t.tiles, wave));
-  return launch_kernel(kernel, dim3(grid), dim3(kPairWarps * 32), smem, stream, a.options.programmatic_launch,
-                       "gemv_mxfp4_tiles_swiglu_kernel", sp);
-}
 
 }  // namespace cedar::cuda
