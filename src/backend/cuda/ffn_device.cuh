@@ -39,7 +39,7 @@ __device__ __forceinline__ uint16_t quantize_act_value(float v, float block_amax
 
 // SwiGLU of one channel as the CPU computes it (§3.8): g clamped from above and u on both sides when limit > 0
 // (NaN passes through), silu(g)·u = g / (1 + exp(−g)) · u with one fp32 rounding per step, times the row's
-// routing weight when `weighted`, rounded to bf16 (swiglu_kernel; s32's SwiGLU epilogue in the tile GEMV used it too).
+// routing weight when `weighted`, rounded to bf16 (swiglu_kernel).
 __device__ __forceinline__ float swiglu_value(float g, float u, bool weighted, float row_weight, float limit) {
   if (limit > 0.0f) {
     g = g > limit ? limit : g;

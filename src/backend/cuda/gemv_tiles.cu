@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
     else
       tiles_k_loop<false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, kAhead && issued, a_row, as0,
                                    as1, policy, acc);
-    __syncwarp();  // every lane has read the warp's last chunk: slot 0 takes the partial sums
+    __syncwarp();  // every lane has read the warp's last chunk: its partial slot takes the partial sums
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
       partial[(16 * rt + g) * kTokensPerTile + tok0] = acc[rt][0];
