@@ -37,19 +37,6 @@ __device__ __forceinline__ uint16_t quantize_act_value(float v, float block_amax
   return act_code_f16(v, s);
 }
 
-// SwiGLU of one channel as the CPU computes it (§3.8): g clamped from above and u on both sides when limit > 0
-// (NaN passes through), silu(g)·u = g / (1 + exp(−g)) · u with one fp32 rounding per step, times the row's
-// routing weight when `weighted`, rounded to bf16 (swiglu_kernel).
-__device__ __forceinline__ float swiglu_value(float g, float u, bool weighted, float row_weight, float limit) {
-  if (limit > 0.0f) {
-    g = g > limit ? limit : g;
-    u = u > limit ? limit : (u < -limit ? -limit : u);
-  }
-  float h = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf_cr(-g))), u);
-  if (weighted) h = __fmul_rn(row_weight, h);
-  return round_bf16(h);
-}
-
 // Max of |v| over the 4 lanes of an aligned quad (lanes 4i..4i+3), all 32 lanes participating.
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));

@@ -39,10 +39,17 @@ __global__ void __launch_bounds__(kSwigluThreads) swiglu_kernel(SwigluArgs a, in
   if (blk >= n_blocks) return;  // whole warps
   const int64_t i = blk * 32 + lane;
   const int64_t row = i / a.inter;
-  const float gv = a.g[i], uv = a.u[i];
+  float gv = a.g[i], uv = a.u[i];
   // The row's routing weight is requested with g and u, not one L2 round trip after the arithmetic (s31).
   const float rw = a.row_weights ? a.row_weights[row] : 1.0f;
-  const float h = detail::swiglu_value(gv, uv, a.row_weights != nullptr, rw, a.limit);
+  if (a.limit > 0.0f) {  // gate from above only, up on both sides; NaN passes through
+    gv = gv > a.limit ? a.limit : gv;
+    uv = uv > a.limit ? a.limit : (uv < -a.limit ? -a.limit : uv);
+  }
+  // silu(g)·u = g / (1 + exp(−g)) · u, each step one fp32 rounding as the CPU's expression.
+  float h = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, detail::expf_cr(-gv))), uv);
+  if (a.row_weights) h = __fmul_rn(rw, h);
+  h = detail::round_bf16(h);
   if (a.h) a.h[i] = h;
   if (a.codes) {
     float s;
