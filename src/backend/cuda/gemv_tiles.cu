@@ -34,13 +34,11 @@ constexpr int kChunkBytes = kWeightBytes + 128;
 static_assert(kChunkBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(kTileRows * kTokensPerTile * sizeof(float) <= kChunkBytes, "a warp's partial sums fit its slot 0");
 
-// Unit indices are 32-bit (the launch checks capacity · tiles < 2^31): 64-bit unit arithmetic (a division
-// routine per unit, two registers per index) pushed the loop state of the 64-register kernel into local memory.
 struct TilesParams {
   const DeviceGemvItem* items;
   const int32_t* count;
-  int capacity, tiles;
-  int64_t out, in;
+  int64_t capacity;
+  int64_t out, in, tiles;
   bool bf16_output;
   unsigned* work;  // or null: [next unit, blocks done] (GemvItemsOptions::work)
 };
@@ -74,7 +72,7 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
   as0 += q_begin * 4;
   as1 += q_begin * 4;
   int s = 0;
-  for (int left = mine; left > 0; --left) {  // counts down: one loop register, not k and mine (64-register bound)
+  for (int k = 0; k < mine; ++k) {
     const float4 sa0 = __ldg(reinterpret_cast<const float4*>(as0));
     const float4 sa1 = __ldg(reinterpret_cast<const float4*>(as1));
     detail::mbar_wait(&bars[s], (phases >> s) & 1u);
@@ -89,7 +87,7 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
       const uint32_t b[4] = {sb & 0xFFu, (sb >> 8) & 0xFFu, (sb >> 16) & 0xFFu, sb >> 24};
       packed_block_math<kOne, kExpAdd>(w, b, av, comp_of(sa0, u), comp_of(sa1, u), acc);
     }
-    if (left > kTileSlots) {
+    if (k + kTileSlots < mine) {
       __syncwarp();  // every lane has read slot s
       if (lane == 0) fetch_chunk(&bars[s], ring + s * kChunkBytes, next, policy);
       next += kChunkBytes;
@@ -110,9 +108,7 @@ template <bool kExpAdd, bool kAhead>
 __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_tiles_kernel(TilesParams p) {
   extern __shared__ __align__(128) uint8_t rings[];  // [warp][slot][kChunkBytes]
   __shared__ __align__(8) uint64_t bars[kTileWarps][kTileSlots];
-  // Work-counter claims, by unit parity: thread 0 stores its claim for the unit after next as soon as it has it
-  // (nothing held in registers across the k loop); the other slot is still being read for this unit.
-  __shared__ int claims[2];
+  __shared__ int64_t next_unit;
   detail::pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -127,8 +123,9 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
   const int n_kb = static_cast<int>(p.in / 32);
   const int n_groups = n_kb / 4;
   const int q_begin = n_groups * warp / kTileWarps, q_end = n_groups * (warp + 1) / kTileWarps;
-  const int matrices = min(max(*p.count, 0), p.capacity);
-  const int units = matrices * p.tiles;
+  int64_t matrices = *p.count;
+  matrices = matrices < 0 ? 0 : (matrices > p.capacity ? p.capacity : matrices);
+  const int64_t units = matrices * p.tiles;
   uint8_t* ring = rings + warp * kTileSlots * kChunkBytes;
   constexpr int kPartialSlot = kAhead ? 1 : 0;
   // The partial-sum slot after the warp's last chunk: [32 rows][8 tokens].
@@ -137,20 +134,17 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
   unsigned phases = 0;
   unsigned* const work = p.work;
   bool issued = false;  // kAhead: this unit's first chunks were fetched during the previous unit's epilogue
-  int parity = 0;
-  for (int unit = blockIdx.x; unit < units; unit = work ? claims[parity] : unit + static_cast<int>(gridDim.x)) {
-    parity ^= 1;
-    // Claims past 2^31 units are never used (units < 2^31): the unsigned sum saturates into "none left".
-    if (work != nullptr && threadIdx.x == 0)
-      claims[parity] = static_cast<int>(min(gridDim.x + atomicAdd(work, 1u), 0x7FFFFFFFu));
-    const int m = unit / p.tiles, tile = unit % p.tiles;
+  for (int64_t unit = blockIdx.x; unit < units; unit = work ? next_unit : unit + gridDim.x) {
+    int64_t claimed = 0;
+    if (work != nullptr && threadIdx.x == 0) claimed = gridDim.x + int64_t{atomicAdd(work, 1u)};
+    const int64_t m = unit / p.tiles, tile = unit % p.tiles;
     const DeviceGemvItem* it = p.items + m;
     const int n = min(max(it->n, 0), kTokensPerTile);
     const int32_t* act_row = it->act_row;
     const uint16_t* a_row = it->act_codes + int64_t{act_row[g < n ? g : 0]} * p.in + t * 8;
     const float* as0 = it->act_scales + int64_t{act_row[tok0 < n ? tok0 : 0]} * n_kb;
     const float* as1 = it->act_scales + int64_t{act_row[tok1 < n ? tok1 : 0]} * n_kb;
-    const uint8_t* chunks = it->data + int64_t{tile} * n_groups * kChunkBytes;
+    const uint8_t* chunks = it->data + tile * n_groups * int64_t{kChunkBytes};
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     if (n == 1)  // block-uniform
       tiles_k_loop<true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, kAhead && issued, a_row, as0, as1,
@@ -168,12 +162,13 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
     }
     // kAhead: the k loop's reads of slot 0 (generic proxy) are ordered before the bulk copies into it below.
     if constexpr (kAhead) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();  // every partial is stored; thread 0's claim is visible
+    __syncthreads();  // every partial is stored; every thread has read `unit`: next_unit may change
+    if (work != nullptr && threadIdx.x == 0) next_unit = claimed;
     if constexpr (kAhead) {
-      const int next = work != nullptr ? claims[parity] : unit + static_cast<int>(gridDim.x);
+      const int64_t next = work != nullptr ? claimed : unit + gridDim.x;  // thread 0's (the others' after the loop)
       if (threadIdx.x == 0 && next < units) {
         const DeviceGemvItem* nit = p.items + next / p.tiles;
-        const uint8_t* nchunks = nit->data + int64_t{next % p.tiles} * n_groups * kChunkBytes;
+        const uint8_t* nchunks = nit->data + (next % p.tiles) * n_groups * int64_t{kChunkBytes};
         for (int w = 0; w < kTileWarps; ++w) {
           const int qb = n_groups * w / kTileWarps, qe = n_groups * (w + 1) / kTileWarps;
           if (qb < qe)
@@ -183,7 +178,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
       }
       issued = true;
     }
-    const int64_t row0 = int64_t{tile} * kTileRows;
+    const int64_t row0 = tile * kTileRows;
     for (int e = threadIdx.x; e < kTileRows * kTokensPerTile; e += blockDim.x) {
       const int row = e / kTokensPerTile, tok = e % kTokensPerTile;
       float sum = 0.0f;
@@ -257,14 +252,10 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
   TilesParams p{};
   p.items = items;
   p.count = count;
-  const int64_t tiles = shape.out / kTileRows;
-  if (capacity * tiles >= (int64_t{1} << 31))
-    return make_error(std::string(who) + ": capacity × 32-row tiles must stay below 2^31 (" +
-                      std::to_string(capacity) + " × " + std::to_string(tiles) + ")");
-  p.capacity = static_cast<int>(capacity);
+  p.capacity = capacity;
   p.out = shape.out;
   p.in = shape.in;
-  p.tiles = static_cast<int>(tiles);
+  p.tiles = shape.out / kTileRows;
   p.bf16_output = bf16_output;
   p.work = options.work;
   const size_t smem = static_cast<size_t>(kTileWarps) * kTileSlots * kChunkBytes;
@@ -279,7 +270,7 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
     per_sm = kTileBlocksPerSm;
   }
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
-  const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * tiles, wave));
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   return launch_kernel(kernel, dim3(grid), dim3(kTileWarps * 32), smem, stream, options.programmatic_launch,
                        "gemv_mxfp4_tiles_kernel", p);
 }
