@@ -372,7 +372,6 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.scale_exp_add = false;
   p.branches_above_tile = false;
   p.routed_tiles = false;
-  p.tiles_prefetch_next = false;
   return p;
 }
 
@@ -420,7 +419,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"gemv_max_rows", nullptr, &p.gemv_max_rows},
           {"routed_warps", nullptr, &p.routed_warps},
           {"routed_tiles", &p.routed_tiles, nullptr},
-          {"tiles_prefetch_next", &p.tiles_prefetch_next, nullptr},
           {"graph_carveout", nullptr, &p.graph_carveout},
           {"tiled_experts", &o.tiled_experts, nullptr},
           {"packed_experts", &o.packed_experts, nullptr},

@@ -221,9 +221,6 @@ struct CudaKernelPaths {
   // (CudaModelOptions::tiled_experts). s25 on an H100, one process: batch 1 7.666 → 7.553 ms, batch 8 12.540 →
   // 12.504 (kernel rows: the routed path 61.2 → 53.0 µs at batch 1); on the H200 (s25 run 0) −0.007..−0.025 ms.
   bool routed_tiles = true;
-  // The routed tile GEMVs request a block's next unit's first chunks before the unit's epilogue
-  // (GemvItemsOptions::tiles_prefetch_next; blocks take several units from batch 2 on). Not yet measured.
-  bool tiles_prefetch_next = false;
   // Decode graphs: one preferred shared-memory carveout (percent, 1..100) set on every kernel node
   // (GraphOptions::smem_carveout), or 0: each kernel's own. An SM changes its L1 / shared split only when
   // idle, so a kernel launched early under PDL, or on a concurrent branch, whose split differs from the

@@ -187,9 +187,6 @@ struct GemvItemsOptions {
   // compute_group): the same bits, valid when every item's weight scale byte passes
   // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.
   bool scale_exp_add = false;
-  // Tiles: each unit's epilogue runs with the block's next unit's first chunks already requested (gemv_tiles.cu
-  // kAhead); the same bits. Blocks take several units from batch 2 on.
-  bool tiles_prefetch_next = false;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,

@@ -55,16 +55,15 @@ __device__ __forceinline__ float comp_of(const float4& v, int u) {
 
 // One warp's K groups [q_begin, q_end) of one unit: chunk k waits in slot k % kTileSlots; once the warp has
 // read it, lane 0 refills the slot with chunk k + kTileSlots. `phases` carries each slot's parity across units.
-// first_issued: chunk 0 is on its way already (fetched during the previous unit's epilogue, kAhead below).
 template <bool kOne, bool kExpAdd>
 __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin, int q_end, uint8_t* ring,
-                                             uint64_t* bars, unsigned& phases, bool first_issued,
-                                             const uint16_t* a_row, const float* as0, const float* as1,
-                                             uint64_t policy, float (&acc)[2][4]) {
+                                             uint64_t* bars, unsigned& phases, const uint16_t* a_row,
+                                             const float* as0, const float* as1, uint64_t policy,
+                                             float (&acc)[2][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const int mine = q_end - q_begin;
   if (lane == 0)
-    for (int s = first_issued ? 1 : 0; s < kTileSlots && s < mine; ++s)
+    for (int s = 0; s < kTileSlots && s < mine; ++s)
       fetch_chunk(&bars[s], ring + s * kChunkBytes, chunks + int64_t{q_begin + s} * kChunkBytes, policy);
   // Pointers step by constants (no per-block address arithmetic): activations 128 codes and 4 scales per group.
   const uint8_t* next = chunks + int64_t{q_begin + kTileSlots} * kChunkBytes;
@@ -101,10 +100,7 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
 
 // Block = 4 warps = one (matrix, 32-row tile) unit at a time, K split as the balanced packed kernel;
 // blocks loop over the units (work counter or fixed stride, as gemv_mxfp4_packed_kernel).
-// kAhead (GemvItemsOptions::tiles_prefetch_next): the warps' partial sums go to slot 1, and once they are stored
-// thread 0 fetches every warp's first chunk of the block's next unit into slot 0, so the ring is not empty while
-// the unit's epilogue runs (blocks take several units from batch 2 on). The same arithmetic: the same bits.
-template <bool kExpAdd, bool kAhead>
+template <bool kExpAdd>
 __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_tiles_kernel(TilesParams p) {
   extern __shared__ __align__(128) uint8_t rings[];  // [warp][slot][kChunkBytes]
   __shared__ __align__(8) uint64_t bars[kTileWarps][kTileSlots];
@@ -127,13 +123,10 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
   matrices = matrices < 0 ? 0 : (matrices > p.capacity ? p.capacity : matrices);
   const int64_t units = matrices * p.tiles;
   uint8_t* ring = rings + warp * kTileSlots * kChunkBytes;
-  constexpr int kPartialSlot = kAhead ? 1 : 0;
-  // The partial-sum slot after the warp's last chunk: [32 rows][8 tokens].
-  float* partial = reinterpret_cast<float*>(ring + kPartialSlot * kChunkBytes);
+  float* partial = reinterpret_cast<float*>(ring);  // slot 0 after the warp's last chunk: [32 rows][8 tokens]
   const uint64_t policy = detail::l2_evict_first_policy();
   unsigned phases = 0;
   unsigned* const work = p.work;
-  bool issued = false;  // kAhead: this unit's first chunks were fetched during the previous unit's epilogue
   for (int64_t unit = blockIdx.x; unit < units; unit = work ? next_unit : unit + gridDim.x) {
     int64_t claimed = 0;
     if (work != nullptr && threadIdx.x == 0) claimed = gridDim.x + int64_t{atomicAdd(work, 1u)};
@@ -147,12 +140,10 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
     const uint8_t* chunks = it->data + tile * n_groups * int64_t{kChunkBytes};
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     if (n == 1)  // block-uniform
-      tiles_k_loop<true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, kAhead && issued, a_row, as0, as1,
-                                  policy, acc);
+      tiles_k_loop<true, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
     else
-      tiles_k_loop<false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, kAhead && issued, a_row, as0,
-                                   as1, policy, acc);
-    __syncwarp();  // every lane has read the warp's last chunk: its partial slot takes the partial sums
+      tiles_k_loop<false, kExpAdd>(chunks, q_begin, q_end, ring, bars[warp], phases, a_row, as0, as1, policy, acc);
+    __syncwarp();  // every lane has read the warp's last chunk: slot 0 takes the partial sums
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
       partial[(16 * rt + g) * kTokensPerTile + tok0] = acc[rt][0];
@@ -160,35 +151,18 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
       partial[(16 * rt + g + 8) * kTokensPerTile + tok0] = acc[rt][2];
       partial[(16 * rt + g + 8) * kTokensPerTile + tok1] = acc[rt][3];
     }
-    // kAhead: the k loop's reads of slot 0 (generic proxy) are ordered before the bulk copies into it below.
-    if constexpr (kAhead) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();  // every partial is stored; every thread has read `unit`: next_unit may change
     if (work != nullptr && threadIdx.x == 0) next_unit = claimed;
-    if constexpr (kAhead) {
-      const int64_t next = work != nullptr ? claimed : unit + gridDim.x;  // thread 0's (the others' after the loop)
-      if (threadIdx.x == 0 && next < units) {
-        const DeviceGemvItem* nit = p.items + next / p.tiles;
-        const uint8_t* nchunks = nit->data + (next % p.tiles) * n_groups * int64_t{kChunkBytes};
-        for (int w = 0; w < kTileWarps; ++w) {
-          const int qb = n_groups * w / kTileWarps, qe = n_groups * (w + 1) / kTileWarps;
-          if (qb < qe)
-            fetch_chunk(&bars[w][0], rings + w * kTileSlots * kChunkBytes, nchunks + int64_t{qb} * kChunkBytes,
-                        policy);
-        }
-      }
-      issued = true;
-    }
     const int64_t row0 = tile * kTileRows;
     for (int e = threadIdx.x; e < kTileRows * kTokensPerTile; e += blockDim.x) {
       const int row = e / kTokensPerTile, tok = e % kTokensPerTile;
       float sum = 0.0f;
       for (int ww = 0; ww < kTileWarps; ++ww)  // warp order, as the packed kernel
-        sum += reinterpret_cast<const float*>(rings + (ww * kTileSlots + kPartialSlot) * kChunkBytes)
-            [row * kTokensPerTile + tok];
+        sum += reinterpret_cast<const float*>(rings + ww * kTileSlots * kChunkBytes)[row * kTokensPerTile + tok];
       if (tok < n) it->y[int64_t{it->y_row[tok]} * p.out + row0 + row] = p.bf16_output ? detail::round_bf16(sum) : sum;
     }
     // The partials (generic-proxy accesses) are done before the next unit's bulk copies (async proxy)
-    // overwrite their slot.
+    // overwrite slot 0.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
   }
@@ -259,10 +233,7 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
   p.bf16_output = bf16_output;
   p.work = options.work;
   const size_t smem = static_cast<size_t>(kTileWarps) * kTileSlots * kChunkBytes;
-  const bool ahead = options.tiles_prefetch_next;
-  auto kernel = options.scale_exp_add
-                    ? (ahead ? gemv_mxfp4_tiles_kernel<true, true> : gemv_mxfp4_tiles_kernel<true, false>)
-                    : (ahead ? gemv_mxfp4_tiles_kernel<false, true> : gemv_mxfp4_tiles_kernel<false, false>);
+  auto kernel = options.scale_exp_add ? gemv_mxfp4_tiles_kernel<true> : gemv_mxfp4_tiles_kernel<false>;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileWarps * 32, smem) != cudaSuccess ||
       per_sm <= 0) {

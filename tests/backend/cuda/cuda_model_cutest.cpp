@@ -850,8 +850,6 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: routed_tiles 1 vs 0", fast, with(fast, "routed_tiles=0"), 0},
       {"scale_exp_add=0: routed_tiles 1 vs 0", with(fast, "scale_exp_add=0"),
        with(fast, "scale_exp_add=0,routed_tiles=0"), 0},
-      // The tile GEMVs requesting a block's next unit's first chunks before the unit's epilogue: the same launches.
-      {"defaults: tiles_prefetch_next 1 vs 0", with(fast, "tiles_prefetch_next=1"), fast, 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.

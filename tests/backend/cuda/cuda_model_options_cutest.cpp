@@ -135,7 +135,6 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"warp_items", &CudaKernelPaths::warp_items, true, false},
       {"scale_exp_add", &CudaKernelPaths::scale_exp_add, true, false},
       {"branches_above_tile", &CudaKernelPaths::branches_above_tile, true, false},
-      {"tiles_prefetch_next", &CudaKernelPaths::tiles_prefetch_next, false, false},  // s32: not yet measured
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {
