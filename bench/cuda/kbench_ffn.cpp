@@ -231,9 +231,10 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
     auto counts = must(DeviceBuffer<int32_t>::allocate(2));
     auto fp = must(DeviceBuffer<float>::allocate(P * d));
     auto codes = must(DeviceBuffer<uint16_t>::allocate(P * d));
-    auto args = [&](int c, unsigned long long* st, bool block_build) {
+    auto args = [&](int c, unsigned long long* st, bool block_build, bool one_token = true) {
       RouterArgs a = g.args(n, c, x.get(), logits.get(), ex.get(), wt.get(), true);
       a.stamps = st;
+      a.one_token_select = one_token;
       MoeDispatchArgs m;
       m.block_build = block_build;
       m.experts = ex.get();
@@ -248,21 +249,29 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
                                  items2.get(), counts.get() + 1, P};
       return std::make_pair(a, m);
     };
-    // The decode's dispatch (one warp builds up to kMoeWarpBuildPairs pairs) and the block-wide builder.
-    for (const bool block_build : {false, true}) {
+    // The decode's dispatch (one warp builds up to kMoeWarpBuildPairs pairs), the block-wide builder, and the
+    // one-token selection by one warp (RouterArgs::one_token_select = false).
+    struct Variant {
+      const char* name;
+      bool block_build, one_token;
+    };
+    for (const Variant& var : {Variant{"moe_route_ws_items", false, true},
+                               Variant{"moe_route_ws_items_block", true, true},
+                               Variant{"moe_route_ws_items_onewarp", false, false}}) {
+      const bool block_build = var.block_build;
+      if (!var.one_token && n != 1) continue;  // the same launch as the first row above one token
       const double us = time_graph_us(stream, copies, [&](int c) {
-        const auto [a, m] = args(c, nullptr, block_build);
+        const auto [a, m] = args(c, nullptr, block_build, var.one_token);
         must(moe_route(a, stream, &m));
       });
-      rows.push_back(make_row(block_build ? "moe_route_ws_items_block" : "moe_route_ws_items", "384x5120 bf16 gate",
-                              n, us, g.gate_bytes + 4.0 * n * d, copy_gbps));
+      rows.push_back(make_row(var.name, "384x5120 bf16 gate", n, us, g.gate_bytes + 4.0 * n * d, copy_gbps));
       if (launch_once() || n != 1) continue;
       // Stamps of 32 eager launches (each after a sync: no overlap), in µs from the first block's entry.
       constexpr int kRuns = 32;
       std::vector<double> spread, stored, ticket, tail_us, sums, select, build;
       for (int r = 0; r < kRuns; ++r) {
         must(stamps.zero());
-        const auto [a, m] = args(r, stamps.get(), block_build);
+        const auto [a, m] = args(r, stamps.get(), block_build, var.one_token);
         must(moe_route(a, stream, &m));
         must(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
         std::vector<unsigned long long> st(static_cast<size_t>(blocks * kRouterStampsPerBlock + kRouterTailStamps));
@@ -290,10 +299,11 @@ void bench_router_tail(double copy_gbps, cudaStream_t stream, std::vector<Row>& 
         return v[v.size() / 2];
       };
       std::printf(
-          "router stamps n=1 %s items (%lld blocks, medians of %d launches): last block entry +%.2f us, all "
-          "partials stored +%.2f, last ticket +%.2f, tail %.2f us (sums + scores %.0f cycles, selection %.0f, items "
-          "%.0f)\n",
-          block_build ? "block" : "warp", static_cast<long long>(blocks), kRuns, median(spread),
+          "router stamps n=1 %s items, %s selection (%lld blocks, medians of %d launches): last block entry +%.2f "
+          "us, all partials stored +%.2f, last ticket +%.2f, tail %.2f us (sums + scores %.0f cycles, selection %.0f, "
+          "items %.0f)\n",
+          block_build ? "block" : "warp", var.one_token ? "every-warp" : "one-warp", static_cast<long long>(blocks),
+          kRuns, median(spread),
           median(stored), median(ticket), median(tail_us), median(sums), median(select), median(build));
     }
   }

@@ -362,6 +362,7 @@ CudaKernelPaths CudaKernelPaths::legacy() {
   p.router_ahead = false;
   p.dispatch_in_router = false;
   p.router_splitk_beside = false;
+  p.router_one_token = false;
   p.fork_pdl = false;
   p.q_norm_kv_encode = false;
   p.attn_merge_trigger = false;
@@ -404,6 +405,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"router_ahead", &p.router_ahead, nullptr},
           {"dispatch_in_router", &p.dispatch_in_router, nullptr},
           {"router_splitk_beside", &p.router_splitk_beside, nullptr},
+          {"router_one_token", &p.router_one_token, nullptr},
           {"fork_pdl", &p.fork_pdl, nullptr},
           {"fork_pdl_compressor", &p.fork_pdl_compressor, nullptr},
           {"q_norm_kv_encode", &p.q_norm_kv_encode, nullptr},

@@ -153,6 +153,10 @@ struct CudaKernelPaths {
   // beside the shared expert too, instead of the unsplit logits + select (+ moe_build_items) that s5 / s6
   // measured faster there before the dispatch moved into the fused launch. On (s9, with the two beside it).
   bool router_splitk_beside = true;
+  // The fused router's last block at batch 1: every warp takes the top-k of its experts' keys, then one warp the
+  // top-k of theirs (ffn_router.cu select_one_token_block), instead of one warp over all 384 (~5 200 cycles of
+  // the launch's tail on the H100, s33). The same ids and weights.
+  bool router_one_token = true;
   // Decode with concurrent branches: the main stream's first kernel after a fork keeps its PDL edge (it
   // depends only on its own stream's last kernel; the aux stream's first kernel and the kernel after the
   // join wait on the other stream and stay full edges). The s8 timeline shows the routed branch's first

@@ -46,6 +46,7 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatc
   ra.logits = w.router_logits;
   ra.experts = w.experts[static_cast<size_t>(l)] + r.first * c.num_experts_per_tok;
   ra.weights = w.route_w;
+  ra.one_token_select = options_.paths.router_one_token;
   // Split-K logits (one fused launch up to 8 rows); above kRouterBlasMinTokens rows one cuBLASLt GEMM.
   // Beside the shared expert (decode branches, router_ahead = 0) only with paths.router_splitk_beside: s5 /
   // s6 measured the unsplit kernel faster there (−0.08 to −0.09 ms) while the selection and the items were

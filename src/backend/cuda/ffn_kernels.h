@@ -84,6 +84,9 @@ struct RouterArgs {
   uint16_t* x_bf16 = nullptr;  // [n, d] bf16 scratch for the cuBLASLt path
   int64_t x_bf16_elems = 0;
   bool programmatic_launch = false;  // PDL (launch.h) for this call's kernels (not the cuBLASLt GEMM)
+  // The fused launch at one token: every warp of its last block selects (CudaKernelPaths::router_one_token);
+  // false: one warp, as for more tokens. The same ids and weights.
+  bool one_token_select = true;
   // Diagnostics (the kernel bench's router breakdown), null in the model: the fused launch writes
   // kRouterStampsPerBlock %globaltimer ns per block (entry, after the PDL wait, partials stored, ticket
   // taken: block b at [b·4]), then kRouterTailStamps for its last block at [blocks·4] (clock64 at the

@@ -114,6 +114,21 @@ __device__ __forceinline__ uint64_t selection_key(float v, int64_t e) {
   return (static_cast<uint64_t>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(e));
 }
 
+// The warp's largest key (every lane's `best`; 0 when none): two 32-bit redux steps, the high word, then the
+// low word among the lanes holding the maximal high word.
+__device__ __forceinline__ uint64_t warp_max_key(uint64_t best) {
+  const uint32_t hi = static_cast<uint32_t>(best >> 32);
+  const uint32_t max_hi = __reduce_max_sync(detail::kFullMask, hi);
+  const uint32_t max_lo = __reduce_max_sync(detail::kFullMask, hi == max_hi ? static_cast<uint32_t>(best) : 0u);
+  return (static_cast<uint64_t>(max_hi) << 32) | max_lo;
+}
+
+__device__ __forceinline__ int32_t expert_of_key(uint64_t key) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+}
+
+__device__ void route_weights_warp(const RouterArgs& a, int64_t t, const float* score, const int32_t* sel, int lane);
+
 // One warp selects token t's top-k from its scores / biased values (shared memory rows of n_experts)
 // and lane 0 writes the experts and weights. K rounds: every lane takes the largest of its keys below
 // the previous winner, then a warp max (two 32-bit redux steps: high word, then the low word among
@@ -140,11 +155,8 @@ __device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, 
 #pragma unroll
       for (int r = 0; r < kSelectKeyRegs; ++r)
         if ((k == 0 || keys[r] < prev) && keys[r] > best) best = keys[r];
-      const uint32_t hi = static_cast<uint32_t>(best >> 32);
-      const uint32_t max_hi = __reduce_max_sync(detail::kFullMask, hi);
-      const uint32_t max_lo = __reduce_max_sync(detail::kFullMask, hi == max_hi ? static_cast<uint32_t>(best) : 0u);
-      prev = (static_cast<uint64_t>(max_hi) << 32) | max_lo;
-      if (lane == 0) sel[k] = static_cast<int32_t>(0xFFFFFFFFu - max_lo);
+      prev = warp_max_key(best);
+      if (lane == 0) sel[k] = expert_of_key(prev);
     }
   } else {
     uint64_t prev = 0;
@@ -154,13 +166,17 @@ __device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, 
         const uint64_t key = selection_key(biased[e], e);
         if ((k == 0 || key < prev) && key > best) best = key;
       }
-      const uint32_t hi = static_cast<uint32_t>(best >> 32);
-      const uint32_t max_hi = __reduce_max_sync(detail::kFullMask, hi);
-      const uint32_t max_lo = __reduce_max_sync(detail::kFullMask, hi == max_hi ? static_cast<uint32_t>(best) : 0u);
-      prev = (static_cast<uint64_t>(max_hi) << 32) | max_lo;
-      if (lane == 0) sel[k] = static_cast<int32_t>(0xFFFFFFFFu - max_lo);
+      prev = warp_max_key(best);
+      if (lane == 0) sel[k] = expert_of_key(prev);
     }
   }
+  route_weights_warp(a, t, score, sel, lane);
+}
+
+// Token t's routing weights from its selected ids (sel[0, K), visible to the warp after its __syncwarp) and
+// scores; lane k writes slot k of a.experts / a.weights.
+__device__ void route_weights_warp(const RouterArgs& a, int64_t t, const float* score, const int32_t* sel, int lane) {
+  const int64_t E = a.n_experts, K = a.topk;
   __syncwarp();
   // Weights in slot order, as route_tokens: w_k = s_k / (Σ + 1e-20) · route_scale (no contraction:
   // each step is one rounded operation). Every lane forms the same Σ in slot order; lane k writes slot
@@ -180,6 +196,42 @@ __device__ void select_warp(const RouterArgs& a, int64_t t, const float* score, 
     a.experts[t * K + k] = e;
     a.weights[t * K + k] = v;
   }
+}
+
+// Batch 1: the token's top-k by every warp of the block at once, from this thread's two selection keys (experts
+// threadIdx.x and threadIdx.x + blockDim.x; 0: none). Each warp takes the top-k of its 64 keys (k rounds of
+// warp_max_key), then warp 0 the top-k of the warps' candidates (cand: shared [kRlWarps][kOneMaxTopk]). Keys are a
+// strict total order, so the top-k of the union is the top-k of the parts' top-k: select_warp's ids in its order.
+// One warp over all 384 keys took ~5 200 cycles of the fused router's tail (s33 stamps, H100).
+constexpr int kOneMaxTopk = 8;
+__device__ void select_one_token_block(const RouterArgs& a, uint64_t key0, uint64_t key1, const float* score,
+                                       uint64_t* cand, int32_t* sel) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int K = static_cast<int>(a.topk);
+  uint64_t prev = 0;
+#pragma unroll 1
+  for (int k = 0; k < K; ++k) {
+    uint64_t best = 0;
+    if ((k == 0 || key0 < prev) && key0 > best) best = key0;
+    if ((k == 0 || key1 < prev) && key1 > best) best = key1;
+    prev = warp_max_key(best);
+    if (lane == 0) cand[warp * kOneMaxTopk + k] = prev;
+  }
+  if (lane < kOneMaxTopk - K) cand[warp * kOneMaxTopk + K + lane] = 0;  // below every real key
+  __syncthreads();  // the candidates, and the score rows route_weights_warp reads
+  if (warp != 0) return;
+  static_assert(kRlWarps * kOneMaxTopk == 64, "warp 0 holds two candidates per lane");
+  const uint64_t c0 = cand[lane], c1 = cand[lane + 32];
+  prev = 0;
+#pragma unroll 1
+  for (int k = 0; k < K; ++k) {
+    uint64_t best = 0;
+    if ((k == 0 || c0 < prev) && c0 > best) best = c0;
+    if ((k == 0 || c1 < prev) && c1 > best) best = c1;
+    prev = warp_max_key(best);
+    if (lane == 0) sel[k] = expert_of_key(prev);
+  }
+  route_weights_warp(a, 0, score, sel, lane);
 }
 
 // ---- logits ---------------------------------------------------------------------------------------
@@ -231,6 +283,7 @@ __global__ void __launch_bounds__(kRlThreads)
   __shared__ int32_t sel[kFuse ? kFuseMaxTokens : 1][kMaxTopk];
   __shared__ bool is_last;
   __shared__ int32_t warp_tot[kFuse ? 32 : 1];
+  __shared__ uint64_t cand[kFuse ? kRlWarps * kOneMaxTopk : 1];  // select_one_token_block's candidates
   detail::pdl_launch_dependents();
   const bool stamp = kFuse && a.stamps != nullptr && threadIdx.x == 0;
   unsigned long long* const stamps =
@@ -397,7 +450,32 @@ __global__ void __launch_bounds__(kRlThreads)
   float* biased = rows_smem + p.n * E;  // [n][E]
   constexpr int kGroup = 4;  // (token, expert) pairs per thread whose loads are in flight together
   const int En = static_cast<int>(E), pairs = p.n * En;  // pair idx = token·E + expert (<= kFuseMaxValues)
-  for (int i0 = threadIdx.x; i0 < pairs; i0 += kGroup * kRlThreads) {
+  // Batch 1 (block-uniform): the keys stay in registers and every warp selects (select_one_token_block).
+  const bool one = a.one_token_select && p.n == 1 && a.tid2eid == nullptr && En <= 2 * kRlThreads && a.topk <= kOneMaxTopk;
+  if (one) {
+    const float* base[2] = {p.partials + min(static_cast<int>(threadIdx.x), En - 1),
+                            p.partials + min(static_cast<int>(threadIdx.x) + kRlThreads, En - 1)};
+    float bias[2] = {bias_of(a, 0, base[0] - p.partials), bias_of(a, 0, base[1] - p.partials)};
+    float s[2];
+    sum_splits<2>(base, kRlPassTokens * E, p.ksplit, s);
+    uint64_t key0 = 0, key1 = 0;
+#pragma unroll 1
+    for (int q = 0; q < 2; ++q) {
+      const int e = static_cast<int>(threadIdx.x) + q * kRlThreads;
+      if (e < En) {
+        p.logits[e] = s[0];
+        score_entry(a, 0, e, s[0], bias[0], score, biased);
+        const uint64_t key = selection_key(biased[e], e);
+        key0 = q == 0 ? key : key0;
+        key1 = q == 0 ? key1 : key;
+      }
+      s[0] = s[1];
+      bias[0] = bias[1];
+    }
+    if (stamp) tail[1] = clock64();
+    select_one_token_block(a, key0, key1, score, cand, sel[0]);
+  }
+  for (int i0 = one ? pairs : static_cast<int>(threadIdx.x); i0 < pairs; i0 += kGroup * kRlThreads) {
     const float* base[kGroup];
     float bias[kGroup];
     // The pairs' biases are requested with the partials: read in the loop below, after its logit store (which
@@ -427,9 +505,11 @@ __global__ void __launch_bounds__(kRlThreads)
       score_entry(a, tt, e, logit, b, score + tt * En, biased + tt * En);
     }
   }
-  __syncthreads();
-  if (stamp) tail[1] = clock64();
-  if (warp < p.n) select_warp(a, warp, score + warp * E, biased + warp * E, lane, sel[warp]);
+  if (!one) {
+    __syncthreads();
+    if (stamp) tail[1] = clock64();
+    if (warp < p.n) select_warp(a, warp, score + warp * E, biased + warp * E, lane, sel[warp]);
+  }
   if (stamp) tail[2] = clock64();
   if (threadIdx.x == 0) p.counters[gridDim.x] = 0;
   if (dispatch) {

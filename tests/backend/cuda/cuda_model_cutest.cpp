@@ -827,6 +827,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"router_ahead=1: dispatch_in_router 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1"),
        with(fast, "router_ahead=1,dispatch_in_router=0"), L},
       {"defaults: dispatch_in_router 1 vs 0", fast, with(fast, "dispatch_in_router=0"), L},
+      // The fused router's batch-1 selection by every warp (select_one_token_block): the same launches and bits.
+      {"defaults: router_one_token 1 vs 0", fast, with(fast, "router_one_token=0"), 0},
       {"defaults: fork_pdl 1 vs 0", fast, with(fast, "fork_pdl=0"), 0},
       // The compressor layers' query head on a programmatic edge too: the same launches.
       {"defaults: fork_pdl_compressor 1 vs 0", with(fast, "fork_pdl_compressor=1"), fast, 0},

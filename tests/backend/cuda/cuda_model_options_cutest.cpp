@@ -125,6 +125,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"router_ahead", &CudaKernelPaths::router_ahead, false, false},  // s9: slower
       {"dispatch_in_router", &CudaKernelPaths::dispatch_in_router, true, false},
       {"router_splitk_beside", &CudaKernelPaths::router_splitk_beside, true, false},
+      {"router_one_token", &CudaKernelPaths::router_one_token, true, false},
       {"fork_pdl", &CudaKernelPaths::fork_pdl, true, false},
       {"fork_pdl_compressor", &CudaKernelPaths::fork_pdl_compressor, false, false},  // s10: slower
       {"q_norm_kv_encode", &CudaKernelPaths::q_norm_kv_encode, true, false},

@@ -156,14 +156,26 @@ TEST_P(CudaRouterSelect, SelectOnCpuLogitsMatchesRouteTokens) {
   EXPECT_TRUE(parity("router weights (cpu logits)", download(dv.weights), r->weights, wtol));
 }
 
-TEST(CudaRouter, EndToEndMatchesRouteTokens) {
-  CEDAR_REQUIRE_GPU();
-  const RouterCase c = make_router_case(4, 5120, 384, 6, 21);
+// moe_route against route_tokens: logits, scores, selection and weights. with_splitk: the split-K workspace,
+// so up to 8 tokens the fused launch (its last block selects; one token: every warp, select_one_token_block).
+void expect_route_matches_cpu(const RouterCase& c, bool with_splitk) {
   std::vector<ExpertWeights> experts;
   const MoeWeights w = router_weights(c, experts);
   auto r = route_tokens(c.x, c.n, w, c.p, {}, c.image, nullptr);
   ASSERT_TRUE(r.ok()) << r.error().message;
-  RouterDevice dv = upload_router(c);
+  RouterDevice dv = upload_router(c, with_splitk);
+  if (with_splitk && c.n == 1) {  // one warp's selection first: the batch-1 path below must give its bits
+    dv.args.one_token_select = false;
+    ASSERT_TRUE(moe_route(dv.args, nullptr).ok());
+    const auto experts1 = download(dv.experts);
+    const auto weights1 = download(dv.weights);
+    dv.args.one_token_select = true;
+    ASSERT_TRUE(moe_route(dv.args, nullptr).ok());
+    EXPECT_EQ(download(dv.experts), experts1) << "batch-1 selection vs one warp's: ids";
+    const auto weights = download(dv.weights);
+    EXPECT_EQ(std::memcmp(weights.data(), weights1.data(), weights.size() * sizeof(float)), 0)
+        << "batch-1 selection vs one warp's: weight bits";
+  }
   ASSERT_TRUE(moe_route(dv.args, nullptr).ok());
   // Logit error Δv <= (d + d/32 + 5)·u·Σ|x·w| (see LogitsWithinTheFp32SumBound); ds/dv = σ(v)/(2s) and
   // σ(v) <= softplus(v), so |Δs| <= s·Δv/2 (+ 2^-21·s for the transcendentals). The bound is the
@@ -196,6 +208,41 @@ TEST(CudaRouter, EndToEndMatchesRouteTokens) {
   }
   const Tolerance wtol{.max_nmse = 1e-9, .min_cosine = 0.9999999, .bound_scale = 1.0};
   EXPECT_TRUE(parity("router weights", download(dv.weights), r->weights, wtol, wbound));
+}
+
+TEST(CudaRouter, EndToEndMatchesRouteTokens) {
+  CEDAR_REQUIRE_GPU();
+  expect_route_matches_cpu(make_router_case(4, 5120, 384, 6, 21), false);
+}
+
+// One token through the fused launch (the decode at batch 1): V4.1's shape, experts past one per thread (500),
+// fewer than a warp's (40), top-8 (the batch-1 selection's limit) and top-9 (past it: one warp selects).
+TEST(CudaRouter, FusedOneTokenMatchesRouteTokens) {
+  CEDAR_REQUIRE_GPU();
+  for (const auto& [d, E, K] : {std::tuple<int64_t, int64_t, int64_t>{5120, 384, 6}, {512, 500, 6}, {256, 40, 8},
+                                {512, 384, 9}}) {
+    SCOPED_TRACE("d=" + std::to_string(d) + " E=" + std::to_string(E) + " K=" + std::to_string(K));
+    expect_route_matches_cpu(make_router_case(1, d, E, K, 60 + static_cast<uint32_t>(E + K)), true);
+  }
+}
+
+// Exact ties across warps at one token: experts 9 (warp 0), 100 (warp 3) and 300 (warp 1's second key) share a
+// gate row and a large bias; the fused batch-1 selection must give them in id order, as the CPU.
+TEST(CudaRouter, FusedOneTokenTiesAcrossWarpsGoToTheLowerId) {
+  CEDAR_REQUIRE_GPU();
+  RouterCase c = make_router_case(1, 512, 384, 6, 34);
+  for (int64_t e : {9, 300}) std::copy_n(c.gate.begin() + 100 * c.d, c.d, c.gate.begin() + e * c.d);
+  for (int64_t e : {9, 100, 300}) c.bias[e] = c.bias_vl[e] = 5.0f;
+  std::vector<ExpertWeights> experts;
+  const MoeWeights w = router_weights(c, experts);
+  auto r = route_tokens(c.x, c.n, w, c.p, {}, c.image, nullptr);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  RouterDevice dv = upload_router(c, /*with_splitk=*/true);
+  ASSERT_TRUE(moe_route(dv.args, nullptr).ok());
+  const auto got = download(dv.experts);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 3), (std::vector<int32_t>{9, 100, 300}));
+  for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(r->experts[k], got[k]) << "cpu order, slot " << k;
+  check_selection(c, *r, got, 1e-4, "fused one-token router ties");
 }
 
 // Exact ties (identical gate rows and biases) go to the lower expert id, NaN-free; image tokens use bias_vl.
