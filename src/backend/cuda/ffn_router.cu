@@ -202,7 +202,7 @@ __device__ void route_weights_warp(const RouterArgs& a, int64_t t, const float* 
 // threadIdx.x and threadIdx.x + blockDim.x; 0: none). Each warp takes the top-k of its 64 keys (k rounds of
 // warp_max_key), then warp 0 the top-k of the warps' candidates (cand: shared [kRlWarps][kOneMaxTopk]). Keys are a
 // strict total order, so the top-k of the union is the top-k of the parts' top-k: select_warp's ids in its order.
-// One warp over all 384 keys took ~5 200 cycles of the fused router's tail (s33 stamps, H100).
+// s33 stamps (kernel bench, V4.1's 384 experts): the selection 5 230 → 3 260 cycles of the tail on the H200.
 constexpr int kOneMaxTopk = 8;
 __device__ void select_one_token_block(const RouterArgs& a, uint64_t key0, uint64_t key1, const float* score,
                                        uint64_t* cand, int32_t* sel) {
