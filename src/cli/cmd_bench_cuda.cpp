@@ -205,7 +205,7 @@ const std::vector<std::string>& ab_specs() {
       "mhc_cluster=1",         "fused_q_rope=0",  "mhc_fused_norm=0", "attn_head_split=0",
       "mhc_split=0",           "mhc_split_norm=0",      "engram_ahead=0",  "wo_a_f16=0",
       "fused_act_quant=0",     "site_act_quant=1",      "site_cluster=0",        "swa_commit_aside=0", "router_ahead=1",
-      "fork_pdl=0",            "dispatch_in_router=0",  "router_splitk_beside=0", "router_one_token=0",
+      "fork_pdl=0",            "dispatch_in_router=0",  "router_splitk_beside=0", "router_one_token=0", "shared_splitk=0",
       "router_splitk_beside=0,dispatch_in_router=0,fork_pdl=0", "router_ahead=1,router_splitk_beside=0",
       "fork_pdl_compressor=1", "q_norm_kv_encode=0", "attn_merge_trigger=0", "routed_full_edge=0",
       "attn_stage_wo_a=0",     "site_combine=0",        "warp_items=0",    "scale_exp_add=0",

@@ -406,6 +406,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"dispatch_in_router", &p.dispatch_in_router, nullptr},
           {"router_splitk_beside", &p.router_splitk_beside, nullptr},
           {"router_one_token", &p.router_one_token, nullptr},
+          {"shared_splitk", &p.shared_splitk, nullptr},
           {"fork_pdl", &p.fork_pdl, nullptr},
           {"fork_pdl_compressor", &p.fork_pdl_compressor, nullptr},
           {"q_norm_kv_encode", &p.q_norm_kv_encode, nullptr},

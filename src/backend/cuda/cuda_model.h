@@ -216,6 +216,11 @@ struct CudaKernelPaths {
   // alone, TPOT at batch 16 / 32 / 64: 19.68 / 31.11 / 50.03 ms serial, 18.87 / 30.02 / 47.54 forked; s29 run 1
   // (H100), every fork: 19.65 / 28.43 / 48.28 off, 18.44 / 27.00 / 45.52 on.
   bool branches_above_tile = true;
+  // The shared expert's GEMVs (w1 / w3, w2) split over K as every FP8 GEMV (choose_ksplit fills a wave). false: one
+  // block per 16-row tile (w1 / w3 256 blocks, w2 320 at V4.1's shapes), other sums within the CPU bounds: an
+  // experiment (s33, not yet run) for the routed tile grid, which needs the whole register file of 8 blocks per SM
+  // and ran 37.9 µs after the router beside the shared expert against ~25 alone (H200, layer 21).
+  bool shared_splitk = true;
   // Decode: a forced K split of the routed experts' packed GEMVs (GemvItemsOptions::packed_warps: 2..8 warps
   // per block, one K part each — another summation order, other bits); 0 = the default split (4). A benchmark
   // switch: s19 run 3, 2 warps: batch 1 6.960 → 6.810 ms, batch 8 11.341 → 11.669 ms.

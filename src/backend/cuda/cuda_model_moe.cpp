@@ -88,10 +88,13 @@ Status CudaModel::shared_expert(int64_t l, const Rows& r) {
   Workspace& w = *ws_;
   const int64_t n = r.n;
   const float limit = static_cast<float>(c.swiglu_limit);
-  if (n <= options_.paths.gemv_max_rows) {
+  const bool gemv = n <= options_.paths.gemv_max_rows;
+  const SplitKWorkspace unsplit{};  // paths.shared_splitk = false: one block per row tile
+  const SplitKWorkspace& split = options_.paths.shared_splitk ? splitk() : unsplit;
+  if (gemv) {
     const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
                                   {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
-    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), splitk(), pdl()));
+    CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), split, pdl()));
     const SwigluArgs ss{.rows = n,
                         .inter = c.moe_intermediate_size,
                         .g = w.sg,
@@ -122,7 +125,11 @@ Status CudaModel::shared_expert(int64_t l, const Rows& r) {
     CEDAR_RETURN_IF_ERROR(swiglu_gemm(sg, cs()));
     if (sg.blas) pdl_barrier();
   }
-  CEDAR_RETURN_IF_ERROR(qlinear(L.shared_w2, w.sh_codes, w.sh_scales, n, w.shared));
+  if (gemv && !options_.paths.shared_splitk)
+    CEDAR_RETURN_IF_ERROR(gemv_quantized(L.shared_w2.quant(), w.sh_codes, w.sh_scales, n, w.shared, true, cs(), split,
+                                         pdl()));
+  else
+    CEDAR_RETURN_IF_ERROR(qlinear(L.shared_w2, w.sh_codes, w.sh_scales, n, w.shared));
   return mark("moe.shared", L.shared_w1.bytes() + L.shared_w2.bytes() + L.shared_w3.bytes());
 }
 

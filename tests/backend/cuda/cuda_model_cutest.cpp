@@ -1017,6 +1017,18 @@ TEST_P(CudaModelParity, CublasPrefillAndStreamingMhcMatchCpu) {
   if (!m->gpu->has_cublas()) GTEST_SKIP() << "cuBLASLt did not load: only the streaming mHC path was checked";
 }
 
+TEST_P(CudaModelParity, UnsplitSharedExpertMatchesCpu) {
+  CEDAR_REQUIRE_MODEL(m, GetParam());
+  PathsGuard guard(*m->gpu);
+  // shared_splitk = 0: the shared expert's GEMVs one block per row tile (other sums than the split ones): the
+  // decode steps and the GEMV-sized prefill chunks within the CPU bounds.
+  CudaKernelPaths p;
+  p.shared_splitk = false;
+  m->gpu->set_paths(p);
+  const Scenario sc = run_scenario(*m, prompt(21, 36), {}, 4, false);
+  check_scenario(GetParam() + " unsplit shared expert 21", sc);
+}
+
 TEST_P(CudaModelParity, LegacyPathsMatchCpu) {
   CEDAR_REQUIRE_MODEL(m, GetParam());
   PathsGuard guard(*m->gpu);

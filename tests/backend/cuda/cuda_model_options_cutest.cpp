@@ -126,6 +126,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"dispatch_in_router", &CudaKernelPaths::dispatch_in_router, true, false},
       {"router_splitk_beside", &CudaKernelPaths::router_splitk_beside, true, false},
       {"router_one_token", &CudaKernelPaths::router_one_token, true, false},
+      {"shared_splitk", &CudaKernelPaths::shared_splitk, true, true},
       {"fork_pdl", &CudaKernelPaths::fork_pdl, true, false},
       {"fork_pdl_compressor", &CudaKernelPaths::fork_pdl_compressor, false, false},  // s10: slower
       {"q_norm_kv_encode", &CudaKernelPaths::q_norm_kv_encode, true, false},
