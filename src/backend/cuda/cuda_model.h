@@ -218,8 +218,8 @@ struct CudaKernelPaths {
   bool branches_above_tile = true;
   // The shared expert's GEMVs (w1 / w3, w2) split over K as every FP8 GEMV (choose_ksplit fills a wave). false: one
   // block per 16-row tile (w1 / w3 256 blocks, w2 320 at V4.1's shapes), other sums within the CPU bounds: an
-  // experiment (s33, not yet run) for the routed tile grid, which needs the whole register file of 8 blocks per SM
-  // and ran 37.9 µs after the router beside the shared expert against ~25 alone (H200, layer 21).
+  // experiment (s33, not yet run) for the routed tile grid: 8 K registers a block (768 blocks at batch 1, ~47 K of an
+  // SM's 64 K), it ran 37.9 µs after the router beside the shared expert against ~25 alone (H200, layer 21).
   bool shared_splitk = true;
   // Decode: a forced K split of the routed experts' packed GEMVs (GemvItemsOptions::packed_warps: 2..8 warps
   // per block, one K part each — another summation order, other bits); 0 = the default split (4). A benchmark

@@ -451,7 +451,8 @@ __global__ void __launch_bounds__(kRlThreads)
   constexpr int kGroup = 4;  // (token, expert) pairs per thread whose loads are in flight together
   const int En = static_cast<int>(E), pairs = p.n * En;  // pair idx = token·E + expert (<= kFuseMaxValues)
   // Batch 1 (block-uniform): the keys stay in registers and every warp selects (select_one_token_block).
-  const bool one = a.one_token_select && p.n == 1 && a.tid2eid == nullptr && En <= 2 * kRlThreads && a.topk <= kOneMaxTopk;
+  const bool one =
+      a.one_token_select && p.n == 1 && a.tid2eid == nullptr && En <= 2 * kRlThreads && a.topk <= kOneMaxTopk;
   if (one) {
     const float* base[2] = {p.partials + min(static_cast<int>(threadIdx.x), En - 1),
                             p.partials + min(static_cast<int>(threadIdx.x) + kRlThreads, En - 1)};
