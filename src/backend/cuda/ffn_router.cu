@@ -204,10 +204,10 @@ __device__ void route_weights_warp(const RouterArgs& a, int64_t t, const float* 
 // strict total order, so the top-k of the union is the top-k of the parts' top-k: select_warp's ids in its order.
 // s33 stamps (kernel bench, V4.1's 384 experts): the selection 5 230 → 3 260 cycles of the tail on the H200.
 constexpr int kOneMaxTopk = 8;
-__device__ void select_one_token_block(const RouterArgs& a, uint64_t key0, uint64_t key1, const float* score,
-                                       uint64_t* cand, int32_t* sel) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int K = static_cast<int>(a.topk);
+
+// K rounds over two keys per lane (0: none): emit(k, the warp's k-th largest key) on every lane, largest first.
+template <class Emit>
+__device__ __forceinline__ void warp_top_k_of_two(uint64_t key0, uint64_t key1, int K, Emit emit) {
   uint64_t prev = 0;
 #pragma unroll 1
   for (int k = 0; k < K; ++k) {
@@ -215,22 +215,24 @@ __device__ void select_one_token_block(const RouterArgs& a, uint64_t key0, uint6
     if ((k == 0 || key0 < prev) && key0 > best) best = key0;
     if ((k == 0 || key1 < prev) && key1 > best) best = key1;
     prev = warp_max_key(best);
-    if (lane == 0) cand[warp * kOneMaxTopk + k] = prev;
+    emit(k, prev);
   }
+}
+
+__device__ void select_one_token_block(const RouterArgs& a, uint64_t key0, uint64_t key1, const float* score,
+                                       uint64_t* cand, int32_t* sel) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int K = static_cast<int>(a.topk);
+  warp_top_k_of_two(key0, key1, K, [&](int k, uint64_t key) {
+    if (lane == 0) cand[warp * kOneMaxTopk + k] = key;
+  });
   if (lane < kOneMaxTopk - K) cand[warp * kOneMaxTopk + K + lane] = 0;  // below every real key
   __syncthreads();  // the candidates, and the score rows route_weights_warp reads
   if (warp != 0) return;
   static_assert(kRlWarps * kOneMaxTopk == 64, "warp 0 holds two candidates per lane");
-  const uint64_t c0 = cand[lane], c1 = cand[lane + 32];
-  prev = 0;
-#pragma unroll 1
-  for (int k = 0; k < K; ++k) {
-    uint64_t best = 0;
-    if ((k == 0 || c0 < prev) && c0 > best) best = c0;
-    if ((k == 0 || c1 < prev) && c1 > best) best = c1;
-    prev = warp_max_key(best);
-    if (lane == 0) sel[k] = expert_of_key(prev);
-  }
+  warp_top_k_of_two(cand[lane], cand[lane + 32], K, [&](int k, uint64_t key) {
+    if (lane == 0) sel[k] = expert_of_key(key);
+  });
   route_weights_warp(a, 0, score, sel, lane);
 }
 
