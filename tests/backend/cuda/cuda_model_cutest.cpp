@@ -852,6 +852,8 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: routed_tiles 1 vs 0", fast, with(fast, "routed_tiles=0"), 0},
       {"scale_exp_add=0: routed_tiles 1 vs 0", with(fast, "scale_exp_add=0"),
        with(fast, "scale_exp_add=0,routed_tiles=0"), 0},
+      // The routed tile GEMVs on a grid of one block per SM (each block more units from the work counters).
+      {"defaults: routed_tiles_blocks 1 vs 0", with(fast, "routed_tiles_blocks=1"), fast, 0},
       {"router_ahead + dispatch_in_router: fork_pdl 1 vs 0", with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=1"),
        with(fast, "router_ahead=1,dispatch_in_router=1,fork_pdl=0"), 0},
       // The split-K router beside the shared expert vs before the fork: the same launches, placed.

@@ -55,6 +55,19 @@ TEST(CudaModelOptionsSpec, RoutedWarpsTakesTheDefaultOrASplitOfTwoToEight) {
   }
 }
 
+// routed_tiles_blocks: the routed tile GEMVs' blocks per SM, 0 (the occupancy bound, the default) or 1..8.
+TEST(CudaModelOptionsSpec, RoutedTilesBlocksTakesZeroOrOneToEight) {
+  EXPECT_EQ(CudaKernelPaths().routed_tiles_blocks, 0);  // unmeasured (s34)
+  CudaModelOptions o;
+  for (const int v : {1, 8, 4, 0}) {
+    ASSERT_TRUE(apply_cuda_options("routed_tiles_blocks=" + std::to_string(v), o).ok()) << v;
+    EXPECT_EQ(o.paths.routed_tiles_blocks, v);
+  }
+  const Status st = apply_cuda_options("routed_tiles_blocks=9", o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("'routed_tiles_blocks'"), std::string::npos) << st.error().message;
+}
+
 // graph_carveout: 0 (each kernel's own split, the default) or a percent 1..100 for every decode graph node.
 TEST(CudaModelOptionsSpec, GraphCarveoutTakesZeroOrAPercent) {
   EXPECT_EQ(CudaKernelPaths().graph_carveout, 0);  // unmeasured (s31): the driver's split per kernel
