@@ -423,6 +423,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"routed_warps", nullptr, &p.routed_warps},
           {"routed_tiles", &p.routed_tiles, nullptr},
           {"routed_tiles_blocks", nullptr, &p.routed_tiles_blocks},
+          {"mhc_one_token", &p.mhc_one_token, nullptr},
           {"graph_carveout", nullptr, &p.graph_carveout},
           {"tiled_experts", &o.tiled_experts, nullptr},
           {"packed_experts", &o.packed_experts, nullptr},

@@ -238,6 +238,12 @@ struct CudaKernelPaths {
   // whole unit after it (H200 layer 21, s33: w1 / w3 37.2 µs in the model, ~25 alone). With fewer blocks each
   // takes several units from the work counter, so the late ones take fewer. The same bits. An experiment (s34).
   int64_t routed_tiles_blocks = 0;
+  // Decode at batch 1: the mHC decode kernel (the split site's coefficients beside the sublayer, the fused
+  // site otherwise) with one token's registers and shared memory per block instead of an 8-token tile's
+  // (MhcFusedArgs::decode_one_token, mhc_decode_one_kernel; the same bits): the split site's coefficients take
+  // 64 registers a thread instead of 108 (16 K a 256-thread block instead of 27.6 K on each of 80 SMs, beside the
+  // router and the routed w1 / w3: H200 layer 21, s33, 66.5–80.4 µs). An experiment (s34).
+  bool mhc_one_token = false;
   // Decode graphs: one preferred shared-memory carveout (percent, 1..100) set on every kernel node
   // (GraphOptions::smem_carveout), or 0: each kernel's own. An SM changes its L1 / shared split only when
   // idle, so a kernel launched early under PDL, or on a concurrent branch, whose split differs from the

@@ -193,6 +193,7 @@ Status CudaModel::mhc(const void* args_ptr, const Rows& r) {
   MhcFusedArgs a = *static_cast<const MhcFusedArgs*>(args_ptr);
   const CudaKernelPaths& p = options_.paths;
   a.programmatic_launch = pdl();
+  a.decode_one_token = p.mhc_one_token;
   // The cluster kernel (coefficients only) is one launch per 8-token tile without a global workspace;
   // the sized decode kernel runs every tile in one launch and the streaming one covers prefill.
   if (p.mhc_cluster && tables_->mhc_cluster && a.fn && r.n > 4 && (r.n < kMhcStreamMinTokens || !p.mhc_batched)) {
@@ -229,6 +230,7 @@ Status CudaModel::fork_coefficients(const void* args_ptr) {
   a.normed = nullptr;
   a.normed_quant = ActQuantOut{};
   a.programmatic_launch = false;  // its predecessor is an event, not a kernel of its stream
+  a.decode_one_token = options_.paths.mhc_one_token;
   const cudaStream_t s = stream_.get(), c = tables_->coef.get();
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->coef_fork_ev, s));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(c, tables_->coef_fork_ev, 0));

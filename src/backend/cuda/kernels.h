@@ -235,6 +235,10 @@ struct MhcFusedArgs {
   // squares from the others' shared memory, then normalizes (and quantizes) its own channels. The same bits;
   // shapes it does not fit (mhc_site_cluster.cu) take the ticket kernel.
   bool site_cluster = false;
+  // The decode kernel of a one-row launch with one token's registers per thread instead of a tile's (the same
+  // arithmetic and bits; fewer registers, so more of an SM for the kernels beside it). CudaKernelPaths::
+  // mhc_one_token.
+  bool decode_one_token = false;
 };
 // Device scratch of the cross-block reduction; counters must be zero before the first call (the
 // kernels reset them, so the same workspace can be replayed in a CUDA graph).

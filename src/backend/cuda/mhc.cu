@@ -77,13 +77,15 @@ static_assert(kDecThreads == kNormThreads, "the fused norm (norm_row) runs on th
 // coefficients with one warp per token (finish_mix_warp) and, when p.fuse_norm, the RMSNorm of
 // collapsed (stored before the ticket so that the last block can read every channel).
 // kQuant (with p.fuse_norm): the norm also writes normed's FP8 codes (a.normed_quant).
-template <bool kLegacy, bool kQuant = false>
-__global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams p) {
+// kTok: the tokens a block holds in registers and shared memory (kMaxTokens, or 1: mhc_decode_one_kernel).
+template <bool kLegacy, bool kQuant, int kTok>
+__device__ __forceinline__ void mhc_decode_block(const MhcDecodeParams& p) {
+  static_assert(kTok == kMaxTokens || (kTok == 1 && !kLegacy), "one-token blocks: the current kernel only");
   const MhcFusedArgs& a = p.a;
-  __shared__ float coef[kMaxTokens][kCoef];
-  __shared__ float red[kMaxTokens][kDecThreads / 32][kSlot];
-  __shared__ float m_all[kMaxTokens][kSlot];
-  __shared__ float own[kMaxTokens][kDecThreads];
+  __shared__ float coef[kTok][kCoef];
+  __shared__ float red[kTok][kDecThreads / 32][kSlot];
+  __shared__ float m_all[kTok][kSlot];
+  __shared__ float own[kTok][kDecThreads];
   __shared__ float warp_sums[kDecThreads / 32];
   __shared__ bool is_last;
   detail::pdl_launch_dependents();
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   const bool cv = c_raw < d;  // the last block may own 32 channels only
   const int64_t c = cv ? c_raw : d - 1;
   const int64_t t0 = (p.tile0 + blockIdx.y) * kMaxTokens;
-  const int nt = static_cast<int>(a.n - t0 < kMaxTokens ? a.n - t0 : kMaxTokens);
+  const int nt = static_cast<int>(a.n - t0 < kTok ? a.n - t0 : kTok);
   const int64_t G = gridDim.x;
   const bool early_collapse = !kLegacy && p.fuse_norm;
 
@@ -105,9 +107,9 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   detail::pdl_wait();
   // X of all 4 streams (this channel) and y for the tile's tokens; tokens past n read token t0 (the
   // current kernel skips them).
-  float xv[kMaxTokens][kHc], yv[kMaxTokens];
+  float xv[kTok][kHc], yv[kTok];
 #pragma unroll
-  for (int t = 0; t < kMaxTokens; ++t) {
+  for (int t = 0; t < kTok; ++t) {
     const bool live = kLegacy || t < nt;
     const int64_t tok = t0 + (t < nt ? t : 0);
 #pragma unroll
@@ -120,9 +122,9 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   }
   __syncthreads();
 
-  float xn[kMaxTokens][kHc];  // X_new of this channel, all streams
+  float xn[kTok][kHc];  // X_new of this channel, all streams
 #pragma unroll
-  for (int t = 0; t < kMaxTokens; ++t) {
+  for (int t = 0; t < kTok; ++t) {
     if (a.y) {
       expand_channel(xv[t], yv[t], coef[t], coef[t] + kHc, xn[t]);
     } else {
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   }
   if (early_collapse && cv && a.collapse_w && k == 0) {
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t)
+    for (int t = 0; t < kTok; ++t)
       if (t < nt) a.collapsed[(t0 + t) * d + c] = collapse_channel(xn[t], coef[t] + kHc + kHc * kHc);
   }
   // Per token: 24 products with fn and the square of this thread's X_new value, reduced over the warp
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   // shared memory so the token loop can stay rolled: unrolled 8 times, the butterfly's 32-value array
   // would end up in local memory.)
 #pragma unroll
-  for (int t = 0; t < kMaxTokens; ++t) own[t][tid] = cv ? pick(xn[t], k) : 0.0f;
+  for (int t = 0; t < kTok; ++t) own[t][tid] = cv ? pick(xn[t], k) : 0.0f;
 #pragma unroll 1
   for (int t = 0; t < nt; ++t) {
     const float x = own[t][tid];
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
   // X_out (and collapsed unless early) after the ticket: their stores do not delay the fence above.
   if (cv) {
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
+    for (int t = 0; t < kTok; ++t) {
       if (t >= nt) break;
       const int64_t tok = t0 + t;
       if (a.y) a.X_out[tok * width + k * d + c] = own[t][tid];
@@ -234,6 +236,21 @@ __global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams
     if (warp < nt) finish_mix_warp(m_all[warp], a, a.mix_out + (t0 + warp) * a.mix_stride, lane);
   }
   if (tid == 0) p.counters[blockIdx.y] = 0;  // re-armed for the next launch / graph replay
+}
+
+template <bool kLegacy, bool kQuant = false>
+__global__ void __launch_bounds__(kDecThreads) mhc_decode_kernel(MhcDecodeParams p) {
+  mhc_decode_block<kLegacy, kQuant, kMaxTokens>(p);
+}
+
+// A one-row launch (MhcFusedArgs::decode_one_token): one token's registers and shared memory (3 KB instead of
+// 17), and a register bound so that it holds less of the SMs the GEMVs beside it stream on. The coefficients
+// alone (the split site's, beside the sublayer): 4 blocks per SM, 64 registers a thread instead of 108 (16 K a
+// block instead of 27.6 K; 32 bytes of stack). With the fused norm and codes (mhc_split=0, on the critical path):
+// 3 blocks, 80 registers (4 blocks would spill 160 bytes). The same arithmetic and bits.
+template <bool kQuant>
+__global__ void __launch_bounds__(kDecThreads, kQuant ? 3 : 4) mhc_decode_one_kernel(MhcDecodeParams p) {
+  mhc_decode_block<false, kQuant, 1>(p);
 }
 
 // ---- streaming (prefill) -----------------------------------------------------------------------
@@ -818,9 +835,11 @@ Status mhc_launch(const MhcFusedArgs& a, const MhcWorkspace& ws, cudaStream_t st
   if (tiles > 65535) return make_error("cuda::mhc_fused: n=" + std::to_string(a.n) + " too large for the decode path");
   // The last block normalizes its tile's rows one after another: worth it for a few rows only.
   const bool fuse = a.normed && !a.legacy_decode && a.n <= kMhcNormFuseMaxTokens;
-  auto kernel = a.legacy_decode                     ? mhc_decode_kernel<true>
-                : fuse && a.normed_quant.on()       ? mhc_decode_kernel<false, true>
-                                                    : mhc_decode_kernel<false>;
+  const bool one = a.decode_one_token && a.n == 1 && !a.legacy_decode;
+  auto kernel = a.legacy_decode               ? mhc_decode_kernel<true>
+                : fuse && a.normed_quant.on() ? (one ? mhc_decode_one_kernel<true> : mhc_decode_kernel<false, true>)
+                : one                         ? mhc_decode_one_kernel<false>
+                                              : mhc_decode_kernel<false>;
   if (together) {
     MhcDecodeParams p{a, ws.partials, ws.counter, 0, fuse};
     *norm_fused = fuse;

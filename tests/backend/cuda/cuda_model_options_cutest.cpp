@@ -150,6 +150,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"warp_items", &CudaKernelPaths::warp_items, true, false},
       {"scale_exp_add", &CudaKernelPaths::scale_exp_add, true, false},
       {"branches_above_tile", &CudaKernelPaths::branches_above_tile, true, false},
+      {"mhc_one_token", &CudaKernelPaths::mhc_one_token, false, false},  // s34: unmeasured
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {
