@@ -367,6 +367,8 @@ TEST(CudaMhcPaths, ProgrammaticLaunchKeepsTheOrder) {
 
 struct DecodeRun {
   std::vector<float> X_out, collapsed, mix, normed;
+  std::vector<uint16_t> codes;  // normed's FP8 codes (DecodeOpts::quant)
+  std::vector<float> scales;
 };
 struct DecodeOpts {
   bool legacy = false;   // MhcFusedArgs::legacy_decode
@@ -374,15 +376,20 @@ struct DecodeOpts {
   bool weighted = true;  // norm_weight given
   bool pdl = false;
   int64_t sinkhorn_iters = 20;
+  bool one_token = false;  // MhcFusedArgs::decode_one_token
+  bool quant = false;      // with norm: normed's FP8 codes too (MhcFusedArgs::normed_quant)
+  bool coef_only = false;  // no expand, no collapse (the split site's coefficient launch)
 };
 // One site (expand + collapse + coefficients, strided mix rows, in place) with a sized workspace.
 DecodeRun run_decode(const Site& s, const std::vector<float>& norm_w, const DecodeOpts& o) {
   const int64_t n = s.n, d = s.d;
   auto dX = upload(s.X), dy = upload(s.y), dfn = upload(s.fn), dbase = upload(s.base), dscale = upload(s.scale);
   auto dprev = upload(s.prev_mix), dw = upload(norm_w);
-  auto dcol = alloc<float>(n * d);
+  auto dcol = upload(std::vector<float>(n * d, -4.0f));
   auto dnormed = upload(std::vector<float>(n * d, -3.0f));
   auto dmix = upload(std::vector<float>(n * kMix, -7.0f));
+  auto dcodes = upload(std::vector<uint16_t>(n * d, 0xFFFF));
+  auto dscales = upload(std::vector<float>(n * (d / 32), -1.0f));
   const int64_t floats = mhc_workspace_floats(n, d), counters = mhc_workspace_counters(n);
   auto dpart = alloc<float>(floats);
   auto dcnt = alloc<unsigned>(counters);
@@ -405,10 +412,16 @@ DecodeRun run_decode(const Site& s, const std::vector<float>& norm_w, const Deco
   a.sinkhorn_iters = o.sinkhorn_iters;
   a.programmatic_launch = o.pdl;
   a.legacy_decode = o.legacy;
+  a.decode_one_token = o.one_token;
+  if (o.coef_only) {
+    a.y = a.post = a.comb = a.collapse_w = nullptr;
+    a.collapsed = nullptr;
+  }
   if (o.norm) {
     a.normed = dnormed.get();
     a.norm_weight = o.weighted ? dw.get() : nullptr;
     a.normed_eps = 1e-6f;
+    if (o.quant) a.normed_quant = ActQuantOut{dcodes.get(), dscales.get()};
   }
   const MhcWorkspace ws{dpart.get(), dcnt.get(), floats, counters};
   for (int rep = 0; rep < 2; ++rep) {  // the second launch checks that the counters were re-armed
@@ -418,7 +431,7 @@ DecodeRun run_decode(const Site& s, const std::vector<float>& norm_w, const Deco
     const Status st = mhc_fused(a, ws, nullptr);
     EXPECT_TRUE(st.ok()) << st.error().message;
   }
-  return DecodeRun{download(dX), download(dcol), download(dmix), download(dnormed)};
+  return DecodeRun{download(dX), download(dcol), download(dmix), download(dnormed), download(dcodes), download(dscales)};
 }
 
 size_t bits_differ(const std::vector<float>& x, const std::vector<float>& y) {
@@ -450,6 +463,32 @@ TEST(CudaMhcPaths, WarpCoefficientsMatchTheSessionThreeKernel) {
                   now.mix.size());
     }
     check_site(s, true, true, true, true, Ws::Sized, true, "warp coefficients n=" + std::to_string(n));
+  }
+}
+
+// decode_one_token: a one-row launch takes mhc_decode_one_kernel (one token's registers and shared memory, a
+// register bound) — every output bit for bit as the 8-token kernel, with and without the fused norm and its FP8
+// codes, and with the coefficients alone (no expand, no collapse: the split site's launch). Rows > 1 ignore it.
+TEST(CudaMhcPaths, OneTokenKernelGivesTheSameBits) {
+  CEDAR_REQUIRE_GPU();
+  for (const int64_t n : {int64_t{1}, int64_t{3}}) {
+    for (const int64_t d : {int64_t{5120}, int64_t{96}}) {
+      const Site s = make_site(n, d, 151 + static_cast<uint32_t>(n + d));
+      const std::vector<float> w(d, 1.25f);
+      for (const int mode : {0, 1, 2, 3}) {  // expand / collapse + coefficients; + norm; + norm and codes; coefficients
+        const DecodeOpts base{.norm = mode == 1 || mode == 2, .quant = mode == 2, .coef_only = mode == 3};
+        DecodeOpts one = base;
+        one.one_token = true;
+        const DecodeRun want = run_decode(s, w, base), got = run_decode(s, w, one);
+        const std::string tag = " n=" + std::to_string(n) + " d=" + std::to_string(d) + " mode " + std::to_string(mode);
+        EXPECT_TRUE(parity("mhc one-token kernel: X" + tag, got.X_out, want.X_out, kExact));
+        EXPECT_TRUE(parity("mhc one-token kernel: collapsed" + tag, got.collapsed, want.collapsed, kExact));
+        EXPECT_TRUE(parity("mhc one-token kernel: mix" + tag, got.mix, want.mix, kExact));
+        EXPECT_TRUE(parity("mhc one-token kernel: normed" + tag, got.normed, want.normed, kExact));
+        EXPECT_EQ(got.codes, want.codes) << tag;
+        EXPECT_TRUE(parity("mhc one-token kernel: scales" + tag, got.scales, want.scales, kExact));
+      }
+    }
   }
 }
 
