@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_model.h"
 
@@ -40,46 +41,36 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
       << describe_cuda_options(q);
 }
 
-// routed_warps forces the routed packed GEMVs' split: 0 (the default) or 2..8; anything else is named.
-TEST(CudaModelOptionsSpec, RoutedWarpsTakesTheDefaultOrASplitOfTwoToEight) {
-  EXPECT_EQ(CudaKernelPaths().routed_warps, 0);
-  CudaModelOptions o;
-  for (const int w : {2, 8, 0}) {
-    ASSERT_TRUE(apply_cuda_options("routed_warps=" + std::to_string(w), o).ok()) << w;
-    EXPECT_EQ(o.paths.routed_warps, w);
+// The ranged integer options: their defaults, every value in range set by name, and each value out of range an
+// error that names the option.
+// routed_warps forces the routed packed GEMVs' split: 0 (the default) or 2..8. routed_tiles_blocks: the routed tile
+// GEMVs' blocks per SM, 0 (the occupancy bound, the default; unmeasured, s34) or 1..8. graph_carveout: 0 (each
+// kernel's own split, the default; unmeasured, s31) or a percent 1..100 for every decode graph node.
+TEST(CudaModelOptionsSpec, RangedValuesTakeTheirRangeAndNameTheOptionOutsideIt) {
+  struct Ranged {
+    const char* name;
+    int64_t CudaKernelPaths::*field;
+    std::vector<int> good, bad;
+  };
+  const Ranged options[] = {
+      {"routed_warps", &CudaKernelPaths::routed_warps, {2, 8, 0}, {1, 9}},
+      {"routed_tiles_blocks", &CudaKernelPaths::routed_tiles_blocks, {1, 8, 4, 0}, {9}},
+      {"graph_carveout", &CudaKernelPaths::graph_carveout, {100, 1, 72, 0}, {101}},
+  };
+  for (const Ranged& r : options) {
+    EXPECT_EQ(CudaKernelPaths().*r.field, 0) << r.name << ": default";
+    CudaModelOptions o;
+    for (const int v : r.good) {
+      ASSERT_TRUE(apply_cuda_options(std::string(r.name) + "=" + std::to_string(v), o).ok()) << r.name << "=" << v;
+      EXPECT_EQ(o.paths.*r.field, v) << r.name;
+    }
+    for (const int v : r.bad) {
+      const Status st = apply_cuda_options(std::string(r.name) + "=" + std::to_string(v), o);
+      ASSERT_FALSE(st.ok()) << r.name << "=" << v;
+      EXPECT_NE(st.error().message.find("'" + std::string(r.name) + "'"), std::string::npos) << st.error().message;
+    }
   }
-  for (const char* bad : {"routed_warps=1", "routed_warps=9"}) {
-    const Status st = apply_cuda_options(bad, o);
-    ASSERT_FALSE(st.ok()) << bad;
-    EXPECT_NE(st.error().message.find("'routed_warps'"), std::string::npos) << st.error().message;
-  }
-}
-
-// routed_tiles_blocks: the routed tile GEMVs' blocks per SM, 0 (the occupancy bound, the default) or 1..8.
-TEST(CudaModelOptionsSpec, RoutedTilesBlocksTakesZeroOrOneToEight) {
-  EXPECT_EQ(CudaKernelPaths().routed_tiles_blocks, 0);  // unmeasured (s34)
-  CudaModelOptions o;
-  for (const int v : {1, 8, 4, 0}) {
-    ASSERT_TRUE(apply_cuda_options("routed_tiles_blocks=" + std::to_string(v), o).ok()) << v;
-    EXPECT_EQ(o.paths.routed_tiles_blocks, v);
-  }
-  const Status st = apply_cuda_options("routed_tiles_blocks=9", o);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.error().message.find("'routed_tiles_blocks'"), std::string::npos) << st.error().message;
-}
-
-// graph_carveout: 0 (each kernel's own split, the default) or a percent 1..100 for every decode graph node.
-TEST(CudaModelOptionsSpec, GraphCarveoutTakesZeroOrAPercent) {
-  EXPECT_EQ(CudaKernelPaths().graph_carveout, 0);  // unmeasured (s31): the driver's split per kernel
   EXPECT_EQ(CudaKernelPaths::legacy().graph_carveout, 0);
-  CudaModelOptions o;
-  for (const int v : {100, 1, 72, 0}) {
-    ASSERT_TRUE(apply_cuda_options("graph_carveout=" + std::to_string(v), o).ok()) << v;
-    EXPECT_EQ(o.paths.graph_carveout, v);
-  }
-  const Status st = apply_cuda_options("graph_carveout=101", o);
-  ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.error().message.find("'graph_carveout'"), std::string::npos) << st.error().message;
 }
 
 // gemv_max_rows: the rows up to which the dense linears and the shared expert take the GEMVs; a value by name.
