@@ -166,14 +166,6 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
     // The tile layout (gemv_tiles.cu: the same arithmetic, weights streamed by TMA into per-warp rings). The
     // pool's experts are contiguous data + scales, which is the tile layout's size: the same bytes are read.
     balanced_rows("_tiles_expadd", {.scale_exp_add = true}, Mxfp4Layout::Tiles);
-    // Its grid at fewer blocks per SM (`routed_tiles_blocks`): each block more units from the work counters.
-    {
-      auto work = must(DeviceBuffer<unsigned>::allocate(4));
-      must(work.zero());
-      for (const int per_sm : {2, 4, 6, 8})
-        balanced_rows("_tiles_expadd_bps" + std::to_string(per_sm),
-                      {.work = work.get(), .scale_exp_add = true, .tiles_blocks_per_sm = per_sm}, Mxfp4Layout::Tiles);
-    }
     // The same experts every call (w2: 38 MB at n = 1, L2-resident): the ceiling of an L2 weight prefetch.
     const double us = time_graph_us(stream, kSteps, [&](int) {
       must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));

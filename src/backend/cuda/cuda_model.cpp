@@ -422,7 +422,6 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"gemv_max_rows", nullptr, &p.gemv_max_rows},
           {"routed_warps", nullptr, &p.routed_warps},
           {"routed_tiles", &p.routed_tiles, nullptr},
-          {"routed_tiles_blocks", nullptr, &p.routed_tiles_blocks},
           {"mhc_one_token", &p.mhc_one_token, nullptr},
           {"graph_carveout", nullptr, &p.graph_carveout},
           {"tiled_experts", &o.tiled_experts, nullptr},
@@ -465,9 +464,6 @@ Status apply_cuda_options(std::string_view spec, CudaModelOptions& o) {
   if (rw != 0 && (rw < kForcedSplitMinWarps || rw > kForcedSplitMaxWarps))
     return make_error("CUDA option 'routed_warps': " + std::to_string(rw) + " is not 0 (the default split) or " +
                       std::to_string(kForcedSplitMinWarps) + ".." + std::to_string(kForcedSplitMaxWarps));
-  if (o.paths.routed_tiles_blocks > kMaxTileBlocksPerSm)
-    return make_error("CUDA option 'routed_tiles_blocks': " + std::to_string(o.paths.routed_tiles_blocks) +
-                      " is not 0 (the occupancy bound) or 1.." + std::to_string(kMaxTileBlocksPerSm));
   if (o.paths.graph_carveout > 100)
     return make_error("CUDA option 'graph_carveout': " + std::to_string(o.paths.graph_carveout) +
                       " is not 0 (each kernel's own) or a percent 1..100");

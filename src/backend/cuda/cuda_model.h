@@ -231,13 +231,6 @@ struct CudaKernelPaths {
   // (CudaModelOptions::tiled_experts). s25 on an H100, one process: batch 1 7.666 → 7.553 ms, batch 8 12.540 →
   // 12.504 (kernel rows: the routed path 61.2 → 53.0 µs at batch 1); on the H200 (s25 run 0) −0.007..−0.025 ms.
   bool routed_tiles = true;
-  // Decode: the routed tile GEMVs' grid at most this many blocks per SM (GemvItemsOptions::tiles_blocks_per_sm;
-  // 0 = the occupancy bound, 8, i.e. one unit per block at batch 1: w1 / w3 864 units, w2 960 at V4.1's shapes).
-  // A tile block holds 8 K registers, so 8 per SM fill the register file: where the shared expert's GEMVs or the
-  // next site's coefficients hold part of an SM, its last blocks start only when a first one ends, and carry a
-  // whole unit after it (H200 layer 21, s33: w1 / w3 37.2 µs in the model, ~25 alone). With fewer blocks each
-  // takes several units from the work counter, so the late ones take fewer. The same bits. An experiment (s34).
-  int64_t routed_tiles_blocks = 0;
   // Decode at batch 1: the mHC decode kernel (the split site's coefficients beside the sublayer, the fused
   // site otherwise) with one token's registers and shared memory per block instead of an 8-token tile's
   // (MhcFusedArgs::decode_one_token, mhc_decode_one_kernel; the same bits): the split site's coefficients take

@@ -194,13 +194,11 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     const bool packed = layout != Mxfp4Layout::Plain;
     const bool exp_add = packed && X.scales_checked && options_.paths.scale_exp_add;
     const int warps = layout == Mxfp4Layout::PackedBalanced ? static_cast<int>(options_.paths.routed_warps) : 0;
-    // (Tiles: the 4-warp split only; routed_warps does not apply. routed_tiles_blocks applies to it only.)
-    const int tiles_blocks = layout == Mxfp4Layout::Tiles ? static_cast<int>(options_.paths.routed_tiles_blocks) : 0;
+    // (Tiles: the 4-warp split only; routed_warps does not apply.)
     GemvItemsOptions o13{.programmatic_launch = pdl(),
                          .work = packed ? w.item_work : nullptr,
                          .packed_warps = warps,
-                         .scale_exp_add = exp_add,
-                         .tiles_blocks_per_sm = tiles_blocks};
+                         .scale_exp_add = exp_add};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
     const SwigluArgs sw{.rows = P,
                         .inter = inter,
@@ -215,8 +213,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     GemvItemsOptions o2{.programmatic_launch = pdl(),
                         .work = packed ? w.item_work + 2 : nullptr,
                         .packed_warps = warps,
-                        .scale_exp_add = exp_add,
-                        .tiles_blocks_per_sm = tiles_blocks};
+                        .scale_exp_add = exp_add};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape2, layout, w.items2, w.item_counts + 1, P, true, cs(), o2));
     const uint64_t expert_bytes = X.first[0].bytes() + X.first[1].bytes() + X.first[2].bytes();
     return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);

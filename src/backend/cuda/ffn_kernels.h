@@ -177,8 +177,6 @@ enum class Mxfp4Layout { Plain, Packed, PackedBalanced, Tiles };
 // is sized from it; blocks loop over the live items). No split-K.
 // The warps per block a forced split of the packed item GEMV may take (GemvItemsOptions::packed_warps).
 inline constexpr int kForcedSplitMinWarps = 2, kForcedSplitMaxWarps = 8;
-// The tile GEMV's resident blocks per SM (64 registers × 128 threads: the register file) and its grid's bound.
-inline constexpr int kMaxTileBlocksPerSm = 8;
 struct GemvItemsOptions {
   bool programmatic_launch = false;  // PDL (launch.h): the kernels wait before reading the table
   // Packed layouts: 2 counters, zero before the first launch (the kernel re-arms them). Blocks then take
@@ -192,10 +190,6 @@ struct GemvItemsOptions {
   // compute_group): the same bits, valid when every item's weight scale byte passes
   // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.
   bool scale_exp_add = false;
-  // Tiles: at most this many blocks per SM in the grid (0: the occupancy bound, kMaxTileBlocksPerSm). With
-  // the work counters a smaller grid loops over more units per block, so a block that starts late (its SM
-  // held by a concurrent kernel) takes fewer instead of holding the kernel's end by a whole unit. Same bits.
-  int tiles_blocks_per_sm = 0;
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,

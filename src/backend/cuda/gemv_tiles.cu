@@ -25,7 +25,7 @@ using namespace gemv_detail;
 
 constexpr int kTileRows = 32;
 constexpr int kTileWarps = 4;  // the K split of a unit: gemv_packed.cu's default (kItemsWarps)
-constexpr int kTileBlocksPerSm = kMaxTileBlocksPerSm;
+constexpr int kTileBlocksPerSm = 8;
 // Chunks in flight per warp. 3 slots were slower on both cards: s25 H200 batch 1 w1/w3 / w2 26.4 / 17.5 µs against
 // 25.0 / 15.8 with 2 (batch 8 157.9 / 89.7 against 155.7 / 88.6); s26 H100 33.1 / 20.5 against 30.2 / 17.7.
 constexpr int kTileSlots = 2;
@@ -223,9 +223,6 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
                       std::to_string(capacity) + ")");
   if (options.packed_warps != 0)
     return make_error(std::string(who) + ": packed_warps: the tile layout splits K over 4 warps only");
-  if (options.tiles_blocks_per_sm < 0 || options.tiles_blocks_per_sm > kTileBlocksPerSm)
-    return make_error(std::string(who) + ": tiles_blocks_per_sm " + std::to_string(options.tiles_blocks_per_sm) +
-                      " is not 0 (the occupancy bound) or 1.." + std::to_string(kTileBlocksPerSm));
   TilesParams p{};
   p.items = items;
   p.count = count;
@@ -243,7 +240,6 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
     (void)cudaGetLastError();
     per_sm = kTileBlocksPerSm;
   }
-  if (options.tiles_blocks_per_sm > 0) per_sm = std::min(per_sm, options.tiles_blocks_per_sm);
   const int64_t wave = static_cast<int64_t>(per_sm) * device_sm_count();
   const auto grid = static_cast<unsigned>(std::min<int64_t>(capacity * p.tiles, wave));
   return launch_kernel(kernel, dim3(grid), dim3(kTileWarps * 32), smem, stream, options.programmatic_launch,

@@ -852,8 +852,6 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: routed_tiles 1 vs 0", fast, with(fast, "routed_tiles=0"), 0},
       {"scale_exp_add=0: routed_tiles 1 vs 0", with(fast, "scale_exp_add=0"),
        with(fast, "scale_exp_add=0,routed_tiles=0"), 0},
-      // The routed tile GEMVs on a grid of one block per SM (each block more units from the work counters).
-      {"defaults: routed_tiles_blocks 1 vs 0", with(fast, "routed_tiles_blocks=1"), fast, 0},
       // The mHC decode kernel with one token's registers in one-row launches: the same launches and bits.
       {"defaults: mhc_one_token 1 vs 0", with(fast, "mhc_one_token=1"), fast, 0},
       {"mhc_split=0: mhc_one_token 1 vs 0", with(fast, "mhc_split=0,mhc_one_token=1"), with(fast, "mhc_split=0"), 0},

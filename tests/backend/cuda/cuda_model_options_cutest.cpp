@@ -43,9 +43,8 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
 
 // The ranged integer options: their defaults, every value in range set by name, and each value out of range an
 // error that names the option.
-// routed_warps forces the routed packed GEMVs' split: 0 (the default) or 2..8. routed_tiles_blocks: the routed tile
-// GEMVs' blocks per SM, 0 (the occupancy bound, the default; unmeasured, s34) or 1..8. graph_carveout: 0 (each
-// kernel's own split, the default; unmeasured, s31) or a percent 1..100 for every decode graph node.
+// routed_warps forces the routed packed GEMVs' split: 0 (the default) or 2..8. graph_carveout: 0 (each kernel's
+// own split, the default; measured slower in s32) or a percent 1..100 for every decode graph node.
 TEST(CudaModelOptionsSpec, RangedValuesTakeTheirRangeAndNameTheOptionOutsideIt) {
   struct Ranged {
     const char* name;
@@ -54,7 +53,6 @@ TEST(CudaModelOptionsSpec, RangedValuesTakeTheirRangeAndNameTheOptionOutsideIt) 
   };
   const Ranged options[] = {
       {"routed_warps", &CudaKernelPaths::routed_warps, {2, 8, 0}, {1, 9}},
-      {"routed_tiles_blocks", &CudaKernelPaths::routed_tiles_blocks, {1, 8, 4, 0}, {9}},
       {"graph_carveout", &CudaKernelPaths::graph_carveout, {100, 1, 72, 0}, {101}},
   };
   for (const Ranged& r : options) {
