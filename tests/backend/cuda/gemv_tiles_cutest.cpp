@@ -1,6 +1,6 @@
 // The routed experts' GEMV over the MXFP4 tile layout (gemv_tiles.cu): bit for bit against the balanced
 // packed kernel it re-implements (same K partition, same order), on device item tables built from random
-// routing, with and without the exponent-add scale path, at both ring depths; and against the CPU oracle.
+// routing, with and without the exponent-add scale path, with the work counters or a fixed stride; and against the CPU oracle.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -120,7 +120,10 @@ TEST(CudaGemvTiles, MatchesPackedBalancedBitForBitAndCpu) {
   check_tiles_gemv({2304, 5120, 1, 6, 6, 231});  // released w1/w3, batch 1: 10 groups per warp
   check_tiles_gemv({5120, 2304, 2, 6, 8, 232});  // released w2: 4 or 5 groups per warp
   check_tiles_gemv({64, 384, 9, 2, 3, 233});     // 3 groups: a warp with none; tokens over 8 per expert
-  check_tiles_gemv({96, 1024, 8, 6, 2, 234});    // many units per block (units from the counter), 8 rows
+  check_tiles_gemv({96, 1024, 8, 6, 2, 234});    // an item of 8 tokens per expert
+  // ~30 experts × 64 row tiles ≈ 1 900 units over a grid of at most 8 blocks per SM (1 056 on 132 SMs): blocks
+  // take a second unit, from the counter or the stride (batch 8 on the perf model: 45 experts, ~6 500 units).
+  check_tiles_gemv({2048, 256, 8, 6, 48, 235});
 }
 
 TEST(CudaGemvTiles, RejectsShapesAndOptionsItCannotRun) {
