@@ -1,6 +1,7 @@
 // The routed experts' GEMV over the MXFP4 tile layout (gemv_tiles.cu): bit for bit against the balanced
 // packed kernel it re-implements (same K partition, same order), on device item tables built from random
-// routing, with and without the exponent-add scale path, with the work counters or a fixed stride; and against the CPU oracle.
+// routing, with and without the exponent-add scale path, with the work counters or a fixed stride; and
+// against the CPU oracle.
 #include <gtest/gtest.h>
 
 #include <cstring>
