@@ -423,6 +423,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"routed_warps", nullptr, &p.routed_warps},
           {"routed_tiles", &p.routed_tiles, nullptr},
           {"mhc_one_token", &p.mhc_one_token, nullptr},
+          {"routed_w2_prefetch", nullptr, &p.routed_w2_prefetch},
           {"graph_carveout", nullptr, &p.graph_carveout},
           {"tiled_experts", &o.tiled_experts, nullptr},
           {"packed_experts", &o.packed_experts, nullptr},
@@ -464,6 +465,9 @@ Status apply_cuda_options(std::string_view spec, CudaModelOptions& o) {
   if (rw != 0 && (rw < kForcedSplitMinWarps || rw > kForcedSplitMaxWarps))
     return make_error("CUDA option 'routed_warps': " + std::to_string(rw) + " is not 0 (the default split) or " +
                       std::to_string(kForcedSplitMinWarps) + ".." + std::to_string(kForcedSplitMaxWarps));
+  if (o.paths.routed_w2_prefetch > 2)
+    return make_error("CUDA option 'routed_w2_prefetch': " + std::to_string(o.paths.routed_w2_prefetch) +
+                      " is not 0 (off), 1 (before a block's units) or 2 (after them)");
   if (o.paths.graph_carveout > 100)
     return make_error("CUDA option 'graph_carveout': " + std::to_string(o.paths.graph_carveout) +
                       " is not 0 (each kernel's own) or a percent 1..100");

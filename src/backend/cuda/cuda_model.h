@@ -237,6 +237,13 @@ struct CudaKernelPaths {
   // 64 registers a thread instead of 108 (16 K a 256-thread block instead of 27.6 K on each of 80 SMs, beside the
   // router and the routed w1 / w3: H200 layer 21, s33, 66.5–80.4 µs). An experiment (s34).
   bool mhc_one_token = false;
+  // Decode, routed tile GEMVs: the w1 / w3 launch's blocks also request the routed w2's weights into L2 (TMA
+  // bulk prefetches of w2's live units, GemvItemsOptions::l2_prefetch; none where they exceed 3/4 of L2, i.e.
+  // above a few rows), so that w2 reads them from L2 when it passes its wait. 0 off, 1 before each block's own
+  // units, 2 after them (in w1 / w3's tail, where the blocks behind the shared expert still run). At batch 1 the
+  // MoE segment reads 2.2 TB/s (H200 layer 21, s33): HBM has room beside w1 / w3. The same bits. s4 asked
+  // this of the packed kernel from a side stream (+0.13 ms); the tile kernel streams by TMA. An experiment (s35).
+  int64_t routed_w2_prefetch = 0;
   // Decode graphs: one preferred shared-memory carveout (percent, 1..100) set on every kernel node
   // (GraphOptions::smem_carveout), or 0: each kernel's own. An SM changes its L1 / shared split only when
   // idle, so a kernel launched early under PDL, or on a concurrent branch, whose split differs from the

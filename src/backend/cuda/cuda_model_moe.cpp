@@ -199,6 +199,13 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                          .work = packed ? w.item_work : nullptr,
                          .packed_warps = warps,
                          .scale_exp_add = exp_add};
+    if (layout == Mxfp4Layout::Tiles && options_.paths.routed_w2_prefetch > 0)
+      o13.l2_prefetch = TilesL2Prefetch{.items = w.items2,
+                                        .count = w.item_counts + 1,
+                                        .capacity = P,
+                                        .out = shape2.out,
+                                        .in = shape2.in,
+                                        .after_units = options_.paths.routed_w2_prefetch == 2};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
     const SwigluArgs sw{.rows = P,
                         .inter = inter,

@@ -177,6 +177,19 @@ enum class Mxfp4Layout { Plain, Packed, PackedBalanced, Tiles };
 // is sized from it; blocks loop over the live items). No split-K.
 // The warps per block a forced split of the packed item GEMV may take (GemvItemsOptions::packed_warps).
 inline constexpr int kForcedSplitMinWarps = 2, kForcedSplitMaxWarps = 8;
+// Tiles: a second item table (tile layout) whose weight bytes the kernel's blocks request into L2 with TMA
+// bulk prefetches: a hint that changes no result. The routed w2 while w1 / w3 streams
+// (CudaKernelPaths::routed_w2_prefetch). The table must be readable when the kernel passes its PDL wait.
+struct TilesL2Prefetch {
+  const DeviceGemvItem* items = nullptr;  // null: no prefetch
+  const int32_t* count = nullptr;         // live items, clamped to [0, capacity]
+  int64_t capacity = 0;
+  int64_t out = 0, in = 0;  // the table's matrices (out % 32 == 0, in % 128 == 0)
+  // No prefetch where the live units' bytes exceed this (0: 3/4 of the device's L2), so that at larger
+  // batches the prefetched lines do not evict each other before they are read.
+  int64_t max_bytes = 0;
+  bool after_units = false;  // each block after its own units (in the kernel's tail); else before them
+};
 struct GemvItemsOptions {
   bool programmatic_launch = false;  // PDL (launch.h): the kernels wait before reading the table
   // Packed layouts: 2 counters, zero before the first launch (the kernel re-arms them). Blocks then take
@@ -190,6 +203,7 @@ struct GemvItemsOptions {
   // compute_group): the same bits, valid when every item's weight scale byte passes
   // mxfp4_scales_allow_exp_add (the caller checks) and the activation scales come from cedar's quantizers.
   bool scale_exp_add = false;
+  TilesL2Prefetch l2_prefetch{};  // Tiles only
 };
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,

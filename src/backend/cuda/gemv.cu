@@ -686,6 +686,8 @@ Status gemv_quantized_multi(const QuantWeightView* mats, const GemvGroupItem* it
 Status gemv_quantized_items(const QuantWeightView& shape, Mxfp4Layout layout, const DeviceGemvItem* items,
                             const int32_t* count, int64_t capacity, bool bf16_output, cudaStream_t stream,
                             const GemvItemsOptions& options) {
+  if (layout != Mxfp4Layout::Tiles && options.l2_prefetch.items != nullptr)
+    return make_error("cuda::gemv_quantized_items: l2_prefetch is for the tile layout only");
   if (layout == Mxfp4Layout::Tiles)
     return gemv_mxfp4_tiles_items(shape, items, count, capacity, bf16_output, stream, options);
   if (layout != Mxfp4Layout::Plain)

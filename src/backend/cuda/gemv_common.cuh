@@ -173,6 +173,15 @@ inline int device_sm_count() {
   return sms;
 }
 
+// L2 bytes of the current device (50 MiB if the query fails).
+inline int64_t device_l2_bytes() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess ||
+      bytes <= 0)
+    return int64_t{50} << 20;
+  return bytes;
+}
+
 // gemv_quantized_items for the packed MXFP4 layout (gemv_packed.cu); options.packed_warps 0: 4 warps.
 Status gemv_mxfp4_packed_items(const QuantWeightView& shape, const DeviceGemvItem* items, const int32_t* count,
                                int64_t capacity, bool bf16_output, cudaStream_t stream, bool balanced,

@@ -41,7 +41,29 @@ struct TilesParams {
   int64_t out, in, tiles;
   bool bf16_output;
   unsigned* work;  // or null: [next unit, blocks done] (GemvItemsOptions::work)
+  // GemvItemsOptions::l2_prefetch (pf_items null: none); pf_tiles row tiles and pf_unit_bytes per matrix unit.
+  const DeviceGemvItem* pf_items;
+  const int32_t* pf_count;
+  int64_t pf_capacity, pf_tiles, pf_unit_bytes, pf_max_bytes;
+  bool pf_after_units;
 };
+
+// The prefetch table's live units, cut into pieces of at most kPrefetchPiece bytes, one piece per thread of
+// the grid (grid-stride): each a TMA bulk prefetch into L2, which no thread waits for.
+constexpr int64_t kPrefetchPiece = 4096;
+__device__ void prefetch_table_l2(const TilesParams& p) {
+  int64_t matrices = *p.pf_count;
+  matrices = matrices < 0 ? 0 : (matrices > p.pf_capacity ? p.pf_capacity : matrices);
+  const int64_t units = matrices * p.pf_tiles;
+  if (units * p.pf_unit_bytes > p.pf_max_bytes) return;
+  const int64_t per_unit = (p.pf_unit_bytes + kPrefetchPiece - 1) / kPrefetchPiece;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < units * per_unit; i += stride) {
+    const int64_t unit = i / per_unit, off = (i % per_unit) * kPrefetchPiece;
+    const uint8_t* src = p.pf_items[unit / p.pf_tiles].data + (unit % p.pf_tiles) * p.pf_unit_bytes + off;
+    detail::bulk_prefetch_l2(src, static_cast<unsigned>(min(kPrefetchPiece, p.pf_unit_bytes - off)));
+  }
+}
 
 // Slot `bar` expects one chunk; the bulk copy completes it (weights evict-first in L2, as ld_weight).
 __device__ __forceinline__ void fetch_chunk(uint64_t* bar, void* dst, const uint8_t* src, uint64_t policy) {
@@ -100,7 +122,8 @@ __device__ __forceinline__ void tiles_k_loop(const uint8_t* chunks, int q_begin,
 
 // Block = 4 warps = one (matrix, 32-row tile) unit at a time, K split as the balanced packed kernel;
 // blocks loop over the units (work counter or fixed stride, as gemv_mxfp4_packed_kernel).
-template <bool kExpAdd>
+// kPrefetch: p.pf_items is set (GemvItemsOptions::l2_prefetch); the instances without it compile as before.
+template <bool kExpAdd, bool kPrefetch>
 __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_tiles_kernel(TilesParams p) {
   extern __shared__ __align__(128) uint8_t rings[];  // [warp][slot][kChunkBytes]
   __shared__ __align__(8) uint64_t bars[kTileWarps][kTileSlots];
@@ -127,6 +150,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
   const uint64_t policy = detail::l2_evict_first_policy();
   unsigned phases = 0;
   unsigned* const work = p.work;
+  if (kPrefetch && !p.pf_after_units) prefetch_table_l2(p);
   for (int64_t unit = blockIdx.x; unit < units; unit = work ? next_unit : unit + gridDim.x) {
     int64_t claimed = 0;
     if (work != nullptr && threadIdx.x == 0) claimed = gridDim.x + int64_t{atomicAdd(work, 1u)};
@@ -166,6 +190,7 @@ __global__ void __launch_bounds__(kTileWarps * 32, kTileBlocksPerSm) gemv_mxfp4_
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
   }
+  if (kPrefetch && p.pf_after_units) prefetch_table_l2(p);
   if (work != nullptr && threadIdx.x == 0 && atomicAdd(work + 1, 1u) == gridDim.x - 1) {
     work[0] = 0;
     work[1] = 0;
@@ -232,8 +257,23 @@ Status gemv_mxfp4_tiles_items(const QuantWeightView& shape, const DeviceGemvItem
   p.tiles = shape.out / kTileRows;
   p.bf16_output = bf16_output;
   p.work = options.work;
+  const TilesL2Prefetch& pf = options.l2_prefetch;
+  if (pf.items != nullptr) {
+    if (pf.count == nullptr || pf.capacity <= 0 || pf.capacity > (int64_t{1} << 24) || !mxfp4_tileable(pf.out, pf.in))
+      return make_error(std::string(who) + ": l2_prefetch needs a count, a capacity in [1, 2^24] and a tile shape (got " +
+                        std::to_string(pf.out) + "×" + std::to_string(pf.in) + ", capacity " +
+                        std::to_string(pf.capacity) + ")");
+    p.pf_items = pf.items;
+    p.pf_count = pf.count;
+    p.pf_capacity = pf.capacity;
+    p.pf_tiles = pf.out / kTileRows;
+    p.pf_unit_bytes = pf.in / 128 * int64_t{kChunkBytes};
+    p.pf_max_bytes = pf.max_bytes > 0 ? pf.max_bytes : device_l2_bytes() / 4 * 3;
+    p.pf_after_units = pf.after_units;
+  }
   const size_t smem = static_cast<size_t>(kTileWarps) * kTileSlots * kChunkBytes;
-  auto kernel = options.scale_exp_add ? gemv_mxfp4_tiles_kernel<true> : gemv_mxfp4_tiles_kernel<false>;
+  auto kernel = options.scale_exp_add ? (p.pf_items ? gemv_mxfp4_tiles_kernel<true, true> : gemv_mxfp4_tiles_kernel<true, false>)
+                                      : (p.pf_items ? gemv_mxfp4_tiles_kernel<false, true> : gemv_mxfp4_tiles_kernel<false, false>);
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTileWarps * 32, smem) != cudaSuccess ||
       per_sm <= 0) {

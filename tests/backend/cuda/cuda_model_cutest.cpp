@@ -852,6 +852,9 @@ TEST_P(CudaModelParity, LaunchOnlySwitchesAreBitIdentical) {
       {"defaults: routed_tiles 1 vs 0", fast, with(fast, "routed_tiles=0"), 0},
       {"scale_exp_add=0: routed_tiles 1 vs 0", with(fast, "scale_exp_add=0"),
        with(fast, "scale_exp_add=0,routed_tiles=0"), 0},
+      // The routed w2's weights requested into L2 by the w1 / w3 launch (a hint): the same launches and bits.
+      {"defaults: routed_w2_prefetch 1 vs 0", with(fast, "routed_w2_prefetch=1"), fast, 0},
+      {"defaults: routed_w2_prefetch 2 vs 0", with(fast, "routed_w2_prefetch=2"), fast, 0},
       // The mHC decode kernel with one token's registers in one-row launches: the same launches and bits.
       {"defaults: mhc_one_token 1 vs 0", with(fast, "mhc_one_token=1"), fast, 0},
       {"mhc_split=0: mhc_one_token 1 vs 0", with(fast, "mhc_split=0,mhc_one_token=1"), with(fast, "mhc_split=0"), 0},

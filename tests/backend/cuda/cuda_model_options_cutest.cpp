@@ -45,6 +45,7 @@ TEST(CudaModelOptionsSpec, ParsesNamesAndRejectsUnknownOnes) {
 // error that names the option.
 // routed_warps forces the routed packed GEMVs' split: 0 (the default) or 2..8. graph_carveout: 0 (each kernel's
 // own split, the default; measured slower in s32) or a percent 1..100 for every decode graph node.
+// routed_w2_prefetch: 0 (off, the default; unmeasured, s35), 1 or 2 (before / after each block's units).
 TEST(CudaModelOptionsSpec, RangedValuesTakeTheirRangeAndNameTheOptionOutsideIt) {
   struct Ranged {
     const char* name;
@@ -54,6 +55,7 @@ TEST(CudaModelOptionsSpec, RangedValuesTakeTheirRangeAndNameTheOptionOutsideIt) 
   const Ranged options[] = {
       {"routed_warps", &CudaKernelPaths::routed_warps, {2, 8, 0}, {1, 9}},
       {"graph_carveout", &CudaKernelPaths::graph_carveout, {100, 1, 72, 0}, {101}},
+      {"routed_w2_prefetch", &CudaKernelPaths::routed_w2_prefetch, {1, 2, 0}, {3}},
   };
   for (const Ranged& r : options) {
     EXPECT_EQ(CudaKernelPaths().*r.field, 0) << r.name << ": default";

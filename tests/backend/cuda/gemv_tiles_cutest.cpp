@@ -87,16 +87,27 @@ void check_tiles_gemv(const TilesCase& c) {
                                      nullptr, {.work = work.get(), .scale_exp_add = exp_add})
                     .ok());
     const auto want = download(y_packed);
-    for (const bool counters : {true, false}) {
-      ASSERT_TRUE(y_tiles.zero().ok());
-      const GemvItemsOptions o{.work = counters ? work.get() + 2 : nullptr, .scale_exp_add = exp_add};
-      const Status s = gemv_quantized_items(shape, Mxfp4Layout::Tiles, items_tiles.get(), count.get() + 1, P, true,
-                                            nullptr, o);
-      ASSERT_TRUE(s.ok()) << s.error().message;
-      const std::string what =
-          tag + (counters ? " counters" : " stride") + (exp_add ? " exp_add" : "") + " vs packed balanced";
-      EXPECT_TRUE(parity(what, download(y_tiles), want, exact));
-    }
+    // With the counters or a fixed stride; with no L2 prefetch, or the table's own weights requested into L2
+    // before or after each block's units (a hint: the same bits).
+    for (const bool counters : {true, false})
+      for (const int prefetch : {0, 1, 2}) {
+        ASSERT_TRUE(y_tiles.zero().ok());
+        GemvItemsOptions o{.work = counters ? work.get() + 2 : nullptr, .scale_exp_add = exp_add};
+        if (prefetch > 0)
+          o.l2_prefetch = TilesL2Prefetch{.items = items_tiles.get(),
+                                          .count = count.get() + 1,
+                                          .capacity = P,
+                                          .out = c.out,
+                                          .in = c.in,
+                                          .after_units = prefetch == 2};
+        const Status s = gemv_quantized_items(shape, Mxfp4Layout::Tiles, items_tiles.get(), count.get() + 1, P, true,
+                                              nullptr, o);
+        ASSERT_TRUE(s.ok()) << s.error().message;
+        const std::string what = tag + (counters ? " counters" : " stride") + (exp_add ? " exp_add" : "") +
+                                 (prefetch ? prefetch == 1 ? " l2 prefetch before" : " l2 prefetch after" : "") +
+                                 " vs packed balanced";
+        EXPECT_TRUE(parity(what, download(y_tiles), want, exact));
+      }
     const auto w_after = download(work);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(w_after[i], 0u) << "work counter " << i << " not re-armed";
   }
@@ -138,6 +149,22 @@ TEST(CudaGemvTiles, RejectsShapesAndOptionsItCannotRun) {
   const QuantWeightView shape{QuantWeightFormat::MXFP4, 64, 256, nullptr, nullptr, 32, 32};
   s = gemv_quantized_items(shape, Mxfp4Layout::Tiles, items.get(), count.get(), 1, true, nullptr, {.packed_warps = 2});
   ASSERT_FALSE(s.ok());
+  // An L2 prefetch table needs a count, a capacity and a tile shape, and only the tile kernel takes one.
+  const TilesL2Prefetch good{.items = items.get(), .count = count.get(), .capacity = 1, .out = 64, .in = 256};
+  TilesL2Prefetch no_count = good, odd_shape = good, no_capacity = good;
+  no_count.count = nullptr;
+  odd_shape.out = 40;
+  no_capacity.capacity = 0;
+  for (const TilesL2Prefetch& bad : {no_count, odd_shape, no_capacity}) {
+    s = gemv_quantized_items(shape, Mxfp4Layout::Tiles, items.get(), count.get(), 1, true, nullptr,
+                             {.l2_prefetch = bad});
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.error().message.find("l2_prefetch"), std::string::npos) << s.error().message;
+  }
+  s = gemv_quantized_items(shape, Mxfp4Layout::PackedBalanced, items.get(), count.get(), 1, true, nullptr,
+                           {.l2_prefetch = good});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("l2_prefetch"), std::string::npos) << s.error().message;
 }
 
 TEST(CudaGemvTiles, RepackPlacesEveryWordAndScale) {
