@@ -7,6 +7,7 @@
 # PACK=FILE runs another bundle than .dev/pack.tar.xz and TAG=NAME suffixes the output files (bench$TAG.txt, ...):
 # builds A/B in one device call (run.sh once per bundle; a bundle of binaries alone keeps the libraries of the
 # one before it, so the others can be small: `tar -cJf .dev/packB.tar.xz -C DIR bin`).
+# Benches run line-buffered (stdbuf), so a bench cut by its timeout keeps the rows it printed.
 set -u
 cd "$(dirname "$0")/.."
 T=${TAG:-}
@@ -25,11 +26,11 @@ make_perf() {  # the perf checkpoint the bench and doctor read (kept across bund
 if [ "${BENCH:-0}" = 1 ]; then
   t0=$(date +%s)
   make_perf
-  timeout "${BENCH_TIMEOUT:-400}" $B/cedar bench /tmp/perf --device cuda --threads 16 ${BENCH_ARGS:-} > "$OUT/bench$T.txt" 2>&1
+  timeout "${BENCH_TIMEOUT:-400}" stdbuf -oL -eL $B/cedar bench /tmp/perf --device cuda --threads 16 ${BENCH_ARGS:-} > "$OUT/bench$T.txt" 2>&1
   echo "bench rc=$? after $(($(date +%s) - t0)) s"
   grep -E "tpot|^ +[18] |A/B|layer 2[01] of|CED|exact|error" "$OUT/bench$T.txt" | head -80
   if [ -n "${BENCH2_ARGS:-}" ]; then
-    timeout "${BENCH_TIMEOUT:-400}" $B/cedar bench /tmp/perf --device cuda --threads 16 $BENCH2_ARGS > "$OUT/bench2$T.txt" 2>&1
+    timeout "${BENCH_TIMEOUT:-400}" stdbuf -oL -eL $B/cedar bench /tmp/perf --device cuda --threads 16 $BENCH2_ARGS > "$OUT/bench2$T.txt" 2>&1
     echo "bench2 rc=$?"
     grep -E "^ +[18] |layer 2[01] of|error" "$OUT/bench2$T.txt" | head -20
   fi
