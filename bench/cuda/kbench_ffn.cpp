@@ -125,22 +125,35 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
   }
   // The model's chain: the same 4 nodes with programmatic (PDL) edges after the dispatch, and the GEMVs'
   // units taken from work counters; at the default split and forced to 2 and 4 warps (`routed_warps`).
-  for (const int warps : {0, 2, 4, -1}) {  // -1: the tile layout
+  // -1: the tile layout; -2 / -3: with w1/w3 requesting w2's weights into L2 before / after each block's units
+  // (`routed_w2_prefetch` 1 / 2).
+  for (const int warps : {0, 2, 4, -1, -2, -3}) {
     const Mxfp4Layout bal = warps < 0 ? Mxfp4Layout::Tiles : Mxfp4Layout::PackedBalanced;
     auto work = must(DeviceBuffer<unsigned>::allocate(4));
     must(work.zero());
     const double us = time_graph_us(stream, kSteps, [&](int c) {
       dispatch(c);
       const int split = warps < 0 ? 0 : warps;
+      GemvItemsOptions o13{.programmatic_launch = true, .work = work.get(), .packed_warps = split};
+      if (warps < -1)
+        o13.l2_prefetch = TilesL2Prefetch{.items = items2.get() + c * P,
+                                          .count = counts.get() + 2 * c + 1,
+                                          .capacity = P,
+                                          .out = d,
+                                          .in = inter,
+                                          .after_units = warps == -3};
       must(gemv_quantized_items(shape13, bal, items13.get() + c * 2 * P, counts.get() + 2 * c, 2 * P, true, stream,
-                                {.programmatic_launch = true, .work = work.get(), .packed_warps = split}));
+                                o13));
       SwigluArgs sw{P, inter, g.get(), u.get(), weights.get(), 10.0f, nullptr, hcodes.get(), hscales.get()};
       sw.programmatic_launch = true;
       must(swiglu(sw, stream));
       must(gemv_quantized_items(shape2, bal, items2.get() + c * P, counts.get() + 2 * c + 1, P, true, stream,
                                 {.programmatic_launch = true, .work = work.get() + 2, .packed_warps = split}));
     });
-    const std::string tag = warps == 0 ? "" : warps < 0 ? "_tiles" : "_w" + std::to_string(warps);
+    const std::string tag = warps == 0    ? ""
+                            : warps == -1 ? "_tiles"
+                            : warps < -1  ? "_tiles_w2pf" + std::to_string(-1 - warps)
+                                          : "_w" + std::to_string(warps);
     rows.push_back(make_row("moe_routed_path_packbal_pdl" + tag, shape, n, us, bytes13 + bytes2, copy_gbps));
   }
   // The balanced packed kernel at every forced split (2..8 warps per block, a wave of resident blocks
@@ -171,6 +184,12 @@ void bench_moe_items(int64_t n, DeviceBuffer<uint8_t>& pool, double copy_gbps, c
       must(gemv_quantized_items(shape2, Mxfp4Layout::PackedBalanced, items2.get(), counts.get() + 1, P, true, stream));
     });
     rows.push_back(make_row("moe_items_w2_packbal_l2hot", shape, n, us, bytes2, copy_gbps));
+    // The tile kernel's too: what w2 could take if w1/w3's prefetch of its weights stayed in L2.
+    const double us_tiles = time_graph_us(stream, kSteps, [&](int) {
+      must(gemv_quantized_items(shape2, Mxfp4Layout::Tiles, items2.get(), counts.get() + 1, P, true, stream,
+                                {.scale_exp_add = true}));
+    });
+    rows.push_back(make_row("moe_items_w2_tiles_expadd_l2hot", shape, n, us_tiles, bytes2, copy_gbps));
   }
 }
 
