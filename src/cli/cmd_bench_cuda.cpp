@@ -209,7 +209,7 @@ const std::vector<std::string>& ab_specs() {
       "router_splitk_beside=0,dispatch_in_router=0,fork_pdl=0", "router_ahead=1,router_splitk_beside=0",
       "fork_pdl_compressor=1", "q_norm_kv_encode=0", "attn_merge_trigger=0", "routed_full_edge=0",
       "attn_stage_wo_a=0",     "site_combine=0",        "warp_items=0",    "scale_exp_add=0",
-      "routed_tiles=0",        "mhc_one_token=1",       "routed_w2_prefetch=1", "routed_w2_prefetch=2",
+      "routed_tiles=0",        "mhc_one_token=1",       "routed_w2_prefetch=1", "routed_w2_prefetch=2", "shared_w2_late=1",
       "legacy"};
   return specs;
 }

@@ -424,6 +424,7 @@ std::vector<NamedOption> named_options(CudaModelOptions& o) {
           {"routed_tiles", &p.routed_tiles, nullptr},
           {"mhc_one_token", &p.mhc_one_token, nullptr},
           {"routed_w2_prefetch", nullptr, &p.routed_w2_prefetch},
+          {"shared_w2_late", &p.shared_w2_late, nullptr},
           {"graph_carveout", nullptr, &p.graph_carveout},
           {"tiled_experts", &o.tiled_experts, nullptr},
           {"packed_experts", &o.packed_experts, nullptr},
@@ -558,6 +559,7 @@ Status build_tables(const DeepseekV41Model& host, const CudaModelOptions& o, Dev
   CEDAR_ASSIGN_OR_RETURN(t.aux, Stream::create());
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.fork_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.join_ev, cudaEventDisableTiming));
+  CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.shared_late_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.swa_fork_ev, cudaEventDisableTiming));
   CEDAR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.swa_done_ev, cudaEventDisableTiming));
   CEDAR_ASSIGN_OR_RETURN(t.coef, Stream::create());

@@ -244,6 +244,12 @@ struct CudaKernelPaths {
   // MoE segment reads 2.2 TB/s (H200 layer 21, s33): HBM has room beside w1 / w3. The same bits. s4 asked
   // this of the packed kernel from a side stream (+0.13 ms); the tile kernel streams by TMA. An experiment (s35).
   int64_t routed_w2_prefetch = 0;
+  // Decode with the MoE fork, on the GEMV path: the shared expert's w2 waits for the routed w1 / w3 (an event
+  // across the branches) and runs beside the routed SwiGLU and w2, instead of beside the routed w1 / w3. In the
+  // layer, w1 / w3 take 37 µs beside the shared w2 and the next site's coefficients against ~25 alone (H200
+  // layer 21, s33; H100 s29: 39.8 forked, 31.8 on one stream). The shared w1 / w3 + SwiGLU stay beside the
+  // router. The same kernels on the same inputs: the same bits. An experiment (s35).
+  bool shared_w2_late = false;
   // Decode graphs: one preferred shared-memory carveout (percent, 1..100) set on every kernel node
   // (GraphOptions::smem_carveout), or 0: each kernel's own. An SM changes its L1 / shared split only when
   // idle, so a kernel launched early under PDL, or on a concurrent branch, whose split differs from the
@@ -443,7 +449,10 @@ class CudaModel {
   Status route(int64_t layer, const Rows& r, bool beside_shared, MoeDispatchArgs* dispatch = nullptr);
   Status moe_gemv(int64_t layer, const Rows& r);
   Status moe_gemm(int64_t layer, const Rows& r);
-  Status shared_expert(int64_t layer, const Rows& r);  // GEMVs up to paths.gemv_max_rows rows, else the GEMMs
+  // The shared expert: GEMVs up to paths.gemv_max_rows rows, else the GEMMs. On the GEMV path the two halves
+  // can be launched apart (paths.shared_w2_late): Up = w1 / w3 + SwiGLU, Down = w2.
+  enum class SharedPart { All, Up, Down };
+  Status shared_expert(int64_t layer, const Rows& r, SharedPart part = SharedPart::All);
   Status finish(const Rows& r);
   // y = W·x for quantized weights (FP8 / MXFP4) from already quantized activations: GEMV or GEMM by rows.
   Status qlinear(const DeviceMatrix& w, const uint16_t* codes, const float* scales, int64_t n, float* y,

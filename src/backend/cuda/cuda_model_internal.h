@@ -130,6 +130,7 @@ struct CudaModel::Tables {
   // Concurrent branches of a decode step.
   Stream aux;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  cudaEvent_t shared_late_ev = nullptr;  // the routed w1 / w3 done: the shared w2 may start (paths.shared_w2_late)
   // The SWA ring commit beside wo_a / wo_b (paths.swa_commit_aside), on the aux stream.
   cudaEvent_t swa_fork_ev = nullptr, swa_done_ev = nullptr;
   // The mHC coefficients beside the sublayer (paths.mhc_split).
@@ -147,6 +148,7 @@ struct CudaModel::Tables {
     if (swa_fork_ev) cudaEventDestroy(swa_fork_ev);
     if (swa_done_ev) cudaEventDestroy(swa_done_ev);
     if (join_ev) cudaEventDestroy(join_ev);
+    if (shared_late_ev) cudaEventDestroy(shared_late_ev);
     if (coef_fork_ev) cudaEventDestroy(coef_fork_ev);
     if (coef_done_ev) cudaEventDestroy(coef_done_ev);
   }

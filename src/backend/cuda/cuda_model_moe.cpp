@@ -82,16 +82,18 @@ Status CudaModel::route(int64_t l, const Rows& r, bool beside_shared, MoeDispatc
 // The shared expert into w.shared: w1 / w3 + SwiGLU (+ FP8 codes), then w2 (qlinear). Up to paths.gemv_max_rows rows
 // w1 / w3 are one grouped GEMV launch and a SwiGLU launch; more rows the fused SwiGLU GEMM (cuBLASLt
 // from blas_min_rows rows on).
-Status CudaModel::shared_expert(int64_t l, const Rows& r) {
+Status CudaModel::shared_expert(int64_t l, const Rows& r, SharedPart part) {
   const ModelConfig& c = config();
   const DeviceLayer& L = weights_.layers()[static_cast<size_t>(l)];
   Workspace& w = *ws_;
   const int64_t n = r.n;
   const float limit = static_cast<float>(c.swiglu_limit);
   const bool gemv = n <= options_.paths.gemv_max_rows;
+  if (part != SharedPart::All && !gemv)
+    return make_error("shared expert of " + str(n) + " rows: the halves launch apart on the GEMV path only");
   const SplitKWorkspace unsplit{};  // paths.shared_splitk = false: one block per row tile
   const SplitKWorkspace& split = options_.paths.shared_splitk ? splitk() : unsplit;
-  if (gemv) {
+  if (gemv && part != SharedPart::Down) {
     const GemvGroupItem s13[2] = {{L.shared_w1.data, L.shared_w1.scales, w.act_a, w.act_a_scales, w.sg},
                                   {L.shared_w3.data, L.shared_w3.scales, w.act_a, w.act_a_scales, w.su}};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_grouped(L.shared_w1.quant(), s13, 2, n, true, cs(), split, pdl()));
@@ -104,7 +106,8 @@ Status CudaModel::shared_expert(int64_t l, const Rows& r) {
                         .scales = w.sh_scales,
                         .programmatic_launch = pdl()};
     CEDAR_RETURN_IF_ERROR(swiglu(ss, cs()));
-  } else {
+    if (part == SharedPart::Up) return Status::Ok();
+  } else if (!gemv) {
     SwigluGemmArgs sg;
     sg.w1 = L.shared_w1.quant();
     sg.w3 = L.shared_w3.quant();
@@ -144,6 +147,8 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
   const int64_t n = r.n, K = c.num_experts_per_tok, P = n * K, d = c.hidden_size, inter = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
   const bool fork = branches(r);
+  // paths.shared_w2_late: the shared expert's halves apart, w2 after the routed w1 / w3 (the branches forked).
+  const bool shared_late = fork && options_.paths.shared_w2_late && n <= options_.paths.gemv_max_rows;
   const int32_t* experts = w.experts[static_cast<size_t>(l)] + r.first * K;
   MoeDispatchArgs da;
   da.experts = experts;
@@ -207,6 +212,16 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
                                         .in = shape2.in,
                                         .after_units = options_.paths.routed_w2_prefetch == 2};
     CEDAR_RETURN_IF_ERROR(gemv_quantized_items(shape13, layout, w.items13, w.item_counts, 2 * P, true, cs(), o13));
+    if (shared_late) {  // the shared w2 on the aux stream after its SwiGLU and this w1 / w3
+      const cudaStream_t a = tables_->aux.get();
+      CEDAR_CUDA_RETURN_IF_ERROR(cudaEventRecord(tables_->shared_late_ev, cs()));
+      CEDAR_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(a, tables_->shared_late_ev, 0));
+      cur_ = a;
+      pdl_fresh_[1] = true;  // two predecessors: no programmatic edge
+      const Status st = shared_expert(l, r, SharedPart::Down);
+      cur_ = nullptr;
+      CEDAR_RETURN_IF_ERROR(st);
+    }
     const SwigluArgs sw{.rows = P,
                         .inter = inter,
                         .g = w.g,
@@ -226,7 +241,7 @@ Status CudaModel::moe_gemv(int64_t l, const Rows& r) {
     return mark("moe.experts", static_cast<uint64_t>(K) * expert_bytes);
   };
   // Shared expert (weight 1) — a second branch.
-  auto shared = [&]() { return shared_expert(l, r); };
+  auto shared = [&]() { return shared_expert(l, r, shared_late ? SharedPart::Up : SharedPart::All); };
   CEDAR_RETURN_IF_ERROR(parallel(fork, routed, shared));
   if (options_.paths.site_combine && fork && n <= kMhcNormFuseMaxTokens && K <= kMhcCombineMaxTopk) {
     pending_combine_ = MoeCombineArgs{n, K, d, experts, w.routed, w.shared, w.y};  // the next site combines it

@@ -142,6 +142,7 @@ TEST(CudaModelOptionsSpec, SwitchDefaultsAreTheMeasuredDecisions) {
       {"scale_exp_add", &CudaKernelPaths::scale_exp_add, true, false},
       {"branches_above_tile", &CudaKernelPaths::branches_above_tile, true, false},
       {"mhc_one_token", &CudaKernelPaths::mhc_one_token, false, false},  // s34: unmeasured
+      {"shared_w2_late", &CudaKernelPaths::shared_w2_late, false, false},  // s35: unmeasured
   };
   const CudaKernelPaths defaults, legacy = CudaKernelPaths::legacy();
   for (const Switch& s : switches) {

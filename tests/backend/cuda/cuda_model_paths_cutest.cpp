@@ -122,6 +122,10 @@ TEST_P(CudaModelPaths, LaunchOnlySwitchesAreBitIdentical) {
       // The routed w2's weights requested into L2 by the w1 / w3 launch (a hint): the same launches and bits.
       {"defaults: routed_w2_prefetch 1 vs 0", with(fast, "routed_w2_prefetch=1"), fast, 0},
       {"defaults: routed_w2_prefetch 2 vs 0", with(fast, "routed_w2_prefetch=2"), fast, 0},
+      // The shared expert's w2 after the routed w1 / w3 (an event across the branches): the same launches.
+      {"defaults: shared_w2_late 1 vs 0", with(fast, "shared_w2_late=1"), fast, 0},
+      {"shared_splitk=0: shared_w2_late 1 vs 0", with(fast, "shared_splitk=0,shared_w2_late=1"),
+       with(fast, "shared_splitk=0"), 0},
       // The mHC decode kernel with one token's registers in one-row launches: the same launches and bits.
       {"defaults: mhc_one_token 1 vs 0", with(fast, "mhc_one_token=1"), fast, 0},
       {"mhc_split=0: mhc_one_token 1 vs 0", with(fast, "mhc_split=0,mhc_one_token=1"), with(fast, "mhc_split=0"), 0},
